@@ -1,0 +1,424 @@
+"""The production block pool: vLLM 0.25.1's ``BlockPool`` API and semantics.
+
+Every behaviour here is a rule of :mod:`kvspec.spec.pool`; the lockstep
+state machine compares the two after every operation.  Differences from vLLM
+that no caller can observe through the API:
+
+- the free queue is an ``OrderedDict`` (see :mod:`.kv_cache_utils`);
+- bad input raises ``RuleError`` / ``RuleTypeError`` (``ValueError`` /
+  ``TypeError`` subclasses) *before* anything changes, where vLLM asserts or
+  corrupts its state;
+- the null block's ref count stays 0 instead of drifting (vLLM does not
+  maintain it either way; the null block is skipped by ``touch`` and
+  ``free_blocks``).
+
+Not modelled: partial-block prefix entries (``cache_partial_block``) and the
+metrics collector (accepted and ignored).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from kvspec.errors import RuleError, RuleTypeError
+from kvspec.hashing import (
+    MAX_GROUP_ID,
+    BlockHash,
+    BlockHashWithGroupId,
+    block_hashes_for_size,
+    generate_block_hash_extra_keys,
+    get_block_hash,
+    get_group_id,
+    maybe_convert_block_hash,
+)
+from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from kvspec.impl.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
+
+logger = logging.getLogger(__name__)
+
+_SUFFIXES = [g.to_bytes(4, "big") for g in range(64)]
+
+
+def _group_suffix(group_id: int) -> bytes:
+    if type(group_id) is int and 0 <= group_id < 64:
+        return _SUFFIXES[group_id]
+    if not isinstance(group_id, int) or isinstance(group_id, bool):
+        raise RuleTypeError("hash-map-consistency", f"group id must be an int, got {group_id!r}")
+    if not 0 <= group_id <= MAX_GROUP_ID:
+        raise RuleError("hash-map-consistency", f"group id {group_id} does not fit in 4 bytes")
+    return group_id.to_bytes(4, "big")
+
+
+def _hash_type_error(block_hash: Any) -> RuleTypeError:
+    return RuleTypeError(
+        "hash-map-consistency",
+        f"block hash must be bytes, got {type(block_hash).__name__} {block_hash!r}",
+    )
+
+
+class BlockHashToBlockMap:
+    """Key (hash + group id) -> the blocks cached under it, oldest first.
+
+    Almost every key names one block, so the value is the block itself; only
+    when two blocks share a key does it become a ``{block_id: block}`` dict
+    (insertion-ordered, so "first" is "oldest").  Blocks are never merged:
+    a request's block table only grows at the end.
+    """
+
+    __slots__ = ("_cache",)
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+
+    def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
+        blocks = self._cache.get(key)
+        if blocks is None or blocks.__class__ is KVCacheBlock:
+            return blocks  # type: ignore[return-value]
+        return next(iter(blocks.values()))  # type: ignore[union-attr]
+
+    def contain(self, key: BlockHashWithGroupId, block_id: int) -> bool:
+        blocks = self._cache.get(key)
+        if blocks is None:
+            return False
+        if blocks.__class__ is KVCacheBlock:
+            return blocks.block_id == block_id  # type: ignore[union-attr]
+        return block_id in blocks  # type: ignore[operator]
+
+    def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
+        blocks = self._cache.get(key)
+        if blocks is None:
+            self._cache[key] = block
+        elif blocks.__class__ is KVCacheBlock:
+            self._cache[key] = {blocks.block_id: blocks, block.block_id: block}  # type: ignore[union-attr]
+        else:
+            blocks[block.block_id] = block  # type: ignore[index]
+
+    def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
+        blocks = self._cache.get(key)
+        if blocks is None:
+            return None
+        if blocks.__class__ is KVCacheBlock:
+            if blocks.block_id != block_id:  # type: ignore[union-attr]
+                return None
+            del self._cache[key]
+            return blocks  # type: ignore[return-value]
+        block = blocks.pop(block_id, None)  # type: ignore[union-attr]
+        if not blocks:
+            del self._cache[key]
+        return block
+
+    def items(self) -> Iterator[tuple[bytes, list[KVCacheBlock]]]:
+        """Every key with its blocks, oldest first (for inspection)."""
+        for key, blocks in self._cache.items():
+            yield key, [blocks] if blocks.__class__ is KVCacheBlock else list(blocks.values())  # type: ignore[union-attr]
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+class BlockPool:
+    """All KV-cache blocks, the free queue and the prefix-cache table.
+
+    Args:
+        num_gpu_blocks: blocks in the pool, the null block (id 0) included.
+        enable_caching: whether full blocks may be cached and hit.
+        hash_block_size: the token granularity of request block hashes;
+            every group's block size is a multiple of it.
+        enable_kv_cache_events: whether to record events for ``take_events``.
+        metrics_collector: accepted for API compatibility; ignored.
+    """
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        metrics_collector: Any = None,
+    ):
+        if type(num_gpu_blocks) is not int or num_gpu_blocks < 1:
+            raise RuleError(
+                "null-exclusion",
+                f"num_gpu_blocks must be an int >= 1 (block 0 is the null block), got {num_gpu_blocks!r}",
+            )
+        if type(hash_block_size) is not int or hash_block_size < 1:
+            raise RuleError(
+                "block-size-coherence", f"hash_block_size must be an int >= 1, got {hash_block_size!r}"
+            )
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
+        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.kv_event_queue: list[KVCacheEvent] = []
+        self.metrics_collector = metrics_collector
+
+    # --- lookup ---------------------------------------------------------------
+
+    def get_cached_block(
+        self, block_hash: BlockHash, kv_cache_group_ids: list[int]
+    ) -> list[KVCacheBlock] | None:
+        """For each group, the oldest block cached under ``block_hash``; None
+        if any group misses.  Does not take the blocks (see ``touch``)."""
+        if block_hash.__class__ is not bytes and not isinstance(block_hash, bytes):
+            raise _hash_type_error(block_hash)
+        cache = self.cached_block_hash_to_block._cache
+        hits = []
+        for group_id in kv_cache_group_ids:
+            blocks = cache.get(block_hash + _group_suffix(group_id))
+            if blocks is None:
+                return None
+            if blocks.__class__ is not KVCacheBlock:
+                blocks = next(iter(blocks.values()))  # type: ignore[union-attr]
+            hits.append(blocks)
+        return hits
+
+    # --- taking and returning blocks -----------------------------------------
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take ``num_blocks`` blocks from the head of the free queue; cached
+        ones lose their hash first.  Each returned block has ref count 1."""
+        if type(num_blocks) is not int:
+            raise RuleTypeError("allocation-accounting", f"block count must be an int, got {num_blocks!r}")
+        if not 0 <= num_blocks <= len(self.free_block_queue._queue):
+            raise RuleError(
+                "allocation-accounting",
+                f"Cannot get {num_blocks} free blocks from the pool "
+                f"({self.free_block_queue.num_free_blocks} free)",
+            )
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        for block in ret:
+            if block._block_hash is not None:
+                self._evict_hash(block)
+            block.ref_cnt = 1
+        return ret
+
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Add one reference to each block (a cache hit); free blocks leave
+        the free queue.  The null block is skipped."""
+        for block in blocks:
+            if block.__class__ is not KVCacheBlock:
+                raise RuleTypeError("ref-conservation", f"touch() takes KVCacheBlocks, got {block!r}")
+        queue = self.free_block_queue._queue
+        for block in blocks:
+            if block.ref_cnt == 0:
+                if block.is_null:
+                    continue
+                del queue[block.block_id]
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference from each block, first-to-evict first.  Blocks
+        reaching 0 rejoin the queue: unhashed at the head, cached at the tail.
+        The null block is skipped.  Refused (nothing changes) if a block would
+        go below 0 references."""
+        blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
+        plain: list[KVCacheBlock] = []
+        cached: list[KVCacheBlock] = []
+        done = 0
+        try:
+            for block in blocks:
+                ref = block.ref_cnt
+                if ref <= 0:
+                    if block.is_null:
+                        done += 1
+                        continue
+                    raise RuleError(
+                        "ref-conservation",
+                        f"block {block.block_id} freed while its ref_cnt is {ref}",
+                    )
+                block.ref_cnt = ref - 1
+                done += 1
+                if ref == 1:
+                    (plain if block._block_hash is None else cached).append(block)
+        except (RuleError, AttributeError) as error:
+            for block in blocks[:done]:
+                if not block.is_null:
+                    block.ref_cnt += 1
+            if isinstance(error, AttributeError):
+                raise RuleTypeError("ref-conservation", f"free_blocks() takes KVCacheBlocks, got {blocks[done]!r}") from None
+            raise
+        if plain:
+            self.free_block_queue.prepend_n(plain)
+        if cached:
+            queue = self.free_block_queue._queue
+            for block in cached:
+                queue[block.block_id] = block
+
+    # --- caching -------------------------------------------------------------------
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: list[bool] | None = None,
+    ) -> None:
+        """Cache ``blocks[num_cached_blocks:num_full_blocks]`` under the
+        request's hashes at ``block_size`` granularity, skipping null and
+        masked-out blocks.  See :meth:`kvspec.spec.pool.SpecBlockPool.cache_full_blocks`
+        for what is required."""
+        if num_cached_blocks >= num_full_blocks:
+            self._check_cache_args(block_size, kv_cache_group_id, num_cached_blocks, num_full_blocks)
+            return
+        suffix = self._check_cache_args(block_size, kv_cache_group_id, num_cached_blocks, num_full_blocks)
+        hashes = block_hashes_for_size(request.block_hashes, self.hash_block_size, block_size)
+        chosen = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks, block_mask)
+        insert = self.cached_block_hash_to_block.insert
+        for i in chosen:
+            block = blocks[i]
+            key = hashes[i] + suffix
+            block._block_hash = key
+            block._block_hash_num_tokens = (i + 1) * block_size
+            insert(key, block)
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(
+                self._stored_event(request, hashes, num_cached_blocks, num_full_blocks, chosen, block_size, kv_cache_group_id)
+            )
+
+    def _check_cache_args(self, block_size: int, group_id: int, num_cached: int, num_full: int) -> bytes:
+        if not self.enable_caching:
+            raise RuleError("hash-map-consistency", "prefix caching is disabled on this pool")
+        for name, n in (("block_size", block_size), ("num_cached_blocks", num_cached), ("num_full_blocks", num_full)):
+            if type(n) is not int:
+                raise RuleTypeError("allocation-accounting", f"{name} must be an int, got {n!r}")
+            if n < 0:
+                raise RuleError("allocation-accounting", f"{name} must be >= 0, got {n}")
+        if block_size == 0 or block_size % self.hash_block_size:
+            raise RuleError(
+                "block-size-coherence",
+                f"block_size {block_size} is not a positive multiple of hash_block_size {self.hash_block_size}",
+            )
+        return _group_suffix(group_id)
+
+    def _blocks_to_cache(self, blocks, hashes, num_cached, num_full, block_mask) -> list[int]:
+        """Indices of the blocks to cache, after checking every precondition."""
+        if num_full > len(blocks):
+            raise RuleError("hash-map-consistency", f"num_full_blocks {num_full} exceeds the {len(blocks)} blocks given")
+        if len(hashes) < num_full:
+            raise RuleError(
+                "hash-map-consistency",
+                f"request has {len(hashes)} hashes of this block size, {num_full} blocks to cache",
+            )
+        if block_mask is not None and len(block_mask) != num_full - num_cached:
+            raise RuleError(
+                "hash-map-consistency",
+                f"block_mask has {len(block_mask)} entries for {num_full - num_cached} new full blocks",
+            )
+        chosen = []
+        for i in range(num_cached, num_full):
+            block = blocks[i]
+            if block.__class__ is not KVCacheBlock:
+                raise RuleTypeError("hash-map-consistency", f"blocks[{i}] is not a KVCacheBlock: {block!r}")
+            if block.is_null or (block_mask is not None and not block_mask[i - num_cached]):
+                continue
+            if block.ref_cnt <= 0:
+                raise RuleError("content-soundness", f"block {block.block_id} is cached but nobody holds it")
+            if block._block_hash is not None:
+                raise RuleError("hash-map-consistency", f"block {block.block_id} already carries a hash")
+            h = hashes[i]
+            if not isinstance(h, bytes):
+                raise _hash_type_error(h)
+            chosen.append(i)
+        if len({id(blocks[i]) for i in chosen}) != len(chosen):
+            raise RuleError("no-aliasing", "the same block appears twice among new full blocks")
+        return chosen
+
+    def _stored_event(self, request, hashes, num_cached, num_full, chosen, block_size, group_id) -> BlockStored:
+        extra_keys: list[Any] = []
+        mm_idx = 0
+        chosen_set = set(chosen)
+        for i in range(num_cached, num_full):
+            if i in chosen_set:
+                keys, mm_idx = generate_block_hash_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
+                extra_keys.append(keys)
+        lora = getattr(request, "lora_request", None)
+        return BlockStored(
+            block_hashes=[maybe_convert_block_hash(hashes[i]) for i in chosen],
+            parent_block_hash=None if num_cached == 0 else maybe_convert_block_hash(hashes[num_cached - 1]),
+            token_ids=list(request.all_token_ids[num_cached * block_size : num_full * block_size]),
+            block_size=block_size,
+            lora_id=getattr(lora, "adapter_id", None) if lora else None,
+            medium=MEDIUM_GPU,
+            lora_name=getattr(lora, "name", None) if lora else None,
+            extra_keys=extra_keys or None,
+            group_idx=group_id,
+        )
+
+    # --- eviction and reset ---------------------------------------------------------
+
+    def _evict_hash(self, block: KVCacheBlock) -> None:
+        key = block._block_hash
+        self.cached_block_hash_to_block.pop(key, block.block_id)  # type: ignore[arg-type]
+        block._block_hash = None
+        block._block_hash_num_tokens = None
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(
+                BlockRemoved(
+                    block_hashes=[maybe_convert_block_hash(get_block_hash(key))],  # type: ignore[arg-type]
+                    medium=MEDIUM_GPU,
+                    group_idx=get_group_id(key),  # type: ignore[arg-type]
+                )
+            )
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Forget the cached content of these blocks (e.g. reported stale by a
+        KV connector).  Held blocks stay held, free blocks keep their place."""
+        ids = list(block_ids)
+        n = self.num_gpu_blocks
+        for block_id in ids:
+            if type(block_id) is not int:
+                raise RuleTypeError("allocation-accounting", f"block id must be an int, got {block_id!r}")
+            if not 0 <= block_id < n:
+                raise RuleError("allocation-accounting", f"block id {block_id} is outside the pool (0..{n - 1})")
+        for block_id in ids:
+            block = self.blocks[block_id]
+            if block._block_hash is not None:
+                self._evict_hash(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, only when no block but the null block
+        is in use; returns whether it did."""
+        in_use = self.num_gpu_blocks - 1 - self.free_block_queue.num_free_blocks
+        if in_use:
+            logger.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet", in_use)
+            return False
+        self.cached_block_hash_to_block.clear()
+        for block in self.blocks:
+            block.reset_hash()
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    # --- queries ------------------------------------------------------------------------
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.free_block_queue._queue)
+
+    def get_usage(self) -> float:
+        usable = self.num_gpu_blocks - 1
+        return 0.0 if not usable else 1.0 - len(self.free_block_queue._queue) / usable
+
+    def take_events(self) -> list[KVCacheEvent]:
+        if not self.enable_kv_cache_events:
+            return []
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events

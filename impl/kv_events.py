@@ -1,0 +1,48 @@
+"""KV-cache events, shaped like vLLM 0.25.1's ``vllm.distributed.kv_events``.
+
+An external KV-cache index (a router, an offloading tier) learns what the
+pool caches only through these events: ``BlockStored`` when full blocks
+become hits, ``BlockRemoved`` when a hash stops being one, ``AllBlocksCleared``
+on reset.  Plain dataclasses here; vLLM's are msgspec structs with the same
+field names and order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MEDIUM_GPU = "GPU"
+
+
+class KVCacheEvent:
+    """Base class of every KV-cache event."""
+
+    __slots__ = ()
+
+
+@dataclass(slots=True)
+class BlockStored(KVCacheEvent):
+    block_hashes: list[Any]
+    parent_block_hash: Any
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+@dataclass(slots=True)
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[Any]
+    medium: str | None
+    group_idx: int | None = None
+
+
+@dataclass(slots=True)
+class AllBlocksCleared(KVCacheEvent):
+    pass

@@ -1,0 +1,144 @@
+"""Adapters that present a block pool as a :class:`~kvspec.spec.interface.PoolTarget`.
+
+A target is driven by block id and observed through snapshots and neutral
+events, whatever its own representation.  ``SpecPoolTarget`` is the model
+itself; ``ImplPoolTarget`` wraps :class:`kvspec.impl.BlockPool` -- or any
+class with vLLM's ``BlockPool`` API and attributes (``blocks``,
+``free_block_queue``, ``cached_block_hash_to_block``), which is how vLLM and
+drop-in replacements are checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvspec.spec.interface import Cleared, Event, PoolSnapshot, PoolTarget, Removed, Stored
+from kvspec.spec.pool import SpecBlockPool
+
+PoolFactory = Callable[..., PoolTarget]
+
+
+class SpecPoolTarget(SpecBlockPool):
+    """The specification itself, as a target (it already speaks in ids)."""
+
+
+def _neutral_event(event: Any) -> Event:
+    kind = type(event).__name__
+    if kind == "BlockStored":
+        return Stored(
+            group=event.group_idx,
+            block_hashes=tuple(event.block_hashes),
+            parent_block_hash=event.parent_block_hash,
+            token_ids=tuple(event.token_ids),
+            block_size=event.block_size,
+            lora_id=event.lora_id,
+            lora_name=event.lora_name,
+            extra_keys=tuple(event.extra_keys) if event.extra_keys else None,
+        )
+    if kind == "BlockRemoved":
+        (block_hash,) = event.block_hashes
+        return Removed(group=event.group_idx, block_hash=block_hash)
+    if kind == "AllBlocksCleared":
+        return Cleared()
+    raise TypeError(f"unknown KV event {event!r}")
+
+
+class VllmApiPoolTarget:
+    """Any pool with vLLM 0.25.1's ``BlockPool`` API, driven by block id."""
+
+    def __init__(self, pool: Any):
+        self.pool = pool
+        self.num_blocks = pool.num_gpu_blocks
+        self.hash_block_size = pool.hash_block_size
+
+    def _blocks(self, block_ids: Any) -> list[Any]:
+        # Ids are resolved here, so an id the pool does not have is the
+        # adapter's error, raised before the pool is touched.
+        blocks = self.pool.blocks
+        out = []
+        for b in block_ids:
+            if type(b) is not int:
+                raise TypeError(f"block id must be an int, got {b!r}")
+            if not 0 <= b < len(blocks):
+                raise ValueError(f"block id {b} is outside the pool")
+            out.append(blocks[b])
+        return out
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        return [b.block_id for b in self.pool.get_new_blocks(num_blocks)]
+
+    def touch(self, block_ids: list[int]) -> None:
+        self.pool.touch(self._blocks(block_ids))
+
+    def free_blocks(self, block_ids: list[int]) -> None:
+        self.pool.free_blocks(self._blocks(block_ids))
+
+    def get_cached_block(self, block_hash: bytes, group_ids: list[int]) -> list[int] | None:
+        hits = self.pool.get_cached_block(block_hash, group_ids)
+        return None if hits is None else [b.block_id for b in hits]
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        block_ids: list[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+        block_mask: list[bool] | None = None,
+    ) -> None:
+        self.pool.cache_full_blocks(
+            request, self._blocks(block_ids), num_cached_blocks, num_full_blocks, block_size, group_id, block_mask
+        )
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        self.pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset_prefix_cache()
+
+    def get_num_free_blocks(self) -> int:
+        return self.pool.get_num_free_blocks()
+
+    def get_usage(self) -> float:
+        return self.pool.get_usage()
+
+    def take_events(self) -> list[Event]:
+        return [_neutral_event(e) for e in self.pool.take_events()]
+
+    def snapshot(self) -> PoolSnapshot:
+        pool = self.pool
+        return PoolSnapshot(
+            num_blocks=self.num_blocks,
+            ref=tuple(b.ref_cnt for b in pool.blocks),
+            free=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
+            key_of={b.block_id: b.block_hash for b in pool.blocks if b.block_hash is not None},
+            table=self._table(),
+        )
+
+    def _table(self) -> dict[bytes, tuple[int, ...]]:
+        table = self.pool.cached_block_hash_to_block
+        if hasattr(table, "items"):
+            return {k: tuple(b.block_id for b in blocks) for k, blocks in table.items()}
+        # vLLM's map has no public iteration; read its dict the way it stores it.
+        out = {}
+        for key, blocks in table._cache.items():
+            out[key] = (blocks.block_id,) if hasattr(blocks, "block_id") else tuple(blocks)
+        return out
+
+
+class ImplPoolTarget(VllmApiPoolTarget):
+    """kvspec's production pool as a target."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True, hash_block_size: int = 16,
+                 enable_kv_cache_events: bool = False):
+        from kvspec.impl import BlockPool
+
+        super().__init__(BlockPool(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events))
+
+
+POOL_TARGETS: dict[str, PoolFactory] = {
+    "spec": SpecPoolTarget,
+    "impl": ImplPoolTarget,
+}

@@ -1,0 +1,24 @@
+"""Errors shared by the spec and the implementation.
+
+A refused operation raises one of these *before* changing anything, so the
+pool is exactly as it was.  Each names the rule of the catalogue that the
+operation would have broken (``error.rule``) and the offending value.
+"""
+
+from __future__ import annotations
+
+
+class RuleError(ValueError):
+    """An operation was refused because applying it would break ``rule``."""
+
+    def __init__(self, rule: str, message: str):
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+
+
+class RuleTypeError(TypeError):
+    """An argument has the wrong type for the operation; ``rule`` says why it matters."""
+
+    def __init__(self, rule: str, message: str):
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule

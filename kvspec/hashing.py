@@ -1,0 +1,325 @@
+"""How a block's content is named: the chained prefix hash.
+
+A KV-cache block is reusable by another request only if the *whole prefix*
+up to and including the block is identical -- the same tokens in every earlier
+block, the same tokens in this block, and the same "extra keys" (LoRA adapter,
+multimodal inputs, cache salt).  vLLM names that prefix with a hash chain:
+
+    hash(block i) = H( (hash(block i-1), tuple(tokens of block i), extra_keys) )
+
+where ``hash(block -1)`` is the *root hash* (``NONE_HASH``).  ``H`` defaults to
+SHA-256 over canonical CBOR (``sha256_cbor``), which is language-neutral:
+any implementation that serialises the same triple with canonical CBOR gets
+the same 32 bytes, so traces can be compared across implementations.
+
+The root hash is ``H(PYTHONHASHSEED)`` when that variable is set (the *string*
+value is hashed), otherwise 32 random bytes, so two processes share cache keys
+only if they share the seed.
+
+Inside the pool a hash is stored together with the KV-cache group that owns
+the block: the group id is appended as 4 big-endian bytes.  Two groups (say a
+full-attention group and a sliding-window group) may cache the same tokens in
+different physical blocks, and the suffix keeps their keys apart.
+
+Hashes are computed at a granularity ``hash_block_size``.  A group whose block
+size is a multiple ``k * hash_block_size`` names its block ``j`` by the hash
+at the last fine boundary inside it, index ``(j + 1) * k - 1``: that hash
+already chains over the whole prefix (see ``BlockHashListWithBlockSize``).
+
+This module is the single home of hashing for both ``kvspec.spec`` and
+``kvspec.impl``; it is pure and has no state except the root hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NewType, overload
+
+import cbor2
+
+BlockHash = NewType("BlockHash", bytes)
+BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
+ExternalBlockHash = bytes | int
+
+GROUP_ID_BYTES = 4
+MAX_GROUP_ID = (1 << (8 * GROUP_ID_BYTES)) - 1
+
+
+# --- hash functions --------------------------------------------------------
+
+
+def sha256_cbor(value: Any) -> bytes:
+    """SHA-256 of the canonical CBOR encoding of ``value`` (vLLM's default)."""
+    return hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()
+
+
+HASH_FUNCTIONS: dict[str, Callable[[Any], bytes]] = {"sha256_cbor": sha256_cbor}
+
+
+def get_hash_fn_by_name(name: str) -> Callable[[Any], bytes]:
+    """The hash function called ``name``; only ``sha256_cbor`` is offered."""
+    try:
+        return HASH_FUNCTIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unsupported prefix-caching hash function {name!r}; "
+            f"choose one of {sorted(HASH_FUNCTIONS)}"
+        ) from None
+
+
+# --- the root hash ---------------------------------------------------------
+
+NONE_HASH: BlockHash = BlockHash(b"")
+
+
+def init_none_hash(hash_fn: Callable[[Any], bytes] = sha256_cbor) -> BlockHash:
+    """Set the root of every hash chain from ``PYTHONHASHSEED`` (or randomly).
+
+    Returns the new root so callers need not read the module global.
+    """
+    global NONE_HASH
+    seed = os.getenv("PYTHONHASHSEED")
+    NONE_HASH = BlockHash(os.urandom(32) if seed is None else hash_fn(seed))
+    return NONE_HASH
+
+
+def root_hash(seed: str, hash_fn: Callable[[Any], bytes] = sha256_cbor) -> BlockHash:
+    """The root hash a process started with ``PYTHONHASHSEED=seed`` uses."""
+    return BlockHash(hash_fn(seed))
+
+
+init_none_hash()
+
+
+# --- one block -------------------------------------------------------------
+
+
+def hash_block_tokens(
+    hash_function: Callable[[Any], bytes],
+    parent_block_hash: BlockHash | None,
+    curr_block_token_ids: Sequence[int],
+    extra_keys: tuple[Any, ...] | None = None,
+    *,
+    none_hash: BlockHash | None = None,
+) -> BlockHash:
+    """The hash of one full block given its parent's hash.
+
+    An absent (or empty) parent means "first block": the root hash stands in.
+    ``none_hash`` overrides the module's root for callers that carry their own.
+    """
+    if not parent_block_hash:
+        parent_block_hash = NONE_HASH if none_hash is None else none_hash
+    return BlockHash(
+        hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys))
+    )
+
+
+# --- group-id keys ---------------------------------------------------------
+
+
+def make_block_hash_with_group_id(
+    block_hash: BlockHash, group_id: int
+) -> BlockHashWithGroupId:
+    """Append the group id as 4 big-endian bytes: the key the pool stores."""
+    return BlockHashWithGroupId(block_hash + group_id.to_bytes(GROUP_ID_BYTES, "big"))
+
+
+def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
+    """The block hash part of a pool key."""
+    return BlockHash(key[:-GROUP_ID_BYTES])
+
+
+def get_group_id(key: BlockHashWithGroupId) -> int:
+    """The group id part of a pool key."""
+    return int.from_bytes(key[-GROUP_ID_BYTES:], "big")
+
+
+def maybe_convert_block_hash(block_hash: BlockHash) -> ExternalBlockHash:
+    """The form a hash takes in KV events.
+
+    vLLM 0.25.1 publishes the low 64 bits of the big-endian integer unless
+    ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``, in which case the raw bytes.
+    """
+    if os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") == "0":
+        return block_hash
+    return int.from_bytes(block_hash, "big") & 0xFFFF_FFFF_FFFF_FFFF
+
+
+# --- extra keys: what besides tokens names a block --------------------------
+
+
+def need_extra_keys(request: Any) -> bool:
+    """Whether a request's blocks carry extra keys (multimodal, LoRA, salt)."""
+    return (
+        bool(getattr(request, "mm_features", None))
+        or getattr(request, "lora_request", None) is not None
+        or getattr(request, "cache_salt", None) is not None
+    )
+
+
+def _mm_extra_keys(
+    request: Any, start: int, end: int, start_mm_idx: int
+) -> tuple[list[Any], int]:
+    """(identifier, offset-in-block) for every multimodal input overlapping
+    tokens ``[start, end)``, and the index of the input to resume from."""
+    features = getattr(request, "mm_features", None)
+    if not features:
+        return [], start_mm_idx
+    last = features[-1].mm_position
+    if last.offset + last.length <= start:
+        return [], start_mm_idx
+    idx = len(features) + start_mm_idx if start_mm_idx < 0 else start_mm_idx
+    keys: list[Any] = []
+    while idx < len(features):
+        feature = features[idx]
+        offset, length = feature.mm_position.offset, feature.mm_position.length
+        if end <= offset:
+            break
+        if start >= offset + length:
+            idx += 1
+            continue
+        keys.append((feature.identifier, offset - start))
+        if end >= offset + length:
+            idx += 1
+        else:
+            break
+    return keys, idx
+
+
+def generate_block_hash_extra_keys(
+    request: Any, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+) -> tuple[tuple[Any, ...] | None, int]:
+    """Extra keys of the block covering tokens ``[start, end)``.
+
+    Order: LoRA name, multimodal keys, cache salt (first block only).
+    ``None`` when there are none, so plain blocks hash ``(parent, tokens, None)``.
+    Prompt embeddings (vLLM hashes their bytes) are not modelled.
+    """
+    mm_keys, next_mm_idx = _mm_extra_keys(
+        request, start_token_idx, end_token_idx, start_mm_idx
+    )
+    lora = getattr(request, "lora_request", None)
+    lora_keys = [lora.lora_name] if lora else []
+    salt = getattr(request, "cache_salt", None)
+    salt_keys = [salt] if (start_token_idx == 0 and salt) else []
+    keys = lora_keys + mm_keys + salt_keys
+    return (tuple(keys) if keys else None), next_mm_idx
+
+
+# --- a request's hash chain -------------------------------------------------
+
+
+def get_request_block_hasher(
+    hash_block_size: int, caching_hash_fn: Callable[[Any], bytes] = sha256_cbor
+) -> Callable[[Any], list[BlockHash]]:
+    """A function returning the hashes of a request's not-yet-hashed full blocks.
+
+    The request must offer ``block_hashes`` (the hashes so far),
+    ``all_token_ids`` and ``num_tokens``; the returned list continues the chain.
+    """
+    if not isinstance(hash_block_size, int) or hash_block_size <= 0:
+        raise ValueError(
+            f"hash_block_size must be a positive int, got {hash_block_size!r}"
+        )
+
+    def request_block_hasher(request: Any) -> list[BlockHash]:
+        start = len(request.block_hashes) * hash_block_size
+        num_tokens = request.num_tokens
+        mm_idx = -1 if start > 0 else 0
+        parent = request.block_hashes[-1] if request.block_hashes else None
+        hashes: list[BlockHash] = []
+        while start + hash_block_size <= num_tokens:
+            end = start + hash_block_size
+            extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
+            parent = hash_block_tokens(
+                caching_hash_fn, parent, request.all_token_ids[start:end], extra
+            )
+            hashes.append(parent)
+            start = end
+        return hashes
+
+    return request_block_hasher
+
+
+def hash_token_chain(
+    token_ids: Sequence[int],
+    block_size: int,
+    *,
+    extra_keys: Sequence[tuple[Any, ...] | None] | None = None,
+    hash_fn: Callable[[Any], bytes] = sha256_cbor,
+    none_hash: BlockHash | None = None,
+) -> list[BlockHash]:
+    """Hashes of every full block of ``token_ids`` (a convenience for tests and
+    tools that have tokens but no request object)."""
+    hashes: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for i in range(len(token_ids) // block_size):
+        extra = extra_keys[i] if extra_keys is not None else None
+        parent = hash_block_tokens(
+            hash_fn,
+            parent,
+            token_ids[i * block_size : (i + 1) * block_size],
+            extra,
+            none_hash=none_hash,
+        )
+        hashes.append(parent)
+    return hashes
+
+
+class BlockHashListWithBlockSize:
+    """A read-only view of ``hash_block_size`` hashes as ``target_block_size``
+    hashes: block ``j`` of the coarse view is fine hash ``(j + 1) * k - 1``.
+
+    Lazy, so it follows the underlying list as the request grows.
+    """
+
+    __slots__ = ("block_hashes", "scale_factor")
+
+    def __init__(
+        self, block_hashes: list[BlockHash], hash_block_size: int, target_block_size: int
+    ):
+        if hash_block_size <= 0 or target_block_size % hash_block_size:
+            raise ValueError(
+                f"block-size-coherence: block size {target_block_size} is not a "
+                f"multiple of hash_block_size {hash_block_size}"
+            )
+        self.block_hashes = block_hashes
+        self.scale_factor = target_block_size // hash_block_size
+
+    def __len__(self) -> int:
+        return len(self.block_hashes) // self.scale_factor
+
+    @overload
+    def __getitem__(self, idx: int) -> BlockHash: ...
+
+    @overload
+    def __getitem__(self, idx: slice) -> list[BlockHash]: ...
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return [self._at(i) for i in range(*idx.indices(len(self)))]
+        if isinstance(idx, int):
+            if idx < 0:
+                idx += len(self)
+            if not 0 <= idx < len(self):
+                raise IndexError(f"block index {idx} out of range ({len(self)})")
+            return self._at(idx)
+        raise TypeError(f"block index must be int or slice, got {type(idx).__name__}")
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        for i in range(len(self)):
+            yield self._at(i)
+
+    def _at(self, idx: int) -> BlockHash:
+        return self.block_hashes[(idx + 1) * self.scale_factor - 1]
+
+
+def block_hashes_for_size(
+    block_hashes: list[BlockHash], hash_block_size: int, block_size: int
+) -> list[BlockHash] | BlockHashListWithBlockSize:
+    """The request's hashes seen at ``block_size`` granularity."""
+    if block_size == hash_block_size:
+        return block_hashes
+    return BlockHashListWithBlockSize(block_hashes, hash_block_size, block_size)

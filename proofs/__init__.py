@@ -1,0 +1,1 @@
+"""CrossHair proof obligations over fixed-size models of the pool."""

@@ -1,0 +1,141 @@
+"""What a block pool must offer to be checked: operations and observations.
+
+Every implementation -- the spec's model, ``kvspec.impl``, vLLM itself, or
+anyone's port -- is driven through this interface, by block *id*, so that the
+same state machine and the same rule predicates run against all of them.
+
+Observations are plain, comparable values:
+
+- :class:`PoolSnapshot` -- ref counts, free order, each block's hash key, and
+  the hash table, taken between operations;
+- events -- :class:`Stored`, :class:`Removed`, :class:`Cleared` in the order
+  the pool emitted them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+NULL_BLOCK_ID = 0
+"""Block 0 is the null block: a placeholder in block tables, never real data."""
+
+
+# --- events ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Full blocks of ``group`` became cache hits (one event per caching call).
+
+    ``block_hashes`` are the new hashes in block order (skipped null or masked
+    blocks have none); ``token_ids`` cover the whole cached range.
+    """
+
+    group: int
+    block_hashes: tuple[Any, ...]
+    parent_block_hash: Any
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_id: int | None = None
+    lora_name: str | None = None
+    extra_keys: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Removed:
+    """The hash ``block_hash`` of ``group`` stopped being a cache hit."""
+
+    group: int
+    block_hash: Any
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """The whole prefix cache was reset."""
+
+
+Event = Stored | Removed | Cleared
+
+
+# --- state -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """Everything observable about a pool between two operations.
+
+    ``ref[b]`` is block ``b``'s reference count (the null block's entry is
+    whatever the pool keeps; rules ignore it).  ``free`` is the free queue,
+    next-to-reuse first.  ``key_of`` maps each block that carries a hash key
+    to that key.  ``table`` maps each key to the blocks it names, oldest
+    first.
+    """
+
+    num_blocks: int
+    ref: tuple[int, ...]
+    free: tuple[int, ...]
+    key_of: dict[int, bytes] = field(hash=False)
+    table: dict[bytes, tuple[int, ...]] = field(hash=False)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def held(self) -> set[int]:
+        """Blocks in use: every non-null block not in the free queue."""
+        return set(range(1, self.num_blocks)) - set(self.free)
+
+    def without_null_ref(self) -> PoolSnapshot:
+        """The same snapshot with the null block's ref count set to 0
+        (vLLM lets it drift; it is not part of any rule)."""
+        ref = (0,) + self.ref[1:]
+        return PoolSnapshot(self.num_blocks, ref, self.free, self.key_of, self.table)
+
+
+# --- the target interface ------------------------------------------------------
+
+
+@runtime_checkable
+class PoolTarget(Protocol):
+    """A block pool under test, driven by block id.
+
+    ``request`` arguments are request-like objects offering ``block_hashes``,
+    ``all_token_ids`` and optionally ``lora_request``, ``cache_salt``,
+    ``mm_features`` (see :mod:`kvspec.hashing`).  A refused operation raises
+    ``ValueError`` or ``TypeError`` and must leave the pool unchanged.
+    """
+
+    num_blocks: int
+    hash_block_size: int
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]: ...
+
+    def touch(self, block_ids: list[int]) -> None: ...
+
+    def free_blocks(self, block_ids: list[int]) -> None: ...
+
+    def get_cached_block(self, block_hash: bytes, group_ids: list[int]) -> list[int] | None: ...
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        block_ids: list[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+        block_mask: list[bool] | None = None,
+    ) -> None: ...
+
+    def evict_blocks(self, block_ids: set[int]) -> None: ...
+
+    def reset_prefix_cache(self) -> bool: ...
+
+    def get_num_free_blocks(self) -> int: ...
+
+    def get_usage(self) -> float: ...
+
+    def take_events(self) -> list[Event]: ...
+
+    def snapshot(self) -> PoolSnapshot: ...

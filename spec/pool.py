@@ -1,0 +1,444 @@
+"""The block pool, as a model that runs.
+
+An LLM server keeps the attention keys and values (the *KV cache*) of every
+running request in GPU memory, cut into fixed-size **blocks** of
+``block_size`` tokens.  All requests draw blocks from one shared **pool** of
+``num_blocks`` physical blocks, numbered ``0 .. num_blocks - 1``.
+
+State
+-----
+Each block has
+
+- a **reference count** -- how many (request, KV-cache group) slots hold it;
+- optionally a **hash key** -- the name of the exact token prefix the block
+  holds (see :mod:`kvspec.hashing`), present once the block is full and
+  *cached*.
+
+The pool keeps
+
+- the **free queue**: every block nobody holds, in the order they will be
+  reused (head first).  A free block may still carry a hash key: it is then a
+  *cached* block, which a later request with the same prefix can take back
+  (a *cache hit*) instead of recomputing it.
+- the **hash table**: key -> the blocks carrying that key, oldest first.
+  Two requests that computed the same prefix independently may both cache it,
+  so a key can name several blocks; the pool never merges them, because a
+  request's block table must only ever grow at the end.
+
+Block 0 is the **null block**, a placeholder that block tables use for
+positions with no real data (tokens that left a sliding window, say).  It is
+never handed out, never queued, never cached, and its reference count is not
+maintained.
+
+Order
+-----
+Allocation takes blocks from the head of the free queue.  Freeing puts blocks
+back so that the least useful are reused first:
+
+- blocks *without* a hash can never be hit again: they go to the **head**;
+- blocks *with* a hash go to the **tail**, so cached blocks are evicted least
+  recently used first;
+- callers free a request's blocks in reverse (tail block first), so that the
+  last block of a prefix chain -- the least likely to be shared -- goes first.
+
+This module states each operation as *requires* (checked; a refusal raises
+:class:`~kvspec.errors.RuleError` or :class:`~kvspec.errors.RuleTypeError`
+and changes nothing) and *guarantees* (checked by the rules in
+:mod:`kvspec.spec.rules` after every step).  It favours lists and dicts over
+speed: it is the yardstick, not the product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.errors import RuleError, RuleTypeError
+from kvspec.hashing import (
+    MAX_GROUP_ID,
+    block_hashes_for_size,
+    generate_block_hash_extra_keys,
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
+    maybe_convert_block_hash,
+)
+from kvspec.spec.interface import (
+    NULL_BLOCK_ID,
+    Cleared,
+    Event,
+    PoolSnapshot,
+    Removed,
+    Stored,
+)
+
+
+@dataclass
+class PoolState:
+    """The whole state of a pool (see the module docstring)."""
+
+    num_blocks: int
+    enable_caching: bool
+    hash_block_size: int
+    events_enabled: bool
+    ref: list[int]
+    free: list[int]
+    key_of: dict[int, bytes] = field(default_factory=dict)
+    table: dict[bytes, list[int]] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+
+
+# --- argument checks (each names the rule a bad value would break) -----------
+
+
+def require_count(n: Any, what: str = "block count") -> int:
+    """A count is a non-negative ``int`` (``bool`` is not a count)."""
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise RuleTypeError(
+            "allocation-accounting", f"{what} must be an int, got {n!r}"
+        )
+    if n < 0:
+        raise RuleError("allocation-accounting", f"{what} must be >= 0, got {n}")
+    return n
+
+
+def require_block_id(state: PoolState, block_id: Any) -> int:
+    """A block id is an ``int`` in ``0 .. num_blocks - 1``."""
+    if not isinstance(block_id, int) or isinstance(block_id, bool):
+        raise RuleTypeError(
+            "allocation-accounting", f"block id must be an int, got {block_id!r}"
+        )
+    if not 0 <= block_id < state.num_blocks:
+        raise RuleError(
+            "allocation-accounting",
+            f"block id {block_id} is outside the pool (0..{state.num_blocks - 1})",
+        )
+    return block_id
+
+
+def require_hash(block_hash: Any) -> bytes:
+    """A block hash is ``bytes`` (the pool never hashes anything itself)."""
+    if not isinstance(block_hash, bytes):
+        raise RuleTypeError(
+            "hash-map-consistency",
+            f"block hash must be bytes, got {type(block_hash).__name__} {block_hash!r}",
+        )
+    return block_hash
+
+
+def require_group_id(group_id: Any) -> int:
+    """A group id fits the 4-byte suffix of a hash key."""
+    if not isinstance(group_id, int) or isinstance(group_id, bool):
+        raise RuleTypeError(
+            "hash-map-consistency", f"group id must be an int, got {group_id!r}"
+        )
+    if not 0 <= group_id <= MAX_GROUP_ID:
+        raise RuleError(
+            "hash-map-consistency", f"group id {group_id} does not fit in 4 bytes"
+        )
+    return group_id
+
+
+# --- the pool -----------------------------------------------------------------
+
+
+class SpecBlockPool:
+    """The reference pool.  Every method is one atomic operation."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_caching: bool = True,
+        hash_block_size: int = 16,
+        enable_kv_cache_events: bool = False,
+    ):
+        """Requires ``num_blocks >= 1`` and ``hash_block_size >= 1``.
+
+        Guarantees: every block but the null block is free, in id order, with
+        no hash; the table and the event log are empty.
+        """
+        require_count(num_blocks, "num_blocks")
+        require_count(hash_block_size, "hash_block_size")
+        if num_blocks < 1:
+            raise RuleError("null-exclusion", "a pool needs at least the null block")
+        if hash_block_size < 1:
+            raise RuleError("block-size-coherence", "hash_block_size must be >= 1")
+        self.num_blocks = num_blocks
+        self.hash_block_size = hash_block_size
+        self.state = PoolState(
+            num_blocks=num_blocks,
+            enable_caching=enable_caching,
+            hash_block_size=hash_block_size,
+            events_enabled=enable_kv_cache_events,
+            ref=[0] * num_blocks,
+            free=list(range(1, num_blocks)),
+        )
+
+    # -- queries --------------------------------------------------------------
+
+    def get_num_free_blocks(self) -> int:
+        """The length of the free queue (cached free blocks included)."""
+        return len(self.state.free)
+
+    def get_usage(self) -> float:
+        """The fraction of non-null blocks in use, in ``[0, 1]``."""
+        usable = self.num_blocks - 1
+        return 0.0 if usable == 0 else 1.0 - len(self.state.free) / usable
+
+    def get_cached_block(self, block_hash: bytes, group_ids: list[int]) -> list[int] | None:
+        """A cache hit: for each group, the oldest block cached under
+        ``(block_hash, group)``; ``None`` if any group misses.
+
+        Requires bytes and valid group ids.  Guarantees: no state changes (a
+        lookup does not take the blocks -- :meth:`touch` does).
+        """
+        require_hash(block_hash)
+        hits = []
+        for group_id in group_ids:
+            blocks = self.state.table.get(
+                make_block_hash_with_group_id(block_hash, require_group_id(group_id))
+            )
+            if not blocks:
+                return None
+            hits.append(blocks[0])
+        return hits
+
+    # -- taking blocks --------------------------------------------------------
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        """Take ``num_blocks`` blocks from the head of the free queue.
+
+        Requires ``0 <= num_blocks <= free count``.  Guarantees: the returned
+        blocks are the first ``num_blocks`` of the queue, each now has ref
+        count 1 and no hash (a cached block being reused is *evicted*: its
+        key leaves the table and a ``Removed`` event is emitted).
+        """
+        require_count(num_blocks)
+        s = self.state
+        if num_blocks > len(s.free):
+            raise RuleError(
+                "allocation-accounting",
+                f"cannot get {num_blocks} free blocks: only {len(s.free)} are free",
+            )
+        taken, s.free = s.free[:num_blocks], s.free[num_blocks:]
+        for block_id in taken:
+            self._evict(block_id)
+            s.ref[block_id] = 1
+        return taken
+
+    def touch(self, block_ids: list[int]) -> None:
+        """Take a hit: add one reference to each block.
+
+        A block that was free (ref count 0) leaves the free queue.  The null
+        block is skipped.  Requires valid block ids.
+        """
+        ids = [require_block_id(self.state, b) for b in block_ids]
+        s = self.state
+        for block_id in ids:
+            if block_id == NULL_BLOCK_ID:
+                continue
+            if s.ref[block_id] == 0:
+                s.free.remove(block_id)
+            s.ref[block_id] += 1
+
+    # -- giving blocks back ---------------------------------------------------
+
+    def free_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference from each block, in the given order.
+
+        Blocks that reach 0 references rejoin the free queue: those without a
+        hash at the head (in the given order), those with a hash at the tail
+        (in the given order).  The null block is skipped.
+
+        Requires valid block ids, and that no block is freed more times than
+        it is held (its ref count would go negative).
+        """
+        ids = [require_block_id(self.state, b) for b in block_ids]
+        s = self.state
+        drops: dict[int, int] = {}
+        for block_id in ids:
+            if block_id != NULL_BLOCK_ID:
+                drops[block_id] = drops.get(block_id, 0) + 1
+        for block_id, n in drops.items():
+            if n > s.ref[block_id]:
+                raise RuleError(
+                    "ref-conservation",
+                    f"block {block_id} freed {n} time(s) but held {s.ref[block_id]} time(s)",
+                )
+        released_plain, released_cached = [], []
+        for block_id in ids:
+            if block_id == NULL_BLOCK_ID:
+                continue
+            s.ref[block_id] -= 1
+            if s.ref[block_id] == 0:
+                if block_id in s.key_of:
+                    released_cached.append(block_id)
+                else:
+                    released_plain.append(block_id)
+        s.free = released_plain + s.free + released_cached
+
+    # -- caching --------------------------------------------------------------
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        block_ids: list[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+        block_mask: list[bool] | None = None,
+    ) -> None:
+        """Make ``block_ids[num_cached_blocks:num_full_blocks]`` cache hits.
+
+        Block ``i`` of the request gets the key (request hash ``i`` at
+        ``block_size`` granularity, ``group_id``).  Null blocks and blocks
+        whose ``block_mask`` entry is False are skipped.  A ``Stored`` event
+        covers the whole range.
+
+        Requires: ``block_size`` a multiple of ``hash_block_size``;
+        ``0 <= num_cached_blocks <= num_full_blocks <= len(block_ids)``; the
+        pool caches at all; the request has at least ``num_full_blocks``
+        hashes at that size; the mask,
+        if given, has one entry per new block; every block to cache is held
+        and carries no hash yet.
+        """
+        s = self.state
+        if not s.enable_caching:
+            raise RuleError("hash-map-consistency", "prefix caching is disabled on this pool")
+        require_group_id(group_id)
+        require_count(block_size, "block_size")
+        if block_size == 0 or block_size % s.hash_block_size:
+            raise RuleError(
+                "block-size-coherence",
+                f"block_size {block_size} is not a positive multiple of "
+                f"hash_block_size {s.hash_block_size}",
+            )
+        require_count(num_cached_blocks, "num_cached_blocks")
+        require_count(num_full_blocks, "num_full_blocks")
+        if num_cached_blocks >= num_full_blocks:
+            return
+        if num_full_blocks > len(block_ids):
+            raise RuleError(
+                "hash-map-consistency",
+                f"num_full_blocks {num_full_blocks} exceeds the {len(block_ids)} blocks given",
+            )
+        hashes = block_hashes_for_size(request.block_hashes, s.hash_block_size, block_size)
+        if len(hashes) < num_full_blocks:
+            raise RuleError(
+                "hash-map-consistency",
+                f"request has {len(hashes)} hashes of size {block_size}, "
+                f"{num_full_blocks} blocks to cache",
+            )
+        new = list(range(num_cached_blocks, num_full_blocks))
+        if block_mask is not None and len(block_mask) != len(new):
+            raise RuleError(
+                "hash-map-consistency",
+                f"block_mask has {len(block_mask)} entries for {len(new)} new full blocks",
+            )
+        chosen = [
+            i
+            for j, i in enumerate(new)
+            if require_block_id(s, block_ids[i]) != NULL_BLOCK_ID
+            and (block_mask is None or block_mask[j])
+        ]
+        for i in chosen:
+            b = block_ids[i]
+            if s.ref[b] <= 0:
+                raise RuleError(
+                    "content-soundness", f"block {b} is cached but nobody holds it"
+                )
+            if b in s.key_of:
+                raise RuleError(
+                    "hash-map-consistency", f"block {b} already carries a hash"
+                )
+        if len({block_ids[i] for i in chosen}) != len(chosen):
+            raise RuleError("no-aliasing", "the same block appears twice among new full blocks")
+
+        for i in chosen:
+            key = make_block_hash_with_group_id(require_hash(hashes[i]), group_id)
+            s.key_of[block_ids[i]] = key
+            s.table.setdefault(key, []).append(block_ids[i])
+        if s.events_enabled:
+            s.events.append(
+                self._stored_event(request, block_ids, hashes, new, chosen, block_size, group_id)
+            )
+
+    def _stored_event(self, request, block_ids, hashes, new, chosen, block_size, group_id):
+        """The ``Stored`` event vLLM emits for one caching call."""
+        first, end = new[0], new[-1] + 1
+        extra_keys = []
+        mm_idx = 0
+        for i in new:
+            if i not in chosen:
+                continue
+            keys, mm_idx = generate_block_hash_extra_keys(
+                request, i * block_size, (i + 1) * block_size, mm_idx
+            )
+            extra_keys.append(keys)
+        lora = getattr(request, "lora_request", None)
+        return Stored(
+            group=group_id,
+            block_hashes=tuple(maybe_convert_block_hash(hashes[i]) for i in chosen),
+            parent_block_hash=None if first == 0 else maybe_convert_block_hash(hashes[first - 1]),
+            token_ids=tuple(request.all_token_ids[first * block_size : end * block_size]),
+            block_size=block_size,
+            lora_id=getattr(lora, "adapter_id", None) if lora else None,
+            lora_name=getattr(lora, "name", None) if lora else None,
+            extra_keys=tuple(extra_keys) if extra_keys else None,
+        )
+
+    # -- eviction and reset ---------------------------------------------------
+
+    def _evict(self, block_id: int) -> None:
+        """Drop ``block_id``'s key from the table (if it has one), emitting
+        ``Removed``.  The block keeps its place and its references."""
+        s = self.state
+        key = s.key_of.pop(block_id, None)
+        if key is None:
+            return
+        s.table[key].remove(block_id)
+        if not s.table[key]:
+            del s.table[key]
+        if s.events_enabled:
+            s.events.append(
+                Removed(group=get_group_id(key), block_hash=maybe_convert_block_hash(get_block_hash(key)))
+            )
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Forget the cached content of these blocks (an external cache
+        reported it stale).  Held blocks stay held; free blocks stay where they
+        are in the queue, now without a hash.  Requires valid block ids."""
+        ids = [require_block_id(self.state, b) for b in block_ids]
+        for block_id in ids:
+            self._evict(block_id)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block -- only when no block but the null block
+        is in use.  Returns whether it reset; a refusal changes nothing."""
+        s = self.state
+        if len(s.free) != self.num_blocks - 1:
+            return False
+        s.key_of.clear()
+        s.table.clear()
+        if s.events_enabled:
+            s.events.append(Cleared())
+        return True
+
+    def take_events(self) -> list[Event]:
+        """The events since the last call, oldest first; the log is emptied."""
+        events, self.state.events = self.state.events, []
+        return events
+
+    # -- observation -----------------------------------------------------------
+
+    def snapshot(self) -> PoolSnapshot:
+        s = self.state
+        return PoolSnapshot(
+            num_blocks=self.num_blocks,
+            ref=tuple(s.ref),
+            free=tuple(s.free),
+            key_of=dict(s.key_of),
+            table={k: tuple(v) for k, v in s.table.items()},
+        )
