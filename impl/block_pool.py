@@ -399,7 +399,7 @@ class BlockPool:
         is in use; returns whether it did."""
         in_use = self.num_gpu_blocks - 1 - self.free_block_queue.num_free_blocks
         if in_use:
-            logger.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet", in_use)
+            logger.info("Failed to reset prefix cache because some blocks (%d) are not freed yet", in_use)
             return False
         self.cached_block_hash_to_block.clear()
         for block in self.blocks:

@@ -140,9 +140,17 @@ def maybe_convert_block_hash(block_hash: BlockHash) -> ExternalBlockHash:
     """The form a hash takes in KV events.
 
     vLLM 0.25.1 publishes the low 64 bits of the big-endian integer unless
-    ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``, in which case the raw bytes.
+    ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` is an integer equal to 0, in which
+    case the raw bytes (a non-integer value is an error, as in vLLM).
     """
-    if os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") == "0":
+    setting = os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")
+    try:
+        use_int = bool(int(setting))
+    except ValueError:
+        raise ValueError(
+            f"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES must be an integer, got {setting!r}"
+        ) from None
+    if not use_int:
         return block_hash
     return int.from_bytes(block_hash, "big") & 0xFFFF_FFFF_FFFF_FFFF
 
@@ -280,7 +288,7 @@ class BlockHashListWithBlockSize:
     def __init__(
         self, block_hashes: list[BlockHash], hash_block_size: int, target_block_size: int
     ):
-        if hash_block_size <= 0 or target_block_size % hash_block_size:
+        if hash_block_size <= 0 or target_block_size <= 0 or target_block_size % hash_block_size:
             raise ValueError(
                 f"block-size-coherence: block size {target_block_size} is not a "
                 f"multiple of hash_block_size {hash_block_size}"

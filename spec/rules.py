@@ -176,7 +176,7 @@ def allocation_takes_the_head(step: Step) -> list[str]:
     if step.op != "get_new_blocks":
         return []
     (n,) = step.args
-    impossible = not isinstance(n, int) or n < 0 or n > step.before.num_free
+    impossible = type(n) is not int or n < 0 or n > step.before.num_free
     if step.error is not None:
         return [] if impossible else [f"get_new_blocks({n}) refused with {step.before.num_free} free"]
     if impossible:

@@ -1,0 +1,407 @@
+"""The pool-level conformance machine.
+
+A Hypothesis ``RuleBasedStateMachine`` plays the part of the managers above
+the pool: *owners* (a request's slots in one KV-cache group) look up their
+prefix, take hits, allocate, cache their full blocks, replace blocks with the
+null placeholder, and free in request order or reversed; meanwhile blocks are
+evicted by id, the cache is reset, and bad input is thrown at the pool.
+
+Every operation is applied to the **target** and, in lockstep mode, to the
+**spec** model too.  After each operation:
+
+- the results (or refusals) of target and spec must be equal, and so must
+  their snapshots and the events they emitted (lockstep);
+- every step rule of :mod:`kvspec.spec.rules` must hold for the operation,
+  and after each machine step every state rule, with the machine's ledger of who holds what as the ground truth for ref counts,
+  and a shadow of what each block holds as the ground truth for hits.
+
+Usage::
+
+    Machine = pool_machine(ImplPoolTarget)          # the class under test
+    Machine.TestCase.settings = load_profile("ci")
+    run_state_machine_as_test(Machine)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvspec.hashing import block_hashes_for_size, get_request_block_hasher
+from kvspec.spec.interface import NULL_BLOCK_ID, PoolTarget
+from kvspec.spec.pool import SpecBlockPool
+from kvspec.spec.rules import EventMirror, Step, Violation, check_events, check_state, check_step
+
+
+class ConformanceError(AssertionError):  # noqa: N818 (it is an assertion failure)
+    """The target broke a rule or diverged from the spec."""
+
+    def __init__(self, violations: list[Violation] | None = None, divergence: str | None = None):
+        self.violations = violations or []
+        self.divergence = divergence
+        lines = [str(v) for v in self.violations]
+        if divergence:
+            lines.append(f"divergence from the spec: {divergence}")
+        super().__init__("\n".join(lines))
+
+
+@dataclass
+class LoRA:
+    lora_name: str
+    adapter_id: int
+
+    @property
+    def name(self) -> str:
+        return self.lora_name
+
+
+@dataclass
+class PoolRequest:
+    """The request-like object the pool's caching call reads."""
+
+    all_token_ids: list[int]
+    cache_salt: str | None = None
+    lora_request: LoRA | None = None
+    mm_features: list[Any] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+@dataclass
+class Owner:
+    """One request's slots in one group, as the managers above would keep them."""
+
+    request: PoolRequest
+    group: int
+    block_size: int
+    blocks: list[int] = field(default_factory=list)
+    num_cached: int = 0
+    took_new: bool = False  # hits only extend a table that has no fresh blocks yet
+
+    def prefix_key(self, i: int) -> tuple[Any, ...]:
+        """What block ``i`` must hold: the group, the extra keys and every token
+        up to the end of the block."""
+        r = self.request
+        lora = r.lora_request.lora_name if r.lora_request else None
+        return (self.group, r.cache_salt, lora, tuple(r.all_token_ids[: (i + 1) * self.block_size]))
+
+    def num_full(self) -> int:
+        return min(len(self.blocks), len(self.request.all_token_ids) // self.block_size)
+
+
+@dataclass
+class PoolLayout:
+    """The pool a machine builds: its size, hash granularity, and groups."""
+
+    num_blocks: int = 12
+    hash_block_size: int = 2
+    group_block_sizes: tuple[int, ...] = (2, 4)
+    enable_caching: bool = True
+    events: bool = True
+
+
+Call = Callable[[Any], Any]
+
+
+def pool_machine(
+    target_factory: Callable[..., PoolTarget],
+    layout: PoolLayout | None = None,
+    *,
+    lockstep: bool = True,
+) -> type[RuleBasedStateMachine]:
+    """A state-machine class checking pools made by ``target_factory``.
+
+    ``target_factory(num_blocks, enable_caching, hash_block_size,
+    enable_kv_cache_events)`` must return a :class:`PoolTarget`.
+    """
+    layout = layout or PoolLayout()
+
+    class PoolMachine(RuleBasedStateMachine):
+        steps_run = 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            args = (layout.num_blocks, layout.enable_caching, layout.hash_block_size, layout.events)
+            self.target = target_factory(*args)
+            self.spec = SpecBlockPool(*args) if lockstep else None
+            self.owners: list[Owner] = []
+            self.shadow: dict[int, tuple[Any, ...]] = {}
+            self.mirror = EventMirror()
+            self.hasher = get_request_block_hasher(layout.hash_block_size)
+            self.failed = False  # once a step fails, teardown must not mask it
+            # Who holds what, by the interface's own accounting: an allocation
+            # or a touch adds a hold, a free removes one.
+            self.ledger: Counter[int] = Counter()
+
+        def fail(self, violations: list[Violation] | None = None, divergence: str | None = None) -> NoReturn:
+            self.failed = True
+            raise ConformanceError(violations, divergence)
+
+        # --- the step: apply, compare, check ---------------------------------
+
+        def apply(self, op: str, *args: Any) -> Any:
+            """Apply ``op(*args)`` to the target (and the spec), check every
+            rule, and return the target's result (or raise its refusal as
+            ``Refused``)."""
+            type(self).steps_run += 1
+            before = self.target.snapshot()
+            result, error = _call(getattr(self.target, op), args)
+            if error is not None and not isinstance(error, (ValueError, TypeError)):
+                self.fail(divergence=f"{op}{args} crashed with {error!r}; a refusal must raise ValueError or TypeError")
+            after = self.target.snapshot()
+            step = Step(op, args, before, after, result, error)
+            if error is None:
+                self.ledger.update(_holds_delta(op, args, result))
+            problems = check_step(step) + check_state(after, self.ledger)
+            events = self.target.take_events()
+            self.mirror.apply(events)
+            if layout.events:
+                problems += check_events(after, self.mirror)
+            if problems:
+                self.fail(problems)
+            if self.spec is not None:
+                self._compare_with_spec(op, args, result, error, after, events)
+            if error is not None:
+                raise Refused(error)
+            return result
+
+        def _compare_with_spec(self, op, args, result, error, after, events) -> None:
+            spec_result, spec_error = _call(getattr(self.spec, op), args)
+            if (error is None) != (spec_error is None):
+                self.fail(
+                    divergence=f"{op}{args}: target {'refused: ' + repr(error) if error else 'accepted'}, "
+                    f"spec {'refused: ' + repr(spec_error) if spec_error else 'accepted'}"
+                )
+            if error is not None and not isinstance(error, type(spec_error)) and not isinstance(spec_error, type(error)):
+                self.fail(divergence=f"{op}{args}: target raised {error!r}, spec {spec_error!r}")
+            if error is None and result != spec_result:
+                self.fail(divergence=f"{op}{args}: target returned {result!r}, spec {spec_result!r}")
+            spec_after = self.spec.snapshot()
+            if after.without_null_ref() != spec_after.without_null_ref():
+                self.fail(divergence=f"{op}{args}: state differs\n  target {after}\n  spec   {spec_after}")
+            spec_events = self.spec.take_events()
+            if events != spec_events:
+                self.fail(divergence=f"{op}{args}: events differ\n  target {events}\n  spec   {spec_events}")
+
+        def holders(self) -> Counter[int]:
+            """What the owners hold -- must always equal the ledger."""
+            return Counter(b for o in self.owners for b in o.blocks if b != NULL_BLOCK_ID)
+
+        # --- owners -------------------------------------------------------------------
+
+        def pick(self, data: st.DataObject) -> Owner:
+            return self.owners[data.draw(st.integers(0, len(self.owners) - 1), label="owner")]
+
+        def hashes(self, owner: Owner):
+            return block_hashes_for_size(owner.request.block_hashes, layout.hash_block_size, owner.block_size)
+
+        @rule(data=st.data())
+        def admit(self, data: st.DataObject) -> None:
+            """A request arrives in some group -- tokens from a tiny alphabet so
+            prefixes are shared, sometimes a salt or a LoRA.  It takes every
+            block of its cached prefix (a hit each), allocates the rest, and
+            caches its full blocks; if the pool is short it lets its hits go."""
+            group = data.draw(st.integers(0, len(layout.group_block_sizes) - 1), label="group")
+            size = layout.group_block_sizes[group]
+            tokens = data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=3 * size), label="tokens")
+            salt = data.draw(st.sampled_from([None, None, "s1"]), label="salt")
+            lora = data.draw(st.sampled_from([None, None, LoRA("adapter-a", 1)]), label="lora")
+            request = PoolRequest(tokens, cache_salt=salt, lora_request=lora)
+            request.block_hashes = self.hasher(request)
+            owner = Owner(request, group, size)
+            self.owners.append(owner)
+            if layout.enable_caching:
+                self.take_hits(owner)
+            needed = -(-len(tokens) // size) - len(owner.blocks)
+            if not self.allocate_for(owner, needed):
+                self.owners.remove(owner)
+                self.apply("free_blocks", owner.blocks[::-1])
+                return
+            self.write(owner, owner.num_cached * size, len(tokens))
+            self.cache(owner, data)
+
+        def take_hits(self, owner: Owner) -> None:
+            for i, block_hash in enumerate(self.hashes(owner)):
+                found = self.apply("get_cached_block", block_hash, [owner.group])
+                if found is None:
+                    return
+                (block,) = found
+                if self.shadow.get(block) != owner.prefix_key(i):
+                    self.fail([Violation("content-soundness", f"block {block} was hit for content it does not hold")])
+                self.apply("touch", [block])
+                owner.blocks.append(block)
+                owner.num_cached = len(owner.blocks)
+
+        def allocate_for(self, owner: Owner, n: int) -> bool:
+            try:
+                new = self.apply("get_new_blocks", n)
+            except Refused:
+                return False
+            owner.blocks.extend(new)
+            return True
+
+        def write(self, owner: Owner, start: int, end: int) -> None:
+            """Tokens ``[start, end)`` are written into the owner's blocks: the
+            shadow records, per block, the content it now holds."""
+            size = owner.block_size
+            for i in range(start // size, -(-end // size)):
+                if owner.blocks[i] != NULL_BLOCK_ID:
+                    self.shadow[owner.blocks[i]] = owner.prefix_key(i)
+
+        def cache(self, owner: Owner, data: st.DataObject) -> None:
+            """Cache the owner's newly full blocks, perhaps through a mask."""
+            num_full = owner.num_full()
+            if not layout.enable_caching or num_full <= owner.num_cached:
+                return
+            n_new = num_full - owner.num_cached
+            mask = data.draw(st.none() | st.lists(st.booleans(), min_size=n_new, max_size=n_new), label="mask")
+            self.apply(
+                "cache_full_blocks", owner.request, list(owner.blocks), owner.num_cached,
+                num_full, owner.block_size, owner.group, mask,
+            )
+            owner.num_cached = num_full
+
+        @precondition(lambda self: self.owners)
+        @rule(data=st.data())
+        def decode(self, data: st.DataObject) -> None:
+            """An owner appends tokens; a new block when the last is full; the
+            blocks that filled up are cached (their parent is the last cached)."""
+            owner = self.pick(data)
+            more = data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=owner.block_size + 1), label="more")
+            request = owner.request
+            start = len(request.all_token_ids)
+            request.all_token_ids.extend(more)
+            request.block_hashes.extend(self.hasher(request))
+            needed = -(-len(request.all_token_ids) // owner.block_size) - len(owner.blocks)
+            if needed > 0 and not self.allocate_for(owner, needed):
+                del request.all_token_ids[-len(more):]
+                del request.block_hashes[len(request.all_token_ids) // layout.hash_block_size:]
+                return
+            self.write(owner, start, len(request.all_token_ids))
+            self.cache(owner, data)
+
+        @precondition(lambda self: any(b != NULL_BLOCK_ID for o in self.owners for b in o.blocks))
+        @rule(data=st.data())
+        def null_out(self, data: st.DataObject) -> None:
+            """An owner's oldest real block leaves its window: it is freed and
+            the slot keeps the null placeholder."""
+            owner = self.pick(data)
+            for i, b in enumerate(owner.blocks):
+                if b != NULL_BLOCK_ID:
+                    self.apply("free_blocks", [b])
+                    owner.blocks[i] = NULL_BLOCK_ID
+                    return
+
+        @precondition(lambda self: self.owners)
+        @rule(data=st.data(), reverse=st.booleans())
+        def finish(self, data: st.DataObject, reverse: bool) -> None:
+            """An owner frees all its slots, tail first (as managers do) or in order."""
+            owner = self.pick(data)
+            blocks = owner.blocks[::-1] if reverse else list(owner.blocks)
+            self.owners.remove(owner)
+            self.apply("free_blocks", blocks)
+
+        # --- the pool's own operations --------------------------------------------------
+
+        @rule(ids=st.sets(st.integers(0, layout.num_blocks - 1), max_size=3), reset=st.integers(0, 3))
+        def evict(self, ids: set[int], reset: int) -> None:
+            """A connector reports blocks stale: their hashes go.  Now and then
+            the whole prefix cache is reset instead (refused while in use)."""
+            if reset == 3:
+                self.apply("reset_prefix_cache")
+            else:
+                self.apply("evict_blocks", sorted(ids))
+
+        @precondition(lambda self: layout.enable_caching)
+        @rule(data=st.data())
+        def lookup_across_groups(self, data: st.DataObject) -> None:
+            """A lookup in every group at once hits only if all groups hit."""
+            if not self.owners:
+                return
+            owner = self.pick(data)
+            if owner.request.block_hashes:
+                h = data.draw(st.sampled_from(owner.request.block_hashes), label="hash")
+                self.apply("get_cached_block", h, list(range(len(layout.group_block_sizes))))
+
+        @rule(
+            op=st.sampled_from(["too_many", "negative", "bad_free", "bad_evict", "bad_hash", "bool_count"]),
+            k=st.integers(1, 3),
+        )
+        def bad_input(self, op: str, k: int) -> None:
+            """Impossible requests are refused and change nothing."""
+            n = layout.num_blocks
+            held = self.holders()
+            unheld = [b for b in range(1, n) if held[b] == 0]
+            calls = {
+                "too_many": ("get_new_blocks", self.target.get_num_free_blocks() + k),
+                "negative": ("get_new_blocks", -k),
+                "bool_count": ("get_new_blocks", True),
+                "bad_free": ("free_blocks", unheld[:1] * k) if unheld else ("get_new_blocks", -1),
+                "bad_evict": ("evict_blocks", [n - 1 + k]),
+                "bad_hash": ("get_cached_block", "not-bytes", [0]),
+            }
+            name, *args = calls[op]
+            try:
+                self.apply(name, *args)
+            except Refused:
+                return
+            self.fail(divergence=f"{name}{tuple(args)} was accepted; it must be refused")
+
+        @invariant()
+        def counts_agree(self) -> None:
+            """The free count is the queue's length, and the owners hold what
+            the ledger says (a check on the machine itself)."""
+            if self.target.get_num_free_blocks() != len(self.target.snapshot().free):
+                self.fail([Violation("free-queue-consistency", "free count != queue length")])
+            assert +self.ledger == self.holders(), "machine bug: ledger and owners disagree"
+
+        def teardown(self) -> None:
+            # Drain every owner; a correct pool ends with all blocks free.
+            if self.failed:
+                return
+            for owner in list(self.owners):
+                self.owners.remove(owner)
+                try:
+                    self.apply("free_blocks", owner.blocks[::-1])
+                except Refused as refused:
+                    self.fail(divergence=f"final free refused: {refused}")
+            free = self.target.get_num_free_blocks()
+            if free != layout.num_blocks - 1:
+                self.fail([Violation("ref-conservation", f"{free} blocks free after every owner left")])
+
+    PoolMachine.__name__ = PoolMachine.__qualname__ = f"PoolMachine_{getattr(target_factory, '__name__', 'target')}"
+    return PoolMachine
+
+
+def _holds_delta(op: str, args: tuple[Any, ...], result: Any) -> Counter[int]:
+    """How a successful operation changes who holds what (null excluded)."""
+    if op == "get_new_blocks":
+        return Counter(result)
+    if op == "touch":
+        return Counter(b for b in args[0] if b != NULL_BLOCK_ID)
+    if op == "free_blocks":
+        return Counter({b: -n for b, n in Counter(args[0]).items() if b != NULL_BLOCK_ID})
+    return Counter()
+
+
+class Refused(Exception):
+    """The target refused an operation (with ``ValueError``/``TypeError``)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(repr(error))
+        self.error = error
+
+
+def _call(fn: Call, args: tuple[Any, ...]) -> tuple[Any, Exception | None]:
+    try:
+        return fn(*args), None
+    except Exception as error:  # judged by the caller: only refusals are fine
+        return None, error

@@ -1,0 +1,47 @@
+"""Hypothesis profiles for conformance runs.
+
+- ``ci`` (default): derandomized, so a pull request's result depends only on
+  its code; sized so the pool machine runs well over 20,000 operations in a
+  couple of minutes on a 2-core machine.
+- ``long``: random seeds, many more examples, failures saved to a directory
+  example database (``.hypothesis/examples``) so they replay next time.
+- ``quick``: a smoke run for local edits.
+
+Choose with ``HYPOTHESIS_PROFILE=long`` (tests) or ``--profile`` (CLI).
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+_COMMON = dict(
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+)
+
+PROFILES = {
+    "ci": settings(derandomize=True, database=None, max_examples=250, stateful_step_count=100, **_COMMON),
+    "long": settings(
+        database=DirectoryBasedExampleDatabase(".hypothesis/examples"),
+        max_examples=5000,
+        stateful_step_count=200,
+        **_COMMON,
+    ),
+    "quick": settings(derandomize=True, database=None, max_examples=20, stateful_step_count=50, **_COMMON),
+}
+
+for _name, _profile in PROFILES.items():
+    settings.register_profile(_name, _profile)
+
+
+def load_profile(name: str | None = None) -> settings:
+    """Load profile ``name`` (default: ``$HYPOTHESIS_PROFILE`` or ``ci``)."""
+    name = name or os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    if name not in PROFILES:
+        raise ValueError(f"unknown Hypothesis profile {name!r}; choose one of {sorted(PROFILES)}")
+    settings.load_profile(name)
+    return PROFILES[name]

@@ -1,0 +1,115 @@
+"""Deliberately broken pools: each breaks exactly one rule, so the tests can
+show that the rule's predicate (and the machine) catches it."""
+
+from kvspec.conformance.targets import VllmApiPoolTarget
+from kvspec.impl import BlockPool
+from kvspec.impl.kv_cache_utils import KVCacheBlock
+
+
+class DoubleDecrement(BlockPool):
+    """Frees a cached block's reference twice when it is freed alone."""
+
+    def free_blocks(self, ordered_blocks):
+        blocks = list(ordered_blocks)
+        super().free_blocks(blocks)
+        for b in blocks:
+            if b.ref_cnt > 0 and not b.is_null:
+                b.ref_cnt -= 1
+                if b.ref_cnt == 0:
+                    self.free_block_queue.append(b)
+                return
+
+
+class NullEnqueued(BlockPool):
+    """Puts the null block into the free queue when a table holding it is freed."""
+
+    def free_blocks(self, ordered_blocks):
+        blocks = list(ordered_blocks)
+        super().free_blocks(blocks)
+        if any(b.is_null for b in blocks) and self.null_block not in self.free_block_queue:
+            self.free_block_queue.append(self.null_block)
+
+
+class StaleHash(BlockPool):
+    """Reuses cached blocks without evicting their hash."""
+
+    def get_new_blocks(self, num_blocks):
+        if type(num_blocks) is not int or not 0 <= num_blocks <= self.get_num_free_blocks():
+            return super().get_new_blocks(num_blocks)
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        for b in ret:
+            b.ref_cnt = 1
+        return ret
+
+
+class ReversedFreeOrder(BlockPool):
+    """Puts freed blocks back in the opposite order."""
+
+    def free_blocks(self, ordered_blocks):
+        super().free_blocks(list(ordered_blocks)[::-1])
+
+
+class RefusalThatChanges(BlockPool):
+    """Takes what it can before refusing an allocation that is too large."""
+
+    def get_new_blocks(self, num_blocks):
+        if type(num_blocks) is int and num_blocks > self.get_num_free_blocks() > 0:
+            super().get_new_blocks(1)
+        return super().get_new_blocks(num_blocks)
+
+
+class ResetWhileInUse(BlockPool):
+    """Resets the prefix cache even while blocks are held."""
+
+    def reset_prefix_cache(self):
+        self.cached_block_hash_to_block.clear()
+        for b in self.blocks:
+            b.reset_hash()
+        return True
+
+
+class SilentEviction(BlockPool):
+    """Evicts by id without telling event consumers."""
+
+    def evict_blocks(self, block_ids):
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                self.cached_block_hash_to_block.pop(block.block_hash, block_id)
+                block.reset_hash()
+
+
+class TouchKeepsQueued(BlockPool):
+    """Takes a hit without removing the block from the free queue."""
+
+    def touch(self, blocks):
+        for b in blocks:
+            if not b.is_null:
+                b.ref_cnt += 1
+
+
+class TableWithoutBlockHash(BlockPool):
+    """Evicts the hash from the block but leaves the table entry behind."""
+
+    def evict_blocks(self, block_ids):
+        for block_id in block_ids:
+            self.blocks[block_id].reset_hash()
+
+
+def target(pool_cls):
+    def factory(num_blocks, enable_caching, hash_block_size, events):
+        return VllmApiPoolTarget(pool_cls(num_blocks, enable_caching, hash_block_size, events))
+
+    factory.__name__ = pool_cls.__name__
+    return factory
+
+
+BROKEN = {
+    "ref-conservation": DoubleDecrement,
+    "null-exclusion": NullEnqueued,
+    "hash-map-consistency": StaleHash,
+    "free-order": ReversedFreeOrder,
+    "allocation-accounting": RefusalThatChanges,
+    "reset": ResetWhileInUse,
+    "free-queue-consistency": TouchKeepsQueued,
+}

@@ -1,0 +1,3 @@
+from kvspec.conformance.settings import load_profile
+
+load_profile()

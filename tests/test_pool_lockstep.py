@@ -1,0 +1,39 @@
+"""Spec and impl side by side: every observation equal, every rule kept."""
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvspec.conformance.pool_machine import PoolLayout, pool_machine
+from kvspec.conformance.settings import load_profile
+from kvspec.conformance.targets import ImplPoolTarget, SpecPoolTarget
+
+LAYOUTS = {
+    "two-groups": PoolLayout(num_blocks=12, hash_block_size=2, group_block_sizes=(2, 4)),
+    "tiny-pool": PoolLayout(num_blocks=4, hash_block_size=1, group_block_sizes=(1, 2)),
+    "one-group-no-events": PoolLayout(num_blocks=16, hash_block_size=2, group_block_sizes=(2,), events=False),
+    "caching-off": PoolLayout(num_blocks=8, hash_block_size=2, group_block_sizes=(2,), enable_caching=False),
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_impl_matches_spec(name):
+    machine = pool_machine(ImplPoolTarget, LAYOUTS[name])
+    run_state_machine_as_test(machine, settings=settings(load_profile()))
+    assert machine.steps_run > 0
+    test_impl_matches_spec.steps[name] = machine.steps_run
+
+
+test_impl_matches_spec.steps = {}
+
+
+def test_spec_keeps_its_own_rules():
+    machine = pool_machine(SpecPoolTarget, LAYOUTS["two-groups"], lockstep=False)
+    run_state_machine_as_test(machine, settings=settings(load_profile(), max_examples=50))
+
+
+def test_ci_profile_reaches_20000_operations():
+    """Done-when of the pool milestone: at least 20,000 lockstep operations."""
+    if load_profile().max_examples < 250:
+        pytest.skip("only meaningful under the ci or long profile")
+    assert sum(test_impl_matches_spec.steps.values()) >= 20_000, test_impl_matches_spec.steps

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Install vLLM 0.25.1 -- the reference kvspec is checked against -- into its
+# own virtual environment, CPU only, next to an editable install of kvspec.
+#
+# Usage:  tools/install_vllm.sh [VENV_DIR]
+#         VENV_DIR defaults to .venv-vllm in the repository root.
+#         PYTHON (env) chooses the interpreter that creates the venv
+#         (default: python3; vLLM 0.25.1 needs Python >= 3.10).
+#
+# Afterwards `VENV_DIR/bin/python` can import kvspec and
+# vllm.v1.core.{block_pool,kv_cache_manager}, vllm.v1.request with no GPU and
+# no environment variables (set PYTHONHASHSEED yourself when hashes must be
+# reproducible).  Running the script again re-uses the venv and only installs
+# what is missing, so it is safe to re-run.
+#
+# Why not just `pip install vllm==0.25.1`?  Its declared dependencies pin a
+# CUDA build of torch and dozens of GPU kernel packages (many GB).  kvspec
+# needs only vLLM's pure-Python KV-cache manager, so we install vLLM itself
+# with --no-deps and then exactly the packages its import chain touches.
+# The version bounds below are copied from vLLM 0.25.1's own metadata.
+
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV_DIR="${1:-$REPO_ROOT/.venv-vllm}"
+PYTHON="${PYTHON:-python3}"
+
+VLLM_VERSION="0.25.1"
+# A CPU build of torch.  Always pin it: a bare `torch` resolves to a
+# multi-GB CUDA build.  (vLLM 0.25.1 declares torch==2.11.0; its compiled
+# ops are never loaded by the modules kvspec uses, so the newer CPU build
+# is fine and is what the rest of kvspec's tooling uses.)
+TORCH_SPEC="torch==2.13.0"
+
+# Import-time dependencies of vllm.v1.core.* and vllm.v1.request (the
+# import chain goes through vllm.config, vllm.envs, the tokenizer and
+# structured-output modules, the multimodal registry and the OpenAI-protocol
+# types, hence the less obvious entries).
+IMPORT_DEPS=(
+    "numpy"
+    "packaging"
+    "regex"
+    "psutil"
+    "pyzmq>=25.0.0"
+    "urllib3"
+    "msgspec"
+    "pydantic>=2.12.0"
+    "cbor2"
+    "transformers>=5.5.3"
+    "aiohttp>=3.13.3"
+    "requests>=2.26.0"
+    "openai-harmony>=0.0.3"
+    "openai>=2.0.0"
+    "pillow"
+    "pybase64"
+    "cachetools"
+    "cloudpickle"
+    "uvloop"
+    "py-cpuinfo"
+    "prometheus_client>=0.18.0"
+    "llguidance>=1.7.0,<1.8.0"
+    "apache-tvm-ffi==0.1.9"
+)
+# xgrammar's own dependency list pulls triton (and with it a CUDA stack);
+# vLLM only needs the package importable, so it goes in without its deps.
+# vLLM allows xgrammar>=0.2.1,<1.0.0, but xgrammar >= 0.2.6 needs
+# apache-tvm-ffi >= 0.1.10 (it fails at import with vLLM's pinned 0.1.9:
+# "load_lib_module() got an unexpected keyword argument 'extra_lib_paths'").
+# 0.2.5.post1 is the newest release that works with apache-tvm-ffi==0.1.9.
+XGRAMMAR_SPEC="xgrammar==0.2.5.post1"
+
+# The modules whose import proves the install usable.
+CHECK_MODULES="vllm.v1.core.block_pool, vllm.v1.core.kv_cache_manager, vllm.v1.request, vllm.v1.core.kv_cache_utils, vllm.lora.request, kvspec.hashing"
+
+log() { printf '[install_vllm] %s\n' "$*" >&2; }
+
+start_s=$SECONDS
+
+# 1. The venv (re-used when it already exists).
+if [[ -x "$VENV_DIR/bin/python" ]]; then
+    log "re-using venv $VENV_DIR"
+else
+    log "creating venv $VENV_DIR with $PYTHON ($("$PYTHON" --version 2>&1))"
+    "$PYTHON" -m venv "$VENV_DIR"
+fi
+PY="$VENV_DIR/bin/python"
+# --no-warn-conflicts: vLLM is deliberately installed without most of its
+# declared (GPU, serving) dependencies, and so is xgrammar; pip would
+# otherwise list every one of them as a "dependency conflict".  The import
+# check at the end is what tells whether the environment works.
+pip_install() {
+    "$PY" -m pip install --disable-pip-version-check --no-warn-conflicts --quiet "$@"
+}
+
+# 2. A pip that understands current wheels and metadata.
+pip_install --upgrade pip
+
+# 3. torch first, so nothing below can drag in a different build.
+log "installing $TORCH_SPEC"
+pip_install "$TORCH_SPEC"
+
+# 4. vLLM itself, without its GPU-oriented dependency list.
+log "installing vllm==$VLLM_VERSION (--no-deps)"
+pip_install --no-deps "vllm==$VLLM_VERSION"
+
+# 5. What importing the KV-cache manager actually needs.  torch is passed
+#    again as a constraint so that no dependency can replace it.
+log "installing import-time dependencies"
+pip_install "$TORCH_SPEC" "${IMPORT_DEPS[@]}"
+pip_install --no-deps "$XGRAMMAR_SPEC"
+
+# 6. kvspec itself, editable, so both import in one interpreter.
+log "installing kvspec (editable) from $REPO_ROOT"
+pip_install -e "$REPO_ROOT"
+
+# 7. Check: the modules kvspec drives import with no GPU.
+log "checking imports"
+"$PY" - <<EOF
+import importlib, sys
+for name in "$CHECK_MODULES".split(", "):
+    importlib.import_module(name)
+import torch, vllm
+print(f"ok: vllm {vllm.__version__}, torch {torch.__version__}, "
+      f"python {sys.version.split()[0]}, cuda available: {torch.cuda.is_available()}")
+EOF
+
+log "done in $((SECONDS - start_s)) s; venv size $(du -sh "$VENV_DIR" | cut -f1)"
+log "use: $PY"
