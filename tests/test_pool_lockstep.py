@@ -4,16 +4,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvspec.conformance.pool_machine import PoolLayout, pool_machine
+from kvspec.conformance.pool_machine import LAYOUTS, pool_machine
 from kvspec.conformance.settings import load_profile
 from kvspec.conformance.targets import ImplPoolTarget, SpecPoolTarget
-
-LAYOUTS = {
-    "two-groups": PoolLayout(num_blocks=12, hash_block_size=2, group_block_sizes=(2, 4)),
-    "tiny-pool": PoolLayout(num_blocks=4, hash_block_size=1, group_block_sizes=(1, 2)),
-    "one-group-no-events": PoolLayout(num_blocks=16, hash_block_size=2, group_block_sizes=(2,), events=False),
-    "caching-off": PoolLayout(num_blocks=8, hash_block_size=2, group_block_sizes=(2,), enable_caching=False),
-}
 
 
 @pytest.mark.parametrize("name", LAYOUTS)

@@ -110,6 +110,16 @@ class PoolLayout:
 
 Call = Callable[[Any], Any]
 
+LAYOUTS: dict[str, PoolLayout] = {
+    "two-groups": PoolLayout(num_blocks=12, hash_block_size=2, group_block_sizes=(2, 4)),
+    "tiny-pool": PoolLayout(num_blocks=4, hash_block_size=1, group_block_sizes=(1, 2)),
+    "one-group-no-events": PoolLayout(num_blocks=16, hash_block_size=2, group_block_sizes=(2,), events=False),
+    "caching-off": PoolLayout(num_blocks=8, hash_block_size=2, group_block_sizes=(2,), enable_caching=False),
+}
+"""The pools every conformance run builds: two groups of different block
+sizes, a pool so small that every allocation evicts, one group without
+events, and prefix caching off."""
+
 
 def pool_machine(
     target_factory: Callable[..., PoolTarget],
