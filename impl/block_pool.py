@@ -251,7 +251,9 @@ class BlockPool:
                 if not block.is_null:
                     block.ref_cnt += 1
             if isinstance(error, AttributeError):
-                raise RuleTypeError("ref-conservation", f"free_blocks() takes KVCacheBlocks, got {blocks[done]!r}") from None
+                raise RuleTypeError(
+                    "ref-conservation", f"free_blocks() takes KVCacheBlocks, got {blocks[done]!r}"
+                ) from None
             raise
         if plain:
             self.free_block_queue.prepend_n(plain)
@@ -291,7 +293,9 @@ class BlockPool:
             insert(key, block)
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(
-                self._stored_event(request, hashes, num_cached_blocks, num_full_blocks, chosen, block_size, kv_cache_group_id)
+                self._stored_event(
+                    request, hashes, num_cached_blocks, num_full_blocks, chosen, block_size, kv_cache_group_id
+                )
             )
 
     def _check_cache_args(self, block_size: int, group_id: int, num_cached: int, num_full: int) -> bytes:
@@ -312,7 +316,9 @@ class BlockPool:
     def _blocks_to_cache(self, blocks, hashes, num_cached, num_full, block_mask) -> list[int]:
         """Indices of the blocks to cache, after checking every precondition."""
         if num_full > len(blocks):
-            raise RuleError("hash-map-consistency", f"num_full_blocks {num_full} exceeds the {len(blocks)} blocks given")
+            raise RuleError(
+                "hash-map-consistency", f"num_full_blocks {num_full} exceeds the {len(blocks)} blocks given"
+            )
         if len(hashes) < num_full:
             raise RuleError(
                 "hash-map-consistency",

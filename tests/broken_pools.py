@@ -3,7 +3,6 @@ show that the rule's predicate (and the machine) catches it."""
 
 from kvspec.conformance.targets import VllmApiPoolTarget
 from kvspec.impl import BlockPool
-from kvspec.impl.kv_cache_utils import KVCacheBlock
 
 
 class DoubleDecrement(BlockPool):

@@ -89,8 +89,10 @@ BAD_CALLS = {
     "look up a group past 4 bytes": (lambda p: p.get_cached_block(b"x" * 32, [2**32]), "hash-map-consistency"),
     "cache with a block size not a multiple": (
         lambda p: p.cache_full_blocks(request(), [4], 0, 1, 3, 0), "block-size-coherence"),
-    "cache with a zero block size": (lambda p: p.cache_full_blocks(request(), [4], 0, 1, 0, 0), "block-size-coherence"),
-    "cache more blocks than given": (lambda p: p.cache_full_blocks(request(), [4], 0, 2, HBS, 1), "hash-map-consistency"),
+    "cache with a zero block size": (
+        lambda p: p.cache_full_blocks(request(), [4], 0, 1, 0, 0), "block-size-coherence"),
+    "cache more blocks than given": (
+        lambda p: p.cache_full_blocks(request(), [4], 0, 2, HBS, 1), "hash-map-consistency"),
     "cache more blocks than hashes": (
         lambda p: p.cache_full_blocks(request(), [1, 2, 4, 4, 4], 4, 5, HBS, 1), "hash-map-consistency"),
     "cache with a short mask": (
@@ -101,7 +103,8 @@ BAD_CALLS = {
     "cache one block twice": (lambda p: p.cache_full_blocks(request(), [4, 4], 0, 2, HBS, 1), "no-aliasing"),
     "cache with a negative count": (
         lambda p: p.cache_full_blocks(request(), [4], -1, 1, HBS, 1), "allocation-accounting"),
-    "cache for a negative group": (lambda p: p.cache_full_blocks(request(), [4], 0, 1, HBS, -1), "hash-map-consistency"),
+    "cache for a negative group": (
+        lambda p: p.cache_full_blocks(request(), [4], 0, 1, HBS, -1), "hash-map-consistency"),
 }
 
 

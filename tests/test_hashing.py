@@ -532,7 +532,7 @@ def test_request_hasher_refuses_bad_block_size():
 
 def _event_params():
     params = []
-    for n, seed_vectors in enumerate(SEEDS):
+    for seed_vectors in SEEDS:
         for vector in seed_vectors["event_hash_vectors"]:
             params.append(
                 pytest.param(
