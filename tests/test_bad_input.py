@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec.conformance.pool_machine import PoolRequest
 from kvspec.conformance.targets import SpecPoolTarget, VllmApiPoolTarget
 from kvspec.errors import RuleError, RuleTypeError
-from kvspec.hashing import hash_token_chain
+from kvspec.hashing import get_request_block_hasher
 from kvspec.impl import BlockPool
+from kvspec.request import Request
 
 HBS = 2
 TOKENS = [1, 2, 3, 4, 5, 6, 7, 8]
 
 
-def request() -> PoolRequest:
-    r = PoolRequest(list(TOKENS))
-    r.block_hashes = hash_token_chain(TOKENS, HBS)
-    return r
+def request() -> Request:
+    return Request("r", TOKENS, block_hasher=get_request_block_hasher(HBS))
 
 
 class ImplById:

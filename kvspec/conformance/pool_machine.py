@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvspec.hashing import block_hashes_for_size, get_request_block_hasher
+from kvspec.request import LoRARequest, Request
 from kvspec.spec.interface import NULL_BLOCK_ID, PoolTarget
 from kvspec.spec.pool import SpecBlockPool
 from kvspec.spec.rules import EventMirror, Step, Violation, check_events, check_state, check_step
@@ -52,35 +53,10 @@ class ConformanceError(AssertionError):  # noqa: N818 (it is an assertion failur
 
 
 @dataclass
-class LoRA:
-    lora_name: str
-    adapter_id: int
-
-    @property
-    def name(self) -> str:
-        return self.lora_name
-
-
-@dataclass
-class PoolRequest:
-    """The request-like object the pool's caching call reads."""
-
-    all_token_ids: list[int]
-    cache_salt: str | None = None
-    lora_request: LoRA | None = None
-    mm_features: list[Any] = field(default_factory=list)
-    block_hashes: list[bytes] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-
-@dataclass
 class Owner:
     """One request's slots in one group, as the managers above would keep them."""
 
-    request: PoolRequest
+    request: Request
     group: int
     block_size: int
     blocks: list[int] = field(default_factory=list)
@@ -148,6 +124,7 @@ def pool_machine(
             self.mirror = EventMirror()
             self.hasher = get_request_block_hasher(layout.hash_block_size)
             self.failed = False  # once a step fails, teardown must not mask it
+            self.next_id = 0
             # Who holds what, by the interface's own accounting: an allocation
             # or a touch adds a hold, a free removes one.
             self.ledger: Counter[int] = Counter()
@@ -225,9 +202,9 @@ def pool_machine(
             size = layout.group_block_sizes[group]
             tokens = data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=3 * size), label="tokens")
             salt = data.draw(st.sampled_from([None, None, "s1"]), label="salt")
-            lora = data.draw(st.sampled_from([None, None, LoRA("adapter-a", 1)]), label="lora")
-            request = PoolRequest(tokens, cache_salt=salt, lora_request=lora)
-            request.block_hashes = self.hasher(request)
+            lora = data.draw(st.sampled_from([None, None, LoRARequest("adapter-a", 1)]), label="lora")
+            self.next_id += 1
+            request = Request(f"r{self.next_id}", tokens, cache_salt=salt, lora_request=lora, block_hasher=self.hasher)
             owner = Owner(request, group, size)
             self.owners.append(owner)
             if layout.enable_caching:
@@ -289,15 +266,14 @@ def pool_machine(
             owner = self.pick(data)
             more = data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=owner.block_size + 1), label="more")
             request = owner.request
-            start = len(request.all_token_ids)
-            request.all_token_ids.extend(more)
-            request.block_hashes.extend(self.hasher(request))
-            needed = -(-len(request.all_token_ids) // owner.block_size) - len(owner.blocks)
+            start = request.num_tokens
+            needed = -(-(start + len(more)) // owner.block_size) - len(owner.blocks)
+            if needed > self.target.get_num_free_blocks():
+                return  # the scheduler would preempt; refusals are exercised elsewhere
+            request.append_output_token_ids(more)
             if needed > 0 and not self.allocate_for(owner, needed):
-                del request.all_token_ids[-len(more):]
-                del request.block_hashes[len(request.all_token_ids) // layout.hash_block_size:]
-                return
-            self.write(owner, start, len(request.all_token_ids))
+                self.fail(divergence=f"get_new_blocks({needed}) refused with enough blocks free")
+            self.write(owner, start, request.num_tokens)
             self.cache(owner, data)
 
         @precondition(lambda self: any(b != NULL_BLOCK_ID for o in self.owners for b in o.blocks))
