@@ -139,3 +139,63 @@ class PoolTarget(Protocol):
     def take_events(self) -> list[Event]: ...
 
     def snapshot(self) -> PoolSnapshot: ...
+
+
+# --- the request-level target interface ----------------------------------------
+
+
+@dataclass(frozen=True)
+class ManagerSnapshot:
+    """Everything observable about a KV-cache manager between two operations:
+    the pool's snapshot and, per request, its block ids in each group."""
+
+    pool: PoolSnapshot
+    tables: dict[str, tuple[tuple[int, ...], ...]] = field(hash=False)
+
+
+@runtime_checkable
+class ManagerTarget(Protocol):
+    """A KV-cache manager under test (vLLM's ``KVCacheManager`` API), by id.
+
+    Built from ``(kv_cache_config, max_model_len, scheduler_block_size,
+    hash_block_size, enable_caching, use_eagle, enable_kv_cache_events)``.
+    ``request`` arguments are :class:`kvspec.request.Request` objects whose
+    ``num_computed_tokens`` the caller (the scheduler) keeps current.
+    Block tables are tuples with one list of block ids per KV-cache group.
+    """
+
+    def get_computed_blocks(self, request: Any) -> tuple[tuple[list[int], ...], int]: ...
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: tuple[list[int], ...] | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+    ) -> tuple[list[int], ...] | None: ...
+
+    def free(self, request: Any) -> None: ...
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None: ...
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None: ...
+
+    def evict_blocks(self, block_ids: set[int]) -> None: ...
+
+    def reset_prefix_cache(self) -> bool: ...
+
+    def new_step_starts(self) -> None: ...
+
+    def take_events(self) -> list[Event]: ...
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]: ...
+
+    def snapshot(self) -> ManagerSnapshot: ...
