@@ -4,7 +4,8 @@ Every behaviour here is a rule of :mod:`kvspec.spec.pool`; the lockstep
 state machine compares the two after every operation.  Differences from vLLM
 that no caller can observe through the API:
 
-- the free queue is an ``OrderedDict`` (see :mod:`.kv_cache_utils`);
+- the free queue's links are followed inline in the hot paths (see
+  :mod:`.kv_cache_utils`);
 - bad input raises ``RuleError`` / ``RuleTypeError`` (``ValueError`` /
   ``TypeError`` subclasses) *before* anything changes, where vLLM asserts or
   corrupts its state;
@@ -193,19 +194,34 @@ class BlockPool:
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take ``num_blocks`` blocks from the head of the free queue; cached
         ones lose their hash first.  Each returned block has ref count 1."""
+        queue = self.free_block_queue
         if type(num_blocks) is not int:
             raise RuleTypeError("allocation-accounting", f"block count must be an int, got {num_blocks!r}")
-        if not 0 <= num_blocks <= len(self.free_block_queue._queue):
+        if not 0 <= num_blocks <= queue.num_free_blocks:
             raise RuleError(
                 "allocation-accounting",
-                f"Cannot get {num_blocks} free blocks from the pool "
-                f"({self.free_block_queue.num_free_blocks} free)",
+                f"Cannot get {num_blocks} free blocks from the pool ({queue.num_free_blocks} free)",
             )
-        ret = self.free_block_queue.popleft_n(num_blocks)
-        for block in ret:
-            if block._block_hash is not None:
-                self._evict_hash(block)
+        cache = self.cached_block_hash_to_block._cache
+        quiet = not self.enable_kv_cache_events
+        ret = []
+        block = queue.head.next_free_block
+        for _ in range(num_blocks):
+            key = block._block_hash
+            if key is not None:
+                if quiet and cache.get(key) is block:  # the common case: sole holder of its key
+                    del cache[key]
+                    block._block_hash = block._block_hash_num_tokens = None
+                else:
+                    self._evict_hash(block)
             block.ref_cnt = 1
+            ret.append(block)
+            nxt = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
+            block = nxt
+        queue.head.next_free_block = block
+        block.prev_free_block = queue.head
+        queue.num_free_blocks -= num_blocks
         return ret
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
@@ -214,53 +230,66 @@ class BlockPool:
         for block in blocks:
             if block.__class__ is not KVCacheBlock:
                 raise RuleTypeError("ref-conservation", f"touch() takes KVCacheBlocks, got {block!r}")
-        queue = self.free_block_queue._queue
+        taken = 0
         for block in blocks:
             if block.ref_cnt == 0:
                 if block.is_null:
                     continue
-                del queue[block.block_id]
+                prev, nxt = block.prev_free_block, block.next_free_block
+                prev.next_free_block = nxt
+                nxt.prev_free_block = prev
+                block.prev_free_block = block.next_free_block = None
+                taken += 1
             block.ref_cnt += 1
+        self.free_block_queue.num_free_blocks -= taken
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block, first-to-evict first.  Blocks
         reaching 0 rejoin the queue: unhashed at the head, cached at the tail.
         The null block is skipped.  Refused (nothing changes) if a block would
         go below 0 references."""
-        blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
         plain: list[KVCacheBlock] = []
         cached: list[KVCacheBlock] = []
-        done = 0
+        held: list[KVCacheBlock] = []
+        block = None
         try:
-            for block in blocks:
+            for block in ordered_blocks:
                 ref = block.ref_cnt
-                if ref <= 0:
-                    if block.is_null:
-                        done += 1
-                        continue
-                    raise RuleError(
-                        "ref-conservation",
-                        f"block {block.block_id} freed while its ref_cnt is {ref}",
-                    )
-                block.ref_cnt = ref - 1
-                done += 1
                 if ref == 1:
+                    block.ref_cnt = 0
                     (plain if block._block_hash is None else cached).append(block)
+                elif ref > 1:
+                    block.ref_cnt = ref - 1
+                    held.append(block)
+                elif not block.is_null:
+                    raise RuleError(
+                        "ref-conservation", f"block {block.block_id} freed while its ref_cnt is {ref}"
+                    )
         except (RuleError, AttributeError) as error:
-            for block in blocks[:done]:
-                if not block.is_null:
-                    block.ref_cnt += 1
+            for undo in (*plain, *cached, *held):
+                undo.ref_cnt += 1
             if isinstance(error, AttributeError):
-                raise RuleTypeError(
-                    "ref-conservation", f"free_blocks() takes KVCacheBlocks, got {blocks[done]!r}"
-                ) from None
+                raise RuleTypeError("ref-conservation", f"free_blocks() takes KVCacheBlocks, got {block!r}") from None
             raise
+        queue = self.free_block_queue
         if plain:
-            self.free_block_queue.prepend_n(plain)
+            prev = queue.head
+            first = prev.next_free_block
+            for block in plain:
+                prev.next_free_block = block
+                block.prev_free_block = prev
+                prev = block
+            prev.next_free_block = first
+            first.prev_free_block = prev
         if cached:
-            queue = self.free_block_queue._queue
+            last = queue.tail.prev_free_block
             for block in cached:
-                queue[block.block_id] = block
+                last.next_free_block = block
+                block.prev_free_block = last
+                last = block
+            last.next_free_block = queue.tail
+            queue.tail.prev_free_block = last
+        queue.num_free_blocks += len(plain) + len(cached)
 
     # --- caching -------------------------------------------------------------------
 
@@ -417,11 +446,11 @@ class BlockPool:
     # --- queries ------------------------------------------------------------------------
 
     def get_num_free_blocks(self) -> int:
-        return len(self.free_block_queue._queue)
+        return self.free_block_queue.num_free_blocks
 
     def get_usage(self) -> float:
         usable = self.num_gpu_blocks - 1
-        return 0.0 if not usable else 1.0 - len(self.free_block_queue._queue) / usable
+        return 0.0 if not usable else 1.0 - self.free_block_queue.num_free_blocks / usable
 
     def take_events(self) -> list[KVCacheEvent]:
         if not self.enable_kv_cache_events:

@@ -1,0 +1,69 @@
+"""The pool benchmark runs end to end and reports a number for every operation.
+
+Smoke test only: ``--quick`` mode (tiny iteration counts, sizes 1,000 and
+10,000) in a subprocess.  Nothing here asserts on speed -- timings on shared
+2-core machines are too noisy for that; ``benchmarks/pool_bench.py`` is run by
+hand for real numbers.  When the interpreter can import vLLM, the side-by-side
+columns are checked too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks" / "pool_bench.py"
+
+
+def _is_rate(x: object) -> bool:
+    return isinstance(x, float) and math.isfinite(x) and x > 0
+
+
+def test_pool_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--sizes", "1000,10000", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+
+    ops = result["compare"]["ops"]
+    expected_ops = {
+        "alloc+free",
+        "alloc+free list",
+        "alloc(evict)+rehash+free",
+        "touch+free",
+        "get_cached_block hit",
+        "get_cached_block miss",
+        "alloc(evict)+cache_full_blocks+free",
+    }
+    assert set(ops) == expected_ops
+    compared = result["vllm"].startswith("vLLM ")
+    for op, row in ops.items():
+        assert _is_rate(row["kvspec"]), (op, row)
+        if compared:
+            assert _is_rate(row["vLLM"]) and _is_rate(row["ratio"]), (op, row)
+        assert op in proc.stdout
+    if not compared:
+        assert "vLLM not compared" in proc.stdout
+
+    scaling = result["scaling"]
+    assert scaling["sizes"] == [1000, 10000]
+    for op in expected_ops:
+        by_size = scaling["ops"][op]
+        for size in ("1000", "10000"):
+            assert _is_rate(by_size[size]["kvspec"]), (op, size, by_size)
+        assert _is_rate(by_size["ratio_largest_smallest"]["kvspec"])
+    # the touch workload reaches into the queue, not only at its ends
+    info = ops["touch+free"]["kvspec_info"]
+    assert 0.0 < info["mean_relative_position"] < 1.0
+    for key in ("python", "platform", "date"):
+        assert result[key]
