@@ -1,12 +1,32 @@
 """The production implementation, with vLLM 0.25.1's class names and API.
 
 ``from kvspec.impl import BlockPool`` is a drop-in for
-``from vllm.v1.core.block_pool import BlockPool``.
+``from vllm.v1.core.block_pool import BlockPool``, and likewise
+``KVCacheManager`` (``vllm.v1.core.kv_cache_manager``), the coordinators
+(``vllm.v1.core.kv_cache_coordinator``) and the single-type managers
+(``vllm.v1.core.single_type_kv_cache_manager``).
 """
 
 from kvspec.impl.block_pool import BlockHashToBlockMap, BlockPool
+from kvspec.impl.kv_cache_coordinator import (
+    HybridKVCacheCoordinator,
+    KVCacheCoordinator,
+    KVCacheCoordinatorNoPrefixCache,
+    UnitaryKVCacheCoordinator,
+    get_kv_cache_coordinator,
+)
+from kvspec.impl.kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 from kvspec.impl.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvspec.impl.single_type_kv_cache_manager import (
+    ChunkedLocalAttentionManager,
+    CrossAttentionManager,
+    FullAttentionManager,
+    MambaManager,
+    SingleTypeKVCacheManager,
+    SlidingWindowManager,
+    get_manager_for_kv_cache_spec,
+)
 
 __all__ = [
     "AllBlocksCleared",
@@ -14,7 +34,22 @@ __all__ = [
     "BlockPool",
     "BlockRemoved",
     "BlockStored",
+    "ChunkedLocalAttentionManager",
+    "CrossAttentionManager",
     "FreeKVCacheBlockQueue",
+    "FullAttentionManager",
+    "HybridKVCacheCoordinator",
     "KVCacheBlock",
+    "KVCacheBlocks",
+    "KVCacheCoordinator",
+    "KVCacheCoordinatorNoPrefixCache",
     "KVCacheEvent",
+    "KVCacheManager",
+    "MambaManager",
+    "PrefixCacheStats",
+    "SingleTypeKVCacheManager",
+    "SlidingWindowManager",
+    "UnitaryKVCacheCoordinator",
+    "get_kv_cache_coordinator",
+    "get_manager_for_kv_cache_spec",
 ]

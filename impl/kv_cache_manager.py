@@ -1,0 +1,509 @@
+"""The scheduler's view of the KV cache: vLLM 0.25.1's ``KVCacheManager``.
+
+The scheduler asks for a request's prefix-cache hit
+(``get_computed_blocks``), then for slots for the tokens it schedules
+(``allocate_slots``), and frees the request when it finishes or is
+preempted.  Blocks are handed back as :class:`KVCacheBlocks`, one list per
+KV-cache group.
+
+Two deliberate differences from vLLM, both about refusing cleanly:
+
+**1. A refused allocation changes nothing.**  vLLM's ``allocate_slots``
+releases the request's out-of-window blocks (``remove_skipped_blocks``)
+*before* it checks capacity, so an allocation that returns ``None`` can
+still have changed the state.  It does exactly when the refusal comes from
+the per-step capacity check (the ``full_sequence_must_fit`` gate runs before
+the release) and, at ``total = min(num_computed_tokens +
+num_new_computed_tokens + num_external_computed_tokens, max_model_len)``, a
+group of the request has something to release:
+
+- with ``s`` the group's skipped tokens -- sliding window
+  ``max(0, total - sliding_window + 1)``; chunked local
+  ``total // attention_chunk_size * attention_chunk_size``; Mamba ``n - 1``
+  with ``n = max(0, total - num_speculative_blocks)`` -- the table slot
+  ``min(s // block_size, len(table)) - 1`` holds a real (non-null) block:
+  that block and the run of real blocks right before it are replaced by the
+  null block and lose a reference (returning to the free queue when nobody
+  else holds them);
+- or, Mamba in align mode, ``last_state_block_idx < ceil(n / block_size) - 1``
+  and that slot is not null: that block is released the same way.
+
+(vLLM also leaves empty ``req_to_blocks`` entries behind; nothing observes
+them.)  kvspec follows its rule *allocation-accounting* instead: the capacity
+check counts the blocks the release would return to the free queue
+(``KVCacheCoordinator.skipped_block_plan`` / ``num_blocks_freed_by``) and
+releases them only once the allocation proceeds.  Every accept/refuse
+decision and every successful allocation is identical to vLLM's, block ids
+included; after a refusal the two differ by exactly
+``remove_skipped_blocks(request_id, total)``, which a scheduler may call
+itself.
+
+**2. No half-done allocation where vLLM's estimate falls short.**  Mamba's
+align mode estimates ``1 + num_speculative_blocks`` blocks for a new
+request, but for connector (external) tokens the request also takes a block
+per slot up to ``total`` (``allocate_external_computed_blocks``), and a
+running request's estimate goes negative when rejected drafts left its table
+long, offsetting other groups' needs.  vLLM then accepts, and its
+``get_new_blocks`` raises ``ValueError`` halfway through, leaving the request
+partly allocated.  kvspec keeps vLLM's estimate for every decision
+(``get_num_blocks_to_allocate`` returns vLLM's value) and, for Mamba align
+groups, also checks the exact count (``blocks_beyond_estimate``): where vLLM
+would raise, it returns ``None`` and changes nothing; everywhere else it
+behaves as vLLM.
+
+Bad arguments raise :class:`~kvspec.errors.RuleError` /
+:class:`~kvspec.errors.RuleTypeError` before anything changes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, overload
+
+from kvspec.errors import RuleError, RuleTypeError
+from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.kv_cache_coordinator import RETENTION_FROM_ENV, KVCacheCoordinator, get_kv_cache_coordinator
+from kvspec.impl.kv_cache_utils import KVCacheBlock
+from kvspec.impl.kv_events import BlockStored, KVCacheEvent
+from kvspec.kv_cache_interface import (
+    AttentionSpec,
+    CrossAttentionSpec,
+    KVCacheConfig,
+    cdiv,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
+from kvspec.request import RequestStatus
+
+logger = logging.getLogger(__name__)
+
+_ADMISSION_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_COUNT_NAMES = ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens", "num_external_computed_tokens",
+                "num_encoder_tokens", "reserved_blocks")
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prefix-cache hit counts since the last ``make_prefix_cache_stats``.
+
+    ``queries``/``hits`` are tokens; preempted requests (recomputing) are
+    counted apart.  ``reset``: ``reset_prefix_cache`` succeeded meanwhile."""
+
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+
+@dataclass
+class KVCacheBlocks:
+    """Blocks handed to the scheduler: ``blocks[g]`` are group ``g``'s, in
+    token order (an empty tuple for a group without any)."""
+
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(
+            tuple(list(itertools.chain(mine, theirs)) for mine, theirs in zip(self.blocks, other.blocks, strict=True))
+        )
+
+    @overload
+    def get_block_ids(self, allow_none: Literal[False] = False) -> tuple[list[int], ...]: ...
+
+    @overload
+    def get_block_ids(self, allow_none: Literal[True] = True) -> tuple[list[int], ...] | None: ...
+
+    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
+        """Block ids per group; with ``allow_none``, ``None`` when there are none."""
+        if allow_none and not any(self.blocks):
+            return None
+        return tuple([block.block_id for block in group] for group in self.blocks)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        """Ids of the (single) group's blocks that are not cached."""
+        if len(self.blocks) != 1:
+            raise RuleError("block-size-coherence", f"get_unhashed_block_ids needs one group, got {len(self.blocks)}")
+        return [block.block_id for block in self.blocks[0] if block.block_hash is None]
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        """Per group, ids of blocks that are not cached (null blocks skipped)."""
+        return [
+            [block.block_id for block in group if block.block_hash is None and not block.is_null]
+            for group in self.blocks
+        ]
+
+    def new_empty(self) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(() for _ in self.blocks))
+
+
+def _counts_ok(a: Any, b: Any, c: Any, d: Any, e: Any, f: Any) -> bool:
+    """All plain ints >= 0 (the fast path; ``_require_count`` explains failures)."""
+    return a.__class__ is b.__class__ is c.__class__ is d.__class__ is e.__class__ is f.__class__ is int and min(
+        a, b, c, d, e, f
+    ) >= 0
+
+
+def _require_count(name: str, value: Any) -> None:
+    if type(value) is not int:
+        raise RuleTypeError("allocation-accounting", f"{name} must be an int, got {value!r}")
+    if value < 0:
+        raise RuleError("allocation-accounting", f"{name} must be >= 0, got {value}")
+
+
+class KVCacheManager:
+    """Blocks for every request over all KV-cache groups (vLLM's API).
+
+    ``retention_interval`` (keyword-only, kvspec's addition): sparse
+    checkpoint interval for sliding-window and Mamba groups; default: read
+    ``$VLLM_PREFIX_CACHE_RETENTION_INTERVAL`` like vLLM.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_num_batched_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        *,
+        retention_interval: int | None = RETENTION_FROM_ENV,
+    ) -> None:
+        if type(max_model_len) is not int or max_model_len <= 0:
+            raise RuleError("allocation-accounting", f"max_model_len must be a positive int, got {max_model_len!r}")
+        if max_num_batched_tokens is None:
+            # Without it the admission cap is no tighter than max_model_len.
+            max_num_batched_tokens = max_model_len
+        if type(max_num_batched_tokens) is not int or max_num_batched_tokens <= 0:
+            raise RuleError(
+                "allocation-accounting",
+                f"max_num_batched_tokens must be a positive int, got {max_num_batched_tokens!r}",
+            )
+        if not isinstance(watermark, (int, float)) or isinstance(watermark, bool) or not 0.0 <= watermark < math.inf:
+            raise RuleError("allocation-accounting", f"watermark must be a finite number >= 0, got {watermark!r}")
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = metrics_collector
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.coordinator: KVCacheCoordinator = get_kv_cache_coordinator(
+            kv_cache_config=kv_cache_config,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            use_eagle=use_eagle,
+            enable_caching=enable_caching,
+            enable_kv_cache_events=enable_kv_cache_events,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            scheduler_block_size=scheduler_block_size,
+            hash_block_size=hash_block_size,
+            metrics_collector=metrics_collector,
+            retention_interval=retention_interval,
+        )
+        self.kv_cache_config = kv_cache_config
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.block_pool: BlockPool = self.coordinator.block_pool
+        # Blocks kept free when admitting waiting/preempted requests, against thrashing.
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.kv_cache_event_metadata = tuple(
+            (get_kv_cache_spec_kind(g.kv_cache_spec).value, get_kv_cache_spec_sliding_window(g.kv_cache_spec))
+            for g in kv_cache_config.kv_cache_groups
+        )
+        # Shared and immutable: "no blocks" without allocating.
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool (null block excluded) in use."""
+        return self.block_pool.get_usage()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The stats since the last call (then reset); ``None`` without ``log_stats``."""
+        if not self.log_stats:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    # --- hits ----------------------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Any) -> tuple[KVCacheBlocks, int]:
+        """The request's longest prefix-cache hit: blocks and length in tokens.
+
+        At most ``num_tokens - 1`` tokens: the last token is always
+        recomputed for its logits (which may cost a whole block)."""
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0
+        blocks, num_hit = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.record(
+                num_tokens=request.num_tokens, num_hits=num_hit, preempted=request.num_preemptions > 0
+            )
+        return self.create_kv_cache_blocks(blocks), num_hit
+
+    # --- allocation --------------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> KVCacheBlocks | None:
+        """Slots for ``num_new_tokens`` more tokens (plus lookahead), after
+        taking the new prefix hit and the connector's external tokens.
+
+        Token layout: ``| computed | new hit | external | new | lookahead |``.
+        Returns the newly allocated blocks, or ``None`` -- with nothing
+        changed -- when the pool cannot supply them while keeping
+        ``reserved_blocks`` (and, for a waiting or preempted request while
+        others are scheduled, the watermark) free.  With
+        ``full_sequence_must_fit`` the whole request must fit first.  Full
+        blocks are cached unless ``delay_cache_blocks`` (a connector is
+        still loading them); draft tokens never are."""
+        no_hits = self.empty_kv_cache_blocks.blocks
+        hits = no_hits if new_computed_blocks is None else new_computed_blocks.blocks
+        if not (
+            _counts_ok(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_external_computed_tokens,
+                       num_encoder_tokens, reserved_blocks)
+            and (num_new_tokens or num_external_computed_tokens)
+            and (hits is no_hits or len(hits) == self.num_kv_cache_groups)
+        ):
+            self._explain_refusal(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                                  num_external_computed_tokens, num_encoder_tokens, reserved_blocks, hits)
+        if hits is not no_hits and any(hits):
+            self._check_hits(request.request_id, hits)
+        coordinator = self.coordinator
+        request_id = request.request_id
+        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(num_local_computed + num_external_computed_tokens, self.max_model_len)
+        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _ADMISSION_STATUSES else 0
+        num_free = self.block_pool.get_num_free_blocks()
+        if full_sequence_must_fit and not self._full_sequence_fits(
+            request, hits, num_encoder_tokens, total_computed, num_free - watermark
+        ):
+            return None
+        num_tokens_main_model = total_computed + num_new_tokens
+        num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
+        estimates = coordinator.blocks_to_allocate_per_group(
+            request_id, num_tokens_need_slot, hits, num_encoder_tokens,
+            num_local_computed + num_external_computed_tokens, num_tokens_main_model,
+        )
+        needed = sum(estimates)
+        # Out-of-window blocks are released before allocating (fewer evictions);
+        # count them as free, but release them only if the allocation proceeds.
+        skipped = coordinator.skipped_block_plan(request_id, total_computed) if coordinator.releasing_managers else ()
+        if skipped:
+            num_free += coordinator.num_blocks_freed_by(request_id, skipped)
+        if needed + watermark > num_free - reserved_blocks:
+            return None
+        adds_computed = hits is not no_hits or num_external_computed_tokens > 0
+        if coordinator.inexact_group_ids and num_free < needed + coordinator.blocks_beyond_estimate(
+            estimates, request_id, hits, num_local_computed, num_external_computed_tokens, num_tokens_need_slot,
+            num_tokens_main_model, adds_computed,
+        ):
+            # vLLM's estimate fell short (Mamba align); vLLM would fail half-allocated.
+            return None
+        if skipped:
+            coordinator.release_skipped_blocks(request_id, skipped)
+        if adds_computed:
+            coordinator.allocate_new_computed_blocks(
+                request_id, hits, num_local_computed, num_external_computed_tokens
+            )
+        new_blocks = coordinator.allocate_new_blocks(
+            request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
+        )
+        if self.enable_caching and not delay_cache_blocks:
+            # Only committed tokens: drafts beyond num_tokens may be rejected.
+            coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        return self.create_kv_cache_blocks(new_blocks)
+
+    def _full_sequence_fits(
+        self, request: Any, hits: tuple, num_encoder_tokens: int, total_computed: int, num_free: int
+    ) -> bool:
+        """The admission gate: could the pool hold the whole request (out-of-window
+        blocks excluded, as they are released along the way)?"""
+        full_num_tokens = min(request.num_tokens, self.max_model_len)
+        needed = self.coordinator.get_num_blocks_to_allocate(
+            request.request_id, full_num_tokens, hits, num_encoder_tokens, total_computed, full_num_tokens,
+            apply_admission_cap=True,
+        )
+        return needed <= num_free
+
+    def _explain_refusal(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        num_lookahead_tokens: int,
+        num_external_computed_tokens: int,
+        num_encoder_tokens: int,
+        reserved_blocks: int,
+        hits: tuple[Sequence[KVCacheBlock], ...],
+    ) -> None:
+        """Raise the error for arguments the fast check in ``allocate_slots`` rejected."""
+        counts = (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_external_computed_tokens,
+                  num_encoder_tokens, reserved_blocks)
+        for name, value in zip(_COUNT_NAMES, counts, strict=True):
+            _require_count(name, value)
+        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+            raise RuleError(
+                "allocation-accounting",
+                f"request {request.request_id!r}: num_new_tokens must be > 0 when there are no external tokens",
+            )
+        raise RuleError(
+            "hit-soundness",
+            f"new_computed_blocks has {len(hits)} groups, the model has {self.num_kv_cache_groups}",
+        )
+
+    def _check_hits(self, request_id: str, hits: tuple[Sequence[KVCacheBlock], ...]) -> None:
+        """Hits are this pool's blocks, for a request that holds nothing yet,
+        never for cross attention."""
+        managers = self.coordinator.single_type_managers
+        if self.coordinator.is_running(request_id) or any(m.req_to_blocks.get(request_id) for m in managers):
+            raise RuleError("hit-soundness", f"request {request_id!r} already holds blocks; it takes no new hits")
+        pool_blocks = self.block_pool.blocks
+        for i, (group, blocks) in enumerate(zip(self.kv_cache_config.kv_cache_groups, hits, strict=True)):
+            if blocks and isinstance(group.kv_cache_spec, CrossAttentionSpec):
+                raise RuleError("hit-soundness", f"group {i} is cross attention: it has no prefix-cache hits")
+            for block in blocks:
+                block_id = getattr(block, "block_id", None)
+                ours = type(block_id) is int and 0 <= block_id < len(pool_blocks) and pool_blocks[block_id] is block
+                if not ours:
+                    raise RuleTypeError("hit-soundness", f"group {i}: {block!r} is not a block of this pool")
+
+    # --- freeing -------------------------------------------------------------------------------
+
+    def free(self, request: Any) -> None:
+        """Return the request's blocks, tail first (so tails are evicted first)."""
+        self.coordinator.free(request.request_id)
+
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Release blocks no future query of the request reads (out of the
+        window); their table slots keep the null block."""
+        _require_count("total_computed_tokens", total_computed_tokens)
+        self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens, num_prompt_tokens)
+
+    def pop_blocks_for_free(self, request: Any) -> list[KVCacheBlock]:
+        """Forget the request and return its blocks in token order, without
+        freeing them: the caller passes them, reversed, to
+        ``block_pool.free_blocks`` once no step can still write them."""
+        return self.coordinator.pop_blocks_for_free(request.request_id)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Forget the cached content of these blocks (reported stale)."""
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; only when nothing but the null block
+        is in use.  Returns whether it did."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    # --- queries -------------------------------------------------------------------------------------
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Per group, the leading blocks that every request holding blocks
+        shares (for cascade attention)."""
+        return self.coordinator.get_num_common_prefix_blocks(running_request_id)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV events since the last call; ``BlockStored`` events name
+        their group's kind of attention (and sliding window)."""
+        events = self.block_pool.take_events()
+        metadata = self.kv_cache_event_metadata
+        for event in events:
+            if not isinstance(event, BlockStored) or event.group_idx is None:
+                continue
+            if not 0 <= event.group_idx < len(metadata):
+                logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
+                continue
+            event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = metadata[event.group_idx]
+        return events
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return self.create_kv_cache_blocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
+        """Block ids covering the first ``num_computed_tokens`` tokens of each
+        attention group (cross attention and Mamba: all of them)."""
+        clipped = []
+        for group, ids in zip(self.kv_cache_config.kv_cache_groups, self.get_block_ids(request_id), strict=True):
+            spec = group.kv_cache_spec
+            if isinstance(spec, AttentionSpec) and not isinstance(spec, CrossAttentionSpec):
+                ids = ids[: cdiv(num_computed_tokens, spec.block_size)]
+            clipped.append(ids)
+        return tuple(clipped)
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        """Cache the request's full blocks within ``num_computed_tokens``
+        (when caching is on), e.g. once a connector's load completes."""
+        _require_count("num_computed_tokens", num_computed_tokens)
+        if self.enable_caching:
+            self._check_cacheable(request, num_computed_tokens)
+            self.coordinator.cache_blocks(request, num_computed_tokens)
+
+    def _check_cacheable(self, request: Any, num_tokens: int) -> None:
+        """Every group must hold the blocks and have the hashes to cache."""
+        hashed_tokens = len(request.block_hashes) * self.block_pool.hash_block_size
+        for i, manager in enumerate(self.coordinator.single_type_managers):
+            num_full = num_tokens // manager.block_size
+            held = len(manager.req_to_blocks.get(request.request_id, ()))
+            if num_full > held or num_full > hashed_tokens // manager.block_size:
+                raise RuleError(
+                    "hash-map-consistency",
+                    f"request {request.request_id!r}: cannot cache {num_tokens} tokens in group {i} "
+                    f"({held} blocks held, {hashed_tokens} tokens hashed)",
+                )
+
+    def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def take_new_block_ids(self) -> list[int]:
+        """Ids of attention blocks allocated since the last call (to zero)."""
+        ids: list[int] = []
+        for manager in self.coordinator.single_type_managers:
+            ids.extend(manager.take_new_block_ids())
+        return ids
+
+    def new_step_starts(self) -> None:
+        self.coordinator.new_step_starts()

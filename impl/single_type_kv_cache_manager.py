@@ -1,0 +1,983 @@
+"""One manager per KV-cache group: which blocks a request holds in that group.
+
+Every kind of attention keeps a request's block table differently, and this
+is where the kinds differ (vLLM 0.25.1's ``single_type_kv_cache_manager``):
+
+- how many blocks a step needs (``get_num_blocks_to_allocate``);
+- which leading tokens no future query reads (``get_num_skipped_tokens``):
+  their blocks go back to the pool and the table slot keeps the null block;
+- which cached blocks make a prefix hit (``find_longest_cache_hit``) and which
+  full blocks are worth caching (``reachable_block_mask``).
+
+The coordinator (:mod:`.kv_cache_coordinator`) calls these per group; the
+scheduler never does.  So that ``KVCacheManager.allocate_slots`` can decide
+before changing anything (see :mod:`.kv_cache_manager`), two things are also
+offered as pure queries: which blocks a removal would release
+(``skipped_block_runs``, carried out by ``release_blocks``) and exactly how
+many free blocks an allocation takes (``num_blocks_taken``; it differs from
+vLLM's ``get_num_blocks_to_allocate`` only in Mamba's align mode).
+
+Not offered: vLLM's R-SWA, attention-sink, TurboQuant and hidden-state specs
+(not in :mod:`kvspec.kv_cache_interface`), and decode/prefill context
+parallelism (``dcp_world_size``/``pcp_world_size`` > 1), refused with a
+``RuleError``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Sequence
+from math import gcd
+from typing import Any
+
+from kvspec.errors import RuleError, RuleTypeError
+from kvspec.hashing import BlockHashWithGroupId
+from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.kv_cache_utils import KVCacheBlock
+from kvspec.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    cdiv,
+)
+
+MAMBA_CACHE_MODES = ("none", "all", "align")
+
+
+def require_no_context_parallel(dcp_world_size: int, pcp_world_size: int) -> None:
+    """Refuse decode/prefill context parallelism (vLLM multiplies each
+    group's block size by the world sizes; kvspec does not model it)."""
+    for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
+        if type(size) is not int or size < 1:
+            raise RuleError("block-size-coherence", f"{name} must be an int >= 1, got {size!r}")
+    if dcp_world_size * pcp_world_size > 1:
+        raise RuleError(
+            "block-size-coherence",
+            f"context parallelism is not supported (dcp_world_size={dcp_world_size}, "
+            f"pcp_world_size={pcp_world_size}); both must be 1",
+        )
+
+
+def aligned_block_count(num_blocks: int, block_size: int, alignment_tokens: int) -> int:
+    """The largest ``m <= num_blocks`` whose ``m * block_size`` tokens are a
+    multiple of ``alignment_tokens``."""
+    step = alignment_tokens // gcd(block_size, alignment_tokens)
+    return num_blocks - num_blocks % step
+
+
+def _count_evictable(blocks: Sequence[KVCacheBlock]) -> int:
+    """Hit blocks that sit in the free queue: touching them takes a free block."""
+    return sum(1 for block in blocks if block.ref_cnt == 0 and not block.is_null)
+
+
+class SingleTypeKVCacheManager(ABC):
+    """The block tables of one KV-cache group.
+
+    Args:
+        kv_cache_spec: the group's spec.
+        block_pool: the pool every group shares.
+        enable_caching: whether full blocks are cached and hits are taken.
+        kv_cache_group_id: this group's index (part of every cache key).
+        scheduler_block_size: the scheduling granularity, a multiple of this
+            group's block size; cache hits are multiples of it.
+        max_admission_blocks_per_request: the most blocks one request can
+            hold at once (sliding window, chunked local); caps the
+            full-sequence admission estimate.  ``None``: no cap.
+    """
+
+    # Groups whose fresh blocks the worker must zero (``take_new_block_ids``).
+    _ZEROED_SPEC_TYPES: tuple[type, ...] = (FullAttentionSpec, MLAAttentionSpec)
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        require_no_context_parallel(dcp_world_size, pcp_world_size)
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = kv_cache_spec.block_size
+        self.scheduler_block_size = scheduler_block_size
+        self.dcp_world_size = dcp_world_size
+        self.pcp_world_size = pcp_world_size
+        self.block_pool = block_pool
+        self.enable_caching = enable_caching
+        self.kv_cache_group_id = kv_cache_group_id
+        self._max_admission_blocks_per_request = max_admission_blocks_per_request
+        self._null_block = block_pool.null_block
+        self._records_new_blocks = type(kv_cache_spec) in self._ZEROED_SPEC_TYPES
+        self.new_block_ids: list[int] = []
+        # request id -> its blocks, in token order (null blocks where skipped).
+        self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
+        # request id -> how many leading blocks are already cached (running requests).
+        self.num_cached_block: dict[str, int] = {}
+        # Whether hits in this group drop the EAGLE lookahead block (set by the coordinator).
+        self.use_eagle = False
+
+    # --- how many blocks a step needs ----------------------------------------------
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        """Free blocks that giving the request ``num_tokens`` slots takes,
+        counting hit blocks that are currently free (touching them takes them
+        out of the free queue)."""
+        num_required = -(-num_tokens // self.block_size)
+        if apply_admission_cap and self._max_admission_blocks_per_request is not None:
+            num_required = min(num_required, self._max_admission_blocks_per_request)
+        num_held = len(self.req_to_blocks.get(request_id, ()))
+        if request_id in self.num_cached_block:
+            # A running request: no new hits; drafts may have left it over-allocated.
+            return max(num_required - num_held, 0)
+        num_skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_new = max(num_required - max(num_skipped, num_held + len(new_computed_blocks)), 0)
+        # Skipped hit blocks are never touched, so only the rest can take free blocks.
+        kept_hits = new_computed_blocks[max(0, num_skipped - num_held) :]
+        return num_new + _count_evictable(kept_hits)
+
+    # --- adding blocks ------------------------------------------------------------------
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Give a new request its prefix-cache hit: touch the hit blocks that
+        are still read and put null blocks where the window has moved on."""
+        req_blocks = self.req_to_blocks[request_id]
+        num_skipped, kept = self._split_hits(
+            new_computed_blocks, num_local_computed_tokens + num_external_computed_tokens
+        )
+        if self.enable_caching:
+            self.block_pool.touch(kept)
+        elif any(kept):
+            raise RuleError("hit-soundness", "prefix-cache hits given while prefix caching is disabled")
+        if num_skipped > 0:
+            req_blocks.extend([self._null_block] * num_skipped)
+        req_blocks.extend(kept)
+        # The hit (nulls included) is already cached; cache_blocks starts after it.
+        self.num_cached_block[request_id] = len(req_blocks)
+
+    def _split_hits(
+        self, new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int
+    ) -> tuple[int, Sequence[KVCacheBlock]]:
+        """How many leading hit slots fall out of the window (they get the
+        null block, their blocks are not touched) and the hit blocks kept."""
+        num_skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        return num_skipped, new_computed_blocks[num_skipped:] if num_skipped > 0 else new_computed_blocks
+
+    def allocate_external_computed_blocks(
+        self,
+        request_id: str,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Blocks for the tokens a KV connector holds (runs after every
+        group's hits are touched, so this cannot evict another group's hit)."""
+        total = num_local_computed_tokens + num_external_computed_tokens
+        num_blocks = self._num_external_blocks(
+            len(self.req_to_blocks.get(request_id, ())), total, num_external_computed_tokens
+        )
+        if num_blocks is not None:
+            self._extend(self.req_to_blocks[request_id], num_blocks)
+
+    def _num_external_blocks(self, num_held: int, total_computed_tokens: int, num_external: int) -> int | None:
+        """Blocks taken for external tokens that are still in the window:
+        every slot up to ``total_computed_tokens``; ``None`` when none are."""
+        num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
+        if num_skipped_tokens > 0:
+            num_external = min(total_computed_tokens - num_skipped_tokens, num_external)
+        if num_external <= 0:
+            return None
+        return cdiv(total_computed_tokens, self.block_size) - num_held
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        """Grow the request's table to ``num_tokens`` slots; returns the new blocks."""
+        req_blocks = self.req_to_blocks[request_id]
+        num_new = self._num_new_blocks(request_id, len(req_blocks), num_tokens, num_tokens_main_model)
+        if num_new <= 0:
+            return []
+        return self._extend(req_blocks, num_new)
+
+    def _num_new_blocks(self, request_id: str, num_held: int, num_tokens: int, num_tokens_main_model: int) -> int:
+        """Blocks ``allocate_new_blocks`` takes when the table has ``num_held`` slots."""
+        return -(-num_tokens // self.block_size) - num_held
+
+    def num_blocks_taken(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        num_tokens: int,
+        num_tokens_main_model: int,
+        adds_computed_blocks: bool,
+    ) -> int:
+        """Exactly how many free blocks the allocation takes in this group:
+        hit blocks touched out of the free queue plus new blocks, for the
+        steps the coordinator will run (``adds_computed_blocks``: the hit and
+        external phase too).  Pure."""
+        num_held = len(self.req_to_blocks.get(request_id, ()))
+        taken = 0
+        if adds_computed_blocks:
+            total = num_local_computed_tokens + num_external_computed_tokens
+            num_skipped, kept = self._split_hits(new_computed_blocks, total)
+            if self.enable_caching:
+                taken += _count_evictable(kept)
+            num_held += max(num_skipped, 0) + len(kept)
+            if num_external_computed_tokens > 0:
+                external = self._num_external_blocks(num_held, total, num_external_computed_tokens) or 0
+                taken += external
+                num_held += external
+        return taken + max(self._num_new_blocks(request_id, num_held, num_tokens, num_tokens_main_model), 0)
+
+    def _extend(self, req_blocks: list[KVCacheBlock], num_blocks: int) -> list[KVCacheBlock]:
+        new_blocks = self.block_pool.get_new_blocks(num_blocks)
+        req_blocks.extend(new_blocks)
+        if self._records_new_blocks:
+            self.new_block_ids.extend(block.block_id for block in new_blocks)
+        return new_blocks
+
+    def take_new_block_ids(self) -> list[int]:
+        """Ids of the blocks allocated since the last call (for zeroing)."""
+        ids, self.new_block_ids = self.new_block_ids, []
+        return ids
+
+    # --- caching --------------------------------------------------------------------------
+
+    def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None) -> None:
+        """Cache the request's blocks that became full within ``num_tokens``.
+
+        ``retention_interval``: ``None`` caches every block a hit can use;
+        otherwise sparse checkpoints (see ``reachable_block_mask``)."""
+        request_id = request.request_id
+        num_cached = self.num_cached_block.get(request_id, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        mask = self.reachable_block_mask(
+            start_block=num_cached,
+            end_block=num_full,
+            alignment_tokens=self.scheduler_block_size,
+            kv_cache_spec=self.kv_cache_spec,
+            use_eagle=self.use_eagle,
+            retention_interval=retention_interval,
+            num_prompt_tokens=request.num_prompt_tokens,
+        )
+        self.block_pool.cache_full_blocks(
+            request=request,
+            blocks=self.req_to_blocks[request_id],
+            num_cached_blocks=num_cached,
+            num_full_blocks=num_full,
+            block_size=self.block_size,
+            kv_cache_group_id=self.kv_cache_group_id,
+            block_mask=mask,
+        )
+        self.num_cached_block[request_id] = num_full
+
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        retention_interval: int | None = None,
+        num_prompt_tokens: int | None = None,
+    ) -> list[bool] | None:
+        """Which of blocks ``[start_block, end_block)`` any future hit can
+        use; ``None``: all of them (every kind of attention but sliding
+        window and Mamba)."""
+        return None
+
+    # --- freeing ------------------------------------------------------------------------
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """Forget the request and return its blocks in token order; the
+        caller frees them tail first."""
+        self.num_cached_block.pop(request_id, None)
+        return self.req_to_blocks.pop(request_id, [])
+
+    def free(self, request_id: str) -> None:
+        """Return the request's blocks, tail first so the tail is evicted first."""
+        blocks = self.pop_blocks_for_free(request_id)
+        if blocks:
+            # A copy: callers may still hold the table (``get_blocks``).
+            self.block_pool.free_blocks(blocks[::-1])
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens that no query after ``num_computed_tokens`` reads."""
+        return 0
+
+    @property
+    def releases_skipped_blocks(self) -> bool:
+        """Whether any leading token ever stops being read (sliding window,
+        chunked local, Mamba); if not, ``remove_skipped_blocks`` never acts."""
+        return type(self).get_num_skipped_tokens is not SingleTypeKVCacheManager.get_num_skipped_tokens
+
+    def skipped_block_runs(self, request_id: str, total_computed_tokens: int) -> list[list[int]]:
+        """Indices of the blocks ``remove_skipped_blocks`` would release, one
+        list per ``free_blocks`` call in call order, each in free order.
+        Pure: changes nothing."""
+        num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
+        blocks = self.req_to_blocks.get(request_id)
+        if num_skipped_tokens < self.block_size or not blocks:
+            return []
+        last = min(num_skipped_tokens // self.block_size, len(blocks))
+        if blocks[last - 1] is self._null_block:
+            return []  # released by an earlier step (the usual case while decoding)
+        return [self._tail_first_run(blocks, 0, last)]
+
+    def _tail_first_run(self, blocks: list[KVCacheBlock], first: int, last: int) -> list[int]:
+        """Indices ``last-1, last-2, ... >= first`` up to the first null block:
+        everything before an earlier removal's nulls is already released."""
+        run = []
+        null = self._null_block
+        for i in range(min(last, len(blocks)) - 1, first - 1, -1):
+            if blocks[i] is null:
+                break
+            run.append(i)
+        return run
+
+    def release_blocks(self, request_id: str, runs: list[list[int]]) -> None:
+        """Free the blocks at ``runs`` (from ``skipped_block_runs``), one
+        ``free_blocks`` call per run; their slots keep the null block."""
+        blocks = self.req_to_blocks[request_id]
+        null = self._null_block
+        for run in runs:
+            freed = [blocks[i] for i in run]
+            for i in run:
+                blocks[i] = null
+            self.block_pool.free_blocks(freed)
+
+    def num_blocks_freed_by(self, request_id: str, runs: list[list[int]]) -> int:
+        """How many of the blocks at ``runs`` releasing returns to the free
+        queue: those nobody else holds.  Pure."""
+        blocks = self.req_to_blocks.get(request_id, ())
+        return sum(1 for run in runs for i in run if blocks[i].ref_cnt == 1)
+
+    def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
+        """Release blocks ``[first_block, last_block)`` tail first, stopping at
+        a null block; their slots keep the null block."""
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks or first_block >= last_block:
+            return
+        run = self._tail_first_run(blocks, first_block, last_block)
+        if run:
+            self.release_blocks(request_id, [run])
+
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Release the blocks no future query reads; their slots keep the null block."""
+        runs = self.skipped_block_runs(request_id, total_computed_tokens)
+        if runs:
+            self.release_blocks(request_id, runs)
+
+    # --- hits ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        """Leading blocks every request with blocks in this group shares (cascade attention)."""
+
+    @classmethod
+    @abstractmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        """The longest hit of at most ``max_length`` tokens, a multiple of
+        ``alignment_tokens``, that every group in ``kv_cache_group_ids`` can
+        serve: one block list per group (null where no block is needed).
+        ``drop_eagle_block``: the hit must extend one block further, which is
+        then dropped (EAGLE recomputes it for its hidden states)."""
+
+    def new_step_starts(self) -> None:  # noqa: B027 (a hook; most kinds keep no per-step state)
+        """A scheduler step begins."""
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    """Full attention (and MLA): every block is kept until the request ends;
+    a hit is the longest run of cached blocks from the start."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        require_no_context_parallel(dcp_world_size, pcp_world_size)
+        block_size = kv_cache_spec.block_size
+        hits: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)
+        lookup = block_pool.get_cached_block
+        # The hashes chain, so the first miss ends the hit.
+        for block_hash in itertools.islice(block_hashes, max_length // block_size):
+            cached = lookup(block_hash, kv_cache_group_ids)
+            if cached is None:
+                break
+            for group_hits, block in zip(hits, cached, strict=True):
+                group_hits.append(block)
+        num_hit = len(hits[0]) if hits else 0
+        if drop_eagle_block and num_hit:
+            num_hit -= 1
+        num_hit = aligned_block_count(num_hit, block_size, alignment_tokens)
+        for group_hits in hits:
+            del group_hits[num_hit:]
+        return hits
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        num_requests = len(self.req_to_blocks)
+        num_common = 0
+        for block in self.req_to_blocks.get(running_request_id, ()):
+            if block.ref_cnt != num_requests:
+                break
+            num_common += 1
+        return num_common
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    """Sliding-window attention: a query reads the last ``sliding_window``
+    tokens, so earlier blocks are released; a hit needs only the blocks of the
+    window before its end (cached, contiguous), the rest are null."""
+
+    def __init__(self, kv_cache_spec: SlidingWindowSpec, **kwargs: Any) -> None:
+        super().__init__(kv_cache_spec, **kwargs)
+        self.sliding_window = kv_cache_spec.sliding_window
+
+    @classmethod
+    def _contiguous_blocks_for_hit(cls, window_size: int, block_size: int, use_eagle: bool) -> int:
+        """Cached blocks a hit must end with: those covering the last
+        ``window - 1`` tokens, plus the EAGLE block that is then dropped."""
+        return cdiv(window_size - 1, block_size) + (1 if use_eagle else 0)
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        require_no_context_parallel(dcp_world_size, pcp_world_size)
+        block_size = kv_cache_spec.block_size
+        needed = cls._contiguous_blocks_for_hit(kv_cache_spec.sliding_window, block_size, drop_eagle_block)
+        start, run = cls._rightmost_window_run(
+            block_hashes, max_length // block_size, kv_cache_group_ids, block_pool,
+            needed, block_size, alignment_tokens, drop_eagle_block,
+        )
+        null = block_pool.null_block
+        hits = tuple([null] * start + [cached[g] for cached in reversed(run)] for g in range(len(kv_cache_group_ids)))
+        num_hit = start + len(run)
+        if len(run) < needed:
+            # No full window anywhere: only a run starting at block 0 is a hit.
+            num_hit = aligned_block_count(num_hit, block_size, alignment_tokens)
+        if drop_eagle_block and num_hit:
+            num_hit = aligned_block_count(num_hit - 1, block_size, alignment_tokens)
+        for group_hits in hits:
+            del group_hits[num_hit:]
+        return hits
+
+    @staticmethod
+    def _rightmost_window_run(
+        block_hashes: Sequence[bytes],
+        num_blocks: int,
+        group_ids: list[int],
+        block_pool: BlockPool,
+        needed: int,
+        block_size: int,
+        alignment_tokens: int,
+        drop_eagle_block: bool,
+    ) -> tuple[int, list[list[KVCacheBlock]]]:
+        """Scan right to left for ``needed`` contiguous cached blocks whose
+        right end (after the EAGLE drop) is aligned.  Returns the run's first
+        index and its blocks right to left; without a full run, the run that
+        reaches block 0 (possibly empty)."""
+        lookup = block_pool.get_cached_block
+        check_alignment = block_size != alignment_tokens
+        run: list[list[KVCacheBlock]] = []
+        for i in range(num_blocks - 1, -1, -1):
+            cached = lookup(block_hashes[i], group_ids)
+            if cached is None:
+                run = []
+                continue
+            if not run and check_alignment:
+                end = i if drop_eagle_block else i + 1
+                if end * block_size % alignment_tokens:
+                    continue
+            run.append(cached)
+            if len(run) >= needed:
+                return i, run
+        return 0, run
+
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        retention_interval: int | None = None,
+        num_prompt_tokens: int | None = None,
+    ) -> list[bool] | None:
+        """A hit ends on an aligned boundary and reads only the window's
+        blocks before it, so only those blocks are worth caching: the tail of
+        every segment (``alignment_tokens``, or ``retention_interval`` when
+        set; 0 keeps none) and the tail before the prompt's last aligned
+        boundary (where a replay of the prompt hits)."""
+        if alignment_tokens is None:
+            return None
+        block_size = kv_cache_spec.block_size
+        needed = cls._contiguous_blocks_for_hit(kv_cache_spec.sliding_window, block_size, use_eagle)
+        # With EAGLE the run ends one block past the boundary.
+        shift = 1 if use_eagle else 0
+        mask = [False] * (end_block - start_block)
+        segment_tokens = alignment_tokens if retention_interval is None else retention_interval
+        if segment_tokens:
+            per_segment = segment_tokens // block_size
+            if needed >= per_segment:
+                return None
+            first_tail = per_segment - needed
+            for i in range(max(start_block, shift), end_block):
+                if (i - shift) % per_segment >= first_tail:
+                    mask[i - start_block] = True
+        if retention_interval is not None and num_prompt_tokens is not None:
+            boundary = (num_prompt_tokens - 1) // alignment_tokens * alignment_tokens
+            tail_end = boundary // block_size + shift
+            for i in range(max(start_block, tail_end - needed), min(end_block, tail_end)):
+                mask[i - start_block] = True
+        return mask
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        # The next query (position num_computed_tokens) reads the window ending at it.
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        # The prefix slots hold null blocks; cascade attention is not offered.
+        return 0
+
+
+class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    """Chunked local attention: a query reads its own ``attention_chunk_size``
+    chunk; earlier chunks are released and count as computed in a hit."""
+
+    def __init__(self, kv_cache_spec: ChunkedLocalAttentionSpec, **kwargs: Any) -> None:
+        super().__init__(kv_cache_spec, **kwargs)
+        self.attention_chunk_size = kv_cache_spec.attention_chunk_size
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        require_no_context_parallel(dcp_world_size, pcp_world_size)
+        if drop_eagle_block:
+            raise RuleError("hit-soundness", "EAGLE is not supported with chunked local attention")
+        block_size = kv_cache_spec.block_size
+        if block_size != alignment_tokens:
+            raise RuleError(
+                "block-size-coherence",
+                f"chunked local attention needs block_size == alignment ({block_size} != {alignment_tokens})",
+            )
+        chunk = kv_cache_spec.attention_chunk_size
+        # Chunks before the one holding position max_length are never read again.
+        first_block = max_length // chunk * chunk // block_size
+        hits = tuple([block_pool.null_block] * first_block for _ in kv_cache_group_ids)
+        lookup = block_pool.get_cached_block
+        for i in range(first_block, max_length // block_size):
+            cached = lookup(block_hashes[i], kv_cache_group_ids)
+            if cached is None:
+                break
+            for group_hits, block in zip(hits, cached, strict=True):
+                group_hits.append(block)
+        return hits
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    """A state-space layer: one recurrent state per request, stored in the
+    block of the last computed token; earlier states are released.
+
+    ``mamba_cache_mode``: ``"none"``/``"all"`` keep one block per
+    ``block_size`` tokens (with prefix caching, every full block's state is
+    cached); ``"align"`` keeps only the running state plus the previous step's
+    (copied forward), with null blocks before them, and caches states where a
+    prefill chunk ends on a block boundary.  ``num_speculative_blocks`` extra
+    blocks hold draft-token states.
+    """
+
+    def __init__(self, kv_cache_spec: MambaSpec, block_pool: BlockPool, **kwargs: Any) -> None:
+        mode = kv_cache_spec.mamba_cache_mode
+        if mode not in MAMBA_CACHE_MODES:
+            raise RuleError(
+                "block-size-coherence", f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, got {mode!r}"
+            )
+        super().__init__(kv_cache_spec, block_pool, **kwargs)
+        self.mamba_cache_mode = mode
+        self.num_speculative_blocks: int = kv_cache_spec.num_speculative_blocks
+        # Hashes cached this step: a hit on them must wait for the next step.
+        self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
+        # Align mode: the block holding the state two steps back, freed next time.
+        self.last_state_block_idx: dict[str, int] = {}
+        # Align mode: requests that already got their running-state blocks.
+        self._allocated_block_reqs: set[str] = set()
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        require_no_context_parallel(dcp_world_size, pcp_world_size)
+        block_size = kv_cache_spec.block_size
+        check_alignment = block_size != alignment_tokens
+        lookup = block_pool.get_cached_block
+        # One cached state suffices: the rightmost one on an aligned boundary.
+        for i in range(max_length // block_size - 1, -1, -1):
+            cached = lookup(block_hashes[i], kv_cache_group_ids)
+            if cached is None or (check_alignment and (i + 1) * block_size % alignment_tokens):
+                continue
+            null = block_pool.null_block
+            return tuple([null] * i + [block] for block in cached)
+        return tuple([] for _ in kv_cache_group_ids)
+
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        retention_interval: int | None = None,
+        num_prompt_tokens: int | None = None,
+    ) -> list[bool] | None:
+        """With a retention interval, cache one state per interval (the last
+        block of each) and the state at the prompt's last aligned boundary;
+        0 keeps only the latter.  Without one, every state."""
+        if retention_interval is None or alignment_tokens is None:
+            return None
+        block_size = kv_cache_spec.block_size
+        mask = [False] * (end_block - start_block)
+        if retention_interval:
+            per_segment = retention_interval // block_size
+            if per_segment <= 1:
+                return None
+            first = (start_block // per_segment + 1) * per_segment - 1
+            for i in range(first - start_block, len(mask), per_segment):
+                mask[i] = True
+        if num_prompt_tokens is not None:
+            boundary = (num_prompt_tokens - 1) // alignment_tokens * alignment_tokens
+            state_block = boundary // block_size - 1
+            if start_block <= state_block < end_block:
+                mask[state_block - start_block] = True
+        return mask
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        # Only the state after the last computed token is read.
+        return num_computed_tokens - 1
+
+    def skipped_block_runs(self, request_id: str, total_computed_tokens: int) -> list[list[int]]:
+        # Drafts of the previous step may all be rejected: assume they were.
+        # (vLLM subtracts the speculative *block* count from a token count.)
+        num_computed = max(0, total_computed_tokens - self.num_speculative_blocks)
+        runs = super().skipped_block_runs(request_id, num_computed)
+        stale = self._stale_state_block(request_id, num_computed, runs)
+        if stale is not None:
+            runs.append([stale])
+        return runs
+
+    def _stale_state_block(self, request_id: str, num_computed: int, runs: list[list[int]]) -> int | None:
+        """Align mode: the state block of two steps back, once the previous
+        step's state has been copied forward, unless already released."""
+        idx = self.last_state_block_idx.get(request_id)
+        if idx is None or idx >= -(-num_computed // self.block_size) - 1:
+            return None
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks or blocks[idx] is self._null_block or (runs and idx in runs[0]):
+            return None
+        return idx
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step:
+            # The state was written by another request this step and is not
+            # readable yet: ask for more than the pool has, so the request waits.
+            return self.block_pool.num_gpu_blocks + 1
+        if self.mamba_cache_mode != "align":
+            return super().get_num_blocks_to_allocate(
+                request_id,
+                num_tokens + self.block_size * self.num_speculative_blocks,
+                new_computed_blocks,
+                total_computed_tokens,
+                num_tokens_main_model,
+                apply_admission_cap=apply_admission_cap,
+            )
+        # Lookahead tokens get no state (draft models have no Mamba layers).
+        num_required = -(-num_tokens_main_model // self.block_size) + self.num_speculative_blocks
+        num_new = num_required - len(new_computed_blocks) - len(self.req_to_blocks.get(request_id, ()))
+        if num_new > 0:
+            # A running request reuses last step's draft blocks: one more at most.
+            num_new = 1 if request_id in self._allocated_block_reqs else 1 + self.num_speculative_blocks
+        # vLLM's estimate, kept for identical decisions: it goes negative when
+        # rejected drafts left the table longer than needed (offsetting other
+        # groups), and ignores connector blocks.  allocate_slots also checks
+        # the exact count (blocks_beyond_estimate).
+        return num_new + _count_evictable(new_computed_blocks)
+
+    def blocks_beyond_estimate(
+        self,
+        estimate: int,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        num_tokens: int,
+        num_tokens_main_model: int,
+        adds_computed_blocks: bool,
+    ) -> int:
+        """Free blocks the allocation takes beyond ``estimate`` (this
+        group's ``get_num_blocks_to_allocate``).  Pure."""
+        if not adds_computed_blocks and request_id in self._allocated_block_reqs:
+            # A running request takes one block when the estimate says so, else none.
+            return -estimate if estimate < 0 else 0
+        taken = self.num_blocks_taken(
+            request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens,
+            num_tokens, num_tokens_main_model, adds_computed_blocks,
+        )
+        return taken - estimate
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        if self.mamba_cache_mode != "align":
+            return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+        req_blocks = self.req_to_blocks[request_id]
+        num_held = len(req_blocks)
+        if cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks <= num_held:
+            return []
+        num_new = self._num_new_blocks(request_id, num_held, num_tokens, num_tokens_main_model)
+        running = request_id in self._allocated_block_reqs
+        self._remember_state_block(request_id, num_held, running)
+        # Table layout: nulls, then the running state, then the draft-state blocks.
+        state_idx = self._state_block_index(num_tokens_main_model)
+        if num_held < state_idx:
+            req_blocks.extend([self._null_block] * (state_idx - num_held))
+        if running:
+            self._move_draft_blocks_to_tail(req_blocks, num_held, state_idx)
+        req_blocks.extend(self.block_pool.get_new_blocks(num_new))
+        self._allocated_block_reqs.add(request_id)
+        return req_blocks[num_held:]
+
+    def _state_block_index(self, num_tokens_main_model: int) -> int:
+        """Align mode: the slot of the running state (draft states follow it)."""
+        return cdiv(num_tokens_main_model, self.block_size) - 1
+
+    def _num_new_blocks(self, request_id: str, num_held: int, num_tokens: int, num_tokens_main_model: int) -> int:
+        if self.mamba_cache_mode != "align":
+            return super()._num_new_blocks(
+                request_id, num_held, num_tokens + self.block_size * self.num_speculative_blocks, num_tokens_main_model
+            )
+        num_required = cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks
+        if num_required <= num_held:
+            return 0
+        state_idx = self._state_block_index(num_tokens_main_model)
+        num_moved = 0
+        if request_id in self._allocated_block_reqs:
+            num_moved = max(0, min(num_held, state_idx) - (num_held - self.num_speculative_blocks))
+        return num_required - max(num_held, state_idx) - num_moved
+
+    def _remember_state_block(self, request_id: str, num_held: int, running: bool) -> None:
+        if running:
+            self.last_state_block_idx[request_id] = num_held - 1 - self.num_speculative_blocks
+        elif num_held:
+            # A new request's last hit block holds the hit state.
+            self.last_state_block_idx[request_id] = num_held - 1
+
+    def _move_draft_blocks_to_tail(self, req_blocks: list[KVCacheBlock], num_held: int, state_idx: int) -> None:
+        """Reuse last step's draft-state blocks that the new state index has
+        passed: move them to the tail, leaving null behind."""
+        for i in range(num_held - self.num_speculative_blocks, min(num_held, state_idx)):
+            req_blocks.append(req_blocks[i])
+            req_blocks[i] = self._null_block
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        self._allocated_block_reqs.discard(request_id)
+        self.last_state_block_idx.pop(request_id, None)
+        return super().pop_blocks_for_free(request_id)
+
+    def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None) -> None:
+        request_id = request.request_id
+        before = self.num_cached_block.get(request_id, 0)
+        if before >= num_tokens // self.block_size:
+            return
+        super().cache_blocks(request, num_tokens, retention_interval=retention_interval)
+        after = self.num_cached_block.get(request_id, 0)
+        if after > before:
+            for block in self.req_to_blocks[request_id][before:after]:
+                if block.block_hash is not None:
+                    self.cached_blocks_this_step.add(block.block_hash)
+
+    def new_step_starts(self) -> None:
+        self.cached_blocks_this_step.clear()
+
+
+class CrossAttentionManager(SingleTypeKVCacheManager):
+    """Cross attention (encoder-decoder): the encoder output, allocated once
+    per request from ``num_encoder_tokens``; never cached or shared."""
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        if new_computed_blocks:
+            raise RuleError("hit-soundness", "cross-attention blocks are never prefix-cache hits")
+
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int
+    ) -> None:
+        return
+
+    def _split_hits(
+        self, new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int
+    ) -> tuple[int, Sequence[KVCacheBlock]]:
+        return 0, ()
+
+    def _num_external_blocks(self, num_held: int, total_computed_tokens: int, num_external: int) -> int | None:
+        return None
+
+    def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None) -> None:
+        raise RuleError("hash-map-consistency", "cross-attention blocks are never cached (prefix caching must be off)")
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        raise RuleError("hit-soundness", "cross-attention blocks are never prefix-cache hits")
+
+
+# Most specific spec class first: MLA is a FullAttentionSpec.
+_MANAGER_FOR_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
+    MLAAttentionSpec: FullAttentionManager,
+    FullAttentionSpec: FullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    MambaSpec: MambaManager,
+    CrossAttentionSpec: CrossAttentionManager,
+}
+
+
+def manager_class_for_spec(kv_cache_spec: KVCacheSpec) -> type[SingleTypeKVCacheManager]:
+    for cls in type(kv_cache_spec).__mro__:
+        manager_cls = _MANAGER_FOR_SPEC.get(cls)
+        if manager_cls is not None:
+            return manager_cls
+    raise RuleTypeError(
+        "block-size-coherence",
+        f"no KV-cache manager for {type(kv_cache_spec).__name__}; "
+        f"use one of {sorted(c.__name__ for c in _MANAGER_FOR_SPEC)} from kvspec.kv_cache_interface",
+    )
+
+
+def get_manager_for_kv_cache_spec(
+    kv_cache_spec: KVCacheSpec,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    **kwargs: Any,
+) -> SingleTypeKVCacheManager:
+    """The manager for one group's spec.  Sliding-window and chunked-local
+    groups release blocks as they go, so their full-sequence admission is
+    capped at what one request can hold at once."""
+    manager_cls = manager_class_for_spec(kv_cache_spec)
+    if isinstance(kv_cache_spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+        kwargs["max_admission_blocks_per_request"] = kv_cache_spec.max_admission_blocks_per_request(
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
+        )
+    return manager_cls(kv_cache_spec, **kwargs)

@@ -1,0 +1,120 @@
+"""Model layouts the request-level machine builds: small pools, small blocks,
+every attention type and the hybrids that combine them.
+
+Block sizes are tiny (2 and 4 tokens) and token alphabets small so that a
+few dozen operations already share prefixes, fill windows and evict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kvspec.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+
+_ATTN = dict(num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def full(block_size: int = 2) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=block_size, **_ATTN)
+
+
+def mla(block_size: int = 2) -> MLAAttentionSpec:
+    return MLAAttentionSpec(block_size=block_size, **_ATTN)
+
+
+def swa(block_size: int = 2, window: int = 4) -> SlidingWindowSpec:
+    return SlidingWindowSpec(block_size=block_size, sliding_window=window, **_ATTN)
+
+
+def chunked(block_size: int = 2, chunk: int = 4) -> ChunkedLocalAttentionSpec:
+    return ChunkedLocalAttentionSpec(block_size=block_size, attention_chunk_size=chunk, **_ATTN)
+
+
+def mamba(block_size: int = 2, mode: str = "align", speculative: int = 0) -> MambaSpec:
+    return MambaSpec(block_size=block_size, mamba_cache_mode=mode, num_speculative_blocks=speculative)
+
+
+def cross(block_size: int = 2) -> CrossAttentionSpec:
+    return CrossAttentionSpec(block_size=block_size, **_ATTN)
+
+
+@dataclass(frozen=True)
+class ManagerLayout:
+    """A model's KV-cache groups and the pool they share."""
+
+    groups: tuple[KVCacheSpec, ...]
+    num_blocks: int = 24
+    max_model_len: int = 32
+    enable_caching: bool = True
+    use_eagle: bool = False
+    eagle_groups: tuple[int, ...] = field(default=())
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """Every group's block boundary is a scheduling boundary: the LCM."""
+        return math.lcm(*(g.block_size for g in self.groups)) if self.groups else 1
+
+    @property
+    def hash_block_size(self) -> int:
+        """The finest granularity every group's blocks are made of: the GCD
+        (one group: its block size; caching off: the scheduler block size)."""
+        if len(self.groups) <= 1 or not self.enable_caching:
+            return self.scheduler_block_size
+        return math.gcd(*(g.block_size for g in self.groups))
+
+    @property
+    def has_cross_attention(self) -> bool:
+        return any(isinstance(g, CrossAttentionSpec) for g in self.groups)
+
+    @property
+    def has_mamba_align(self) -> bool:
+        return any(isinstance(g, MambaSpec) and g.mamba_cache_mode == "align" for g in self.groups)
+
+    def kv_cache_config(self) -> KVCacheConfig:
+        return KVCacheConfig(
+            num_blocks=self.num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                KVCacheGroupSpec([f"layer.{i}"], spec, is_eagle_group=i in self.eagle_groups)
+                for i, spec in enumerate(self.groups)
+            ],
+        )
+
+    def target_args(self, enable_kv_cache_events: bool = True) -> tuple:
+        """Positional arguments of a ManagerTarget factory."""
+        return (
+            self.kv_cache_config(),
+            self.max_model_len,
+            self.scheduler_block_size,
+            self.hash_block_size,
+            self.enable_caching,
+            self.use_eagle,
+            enable_kv_cache_events,
+        )
+
+
+MANAGER_LAYOUTS: dict[str, ManagerLayout] = {
+    "full": ManagerLayout((full(),)),
+    "mla": ManagerLayout((mla(),)),
+    "full+swa": ManagerLayout((full(), swa())),
+    "full+swa-bigger-blocks": ManagerLayout((full(2), swa(4, window=6))),
+    "full+chunked": ManagerLayout((full(), chunked())),
+    "full+mamba-align": ManagerLayout((full(), mamba(mode="align"))),
+    "full+mamba-all": ManagerLayout((full(), mamba(mode="all"))),
+    "full+swa+mamba": ManagerLayout((full(), swa(), mamba(mode="align")), num_blocks=32),
+    "full+swa-eagle": ManagerLayout((full(), swa()), use_eagle=True),
+    # vLLM turns prefix caching off for encoder-decoder models.
+    "encoder-decoder": ManagerLayout((full(), cross()), enable_caching=False),
+    "caching-off": ManagerLayout((full(), swa()), enable_caching=False),
+}

@@ -1,0 +1,327 @@
+"""The request-level conformance machine: a scheduler in miniature.
+
+Hypothesis plays vLLM's scheduler against a KV-cache manager: requests arrive
+(tokens from a two-letter alphabet, so prefixes are shared; sometimes a cache
+salt or a LoRA), are admitted after a prefix-cache lookup with chunked
+prefill (chunks end on block boundaries where Mamba's align mode needs it),
+sometimes with tokens a KV connector already holds (external tokens), then
+decode -- with speculative draft tokens that may be rejected where the layout
+uses EAGLE -- and are preempted, resumed, finished or aborted.  Meanwhile
+steps start (``new_step_starts``), blocks are evicted by id, the cache is
+reset, and bad input is thrown at the manager.
+
+Each operation goes to the target and, in lockstep mode, to the spec model;
+results, block tables, the pool and the events must be equal, and every rule
+must hold after every operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, rule
+
+from kvspec.conformance.layouts import ManagerLayout
+from kvspec.conformance.pool_machine import ConformanceError
+from kvspec.hashing import get_request_block_hasher
+from kvspec.request import LoRARequest, Request, RequestStatus
+from kvspec.spec.interface import ManagerTarget
+from kvspec.spec.request_rules import Layout as RulesLayout
+from kvspec.spec.request_rules import RequestContext, Shadow, check_request_state, check_request_step, observe
+from kvspec.spec.rules import EventMirror, Violation, check_events
+
+ENCODER_TOKENS = 6
+
+
+def manager_machine(
+    target_factory: Callable[..., ManagerTarget],
+    layout: ManagerLayout,
+    *,
+    spec_factory: Callable[..., ManagerTarget] | None = None,
+) -> type[RuleBasedStateMachine]:
+    """A state-machine class checking managers made by ``target_factory``
+    (called with ``layout.target_args()``) against every rule of
+    :mod:`kvspec.spec.rules` and :mod:`kvspec.spec.request_rules` -- and,
+    when ``spec_factory`` is given, against the spec model in lockstep."""
+
+    sbs = layout.scheduler_block_size
+    rules_layout = RulesLayout.from_config(
+        layout.kv_cache_config(), sbs, layout.hash_block_size, layout.enable_caching, layout.use_eagle
+    )
+
+    class ManagerMachine(RuleBasedStateMachine):
+        steps_run = 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.target = target_factory(*layout.target_args())
+            self.spec = spec_factory(*layout.target_args()) if spec_factory else None
+            self.hasher = get_request_block_hasher(layout.hash_block_size)
+            self.waiting: list[Request] = []
+            self.running: list[Request] = []
+            self.next_id = 0
+            self.mirror = EventMirror()
+            self.failed = False
+            self.requests: dict[str, Request] = {}
+            self.shadow = Shadow(rules_layout)
+            self.ctx = RequestContext(layout=rules_layout, requests=self.requests, shadow=self.shadow)
+
+        def fail(self, violations: list[Violation] | None = None, divergence: str | None = None) -> NoReturn:
+            self.failed = True
+            raise ConformanceError(violations, divergence)
+
+        # --- one operation: apply, compare, check -----------------------------------
+
+        def apply(self, op: str, *args: Any, on_success: Callable[[Any], None] | None = None, **kwargs: Any) -> Any:
+            """Apply ``op`` to the target (and the spec); on success let the
+            caller play the model runner (``on_success(result)`` writes the
+            shadow and advances the request); then check every rule."""
+            type(self).steps_run += 1
+            try:
+                step = observe(self.target, op, *args, **kwargs)
+            except Exception as error:  # anything but a clean refusal
+                self.fail(divergence=f"{op} crashed with {error!r}; a refusal must raise ValueError or TypeError")
+            events = self.target.take_events()
+            self.mirror.apply(events)
+            if self.spec is not None:
+                self.compare(op, args, kwargs, step.result, step.error, step.after, events)
+            if step.error is None and on_success is not None and step.result is not None:
+                on_success(step.result)
+            problems = check_request_step(step, ctx=self.ctx)
+            problems += check_request_state(step.after, ctx=self.ctx) + check_events(step.after.pool, self.mirror)
+            if problems:
+                self.fail(problems)
+            if step.error is not None:
+                raise _Refused(step.error)
+            return step.result
+
+        def compare(self, op, args, kwargs, result, error, snap, events) -> None:
+            spec_result, spec_error = _call(getattr(self.spec, op), args, kwargs)
+            where = f"{op}({_describe(args, kwargs)})"
+            if (error is None) != (spec_error is None):
+                self.fail(divergence=f"{where}: target {'refused ' + repr(error) if error else 'accepted'}, "
+                          f"spec {'refused ' + repr(spec_error) if spec_error else 'accepted'}")
+            if error is None and result != spec_result:
+                self.fail(divergence=f"{where}: target returned {result!r}, spec {spec_result!r}")
+            spec_snap = self.spec.snapshot()
+            if snap.tables != spec_snap.tables:
+                self.fail(
+                    divergence=f"{where}: block tables differ\n  target {snap.tables}\n  spec   {spec_snap.tables}"
+                )
+            if snap.pool.without_null_ref() != spec_snap.pool.without_null_ref():
+                self.fail(divergence=f"{where}: pools differ\n  target {snap.pool}\n  spec   {spec_snap.pool}")
+            spec_events = self.spec.take_events()
+            if events != spec_events:
+                self.fail(divergence=f"{where}: events differ\n  target {events}\n  spec   {spec_events}")
+
+        def each(self, op: str, *args: Any, **kwargs: Any) -> Any:
+            """Apply an operation that both sides must accept."""
+            try:
+                return self.apply(op, *args, **kwargs)
+            except _Refused as refused:
+                self.fail(divergence=f"{op} refused: {refused.error!r}")
+
+        # --- requests ------------------------------------------------------------------------
+
+        @rule(data=st.data())
+        def schedule(self, data: st.DataObject) -> None:
+            """One scheduler step: the step starts, then a few requests arrive,
+            are admitted, compute, are preempted or finish."""
+            self.each("new_step_starts")
+            for _ in range(data.draw(st.integers(1, 3), label="actions")):
+                actions = ["arrive"] if len(self.waiting) + len(self.running) < 6 else []
+                actions += ["admit"] * bool(self.waiting) + ["step", "step", "preempt"] * bool(self.running)
+                actions += ["finish"] * bool(self.waiting or self.running)
+                getattr(self, data.draw(st.sampled_from(actions), label="action"))(data)
+
+        @rule(data=st.data())
+        def maintain(self, data: st.DataObject) -> None:
+            """Outside the step loop: evictions by id, a cache reset, dropping
+            out-of-window blocks, bad input."""
+            kind = data.draw(st.sampled_from(["evict", "evict", "drop", "reset", "bad"]), label="maintenance")
+            if kind == "evict":
+                self.each("evict_blocks", data.draw(st.sets(st.integers(1, layout.num_blocks - 1), max_size=3)))
+            elif kind == "reset":
+                self.each("reset_prefix_cache")
+            elif kind == "drop" and self.running:
+                self.drop_out_of_window(data)
+            elif kind == "bad":
+                self.bad_allocation(data.draw(st.sampled_from(["no tokens", "negative"])))
+
+        def arrive(self, data: st.DataObject) -> None:
+            """A request arrives with a short prompt."""
+            prompt = st.lists(st.integers(0, 1), min_size=1, max_size=layout.max_model_len // 2)
+            tokens = data.draw(prompt, label="prompt")
+            salt = data.draw(st.sampled_from([None, None, None, "tenant-b"]), label="salt")
+            lora = data.draw(st.sampled_from([None, None, None, LoRARequest("adapter-a", 1)]), label="lora")
+            self.next_id += 1
+            request = Request(f"r{self.next_id}", tokens, cache_salt=salt, lora_request=lora, block_hasher=self.hasher)
+            self.requests[request.request_id] = request
+            self.waiting.append(request)
+            self.admit(data, request)
+
+        def admit(self, data: st.DataObject, request: Request | None = None) -> None:
+            """The scheduler looks up the longest cached prefix, maybe adds
+            connector-held tokens, and allocates the first chunk."""
+            if request is None:
+                request = self.waiting[data.draw(st.integers(0, len(self.waiting) - 1), label="waiting")]
+            blocks, hit = self.each("get_computed_blocks", request)
+            room = request.num_tokens - hit
+            external = 0
+            if room > sbs and data.draw(st.booleans(), label="external?"):
+                external = data.draw(st.integers(1, (room - 1) // sbs), label="external blocks") * sbs
+            num_new = self.chunk(data, hit + external, request.num_tokens)
+            lookahead = data.draw(st.integers(0, 2), label="lookahead") if layout.use_eagle else 0
+            delay = external > 0 and data.draw(st.booleans(), label="delay caching?")
+
+            def run_first_chunk(tables: Any) -> None:
+                start = hit
+                tables = self.target.get_block_ids(request.request_id)
+                self.shadow.write(request, tables, start, start + external)  # the connector loads these
+                self.shadow.write(request, tables, start + external, start + external + num_new)
+                request.num_computed_tokens = start + external + num_new
+                request.status = RequestStatus.RUNNING
+
+            try:
+                new = self.apply(
+                    "allocate_slots", request, num_new, hit, blocks,
+                    num_lookahead_tokens=lookahead, num_external_computed_tokens=external,
+                    delay_cache_blocks=delay,
+                    num_encoder_tokens=ENCODER_TOKENS if layout.has_cross_attention else 0,
+                    full_sequence_must_fit=data.draw(st.booleans(), label="must fit?"),
+                    on_success=run_first_chunk,
+                )
+            except _Refused:
+                return
+            if new is None:
+                return  # not enough blocks: stays waiting, nothing changed
+            self.waiting.remove(request)
+            self.running.append(request)
+            if delay:
+                self.each("cache_blocks", request, hit + external)
+            self.maybe_sample(request, data)
+
+        def chunk(self, data: st.DataObject, start: int, end: int) -> int:
+            """How many tokens of ``[start, end)`` this step computes.  Chunks
+            that stop before the end stop on a scheduler-block boundary when a
+            Mamba group caches in align mode (vLLM's scheduler splits so)."""
+            num = data.draw(st.integers(1, end - start), label="chunk")
+            if layout.has_mamba_align and start + num < end:
+                aligned = (start + num) // sbs * sbs
+                num = aligned - start if aligned > start else end - start
+            return num
+
+        def maybe_sample(self, request: Request, data: st.DataObject) -> None:
+            """When the prompt is fully computed the model emits a token (and
+            the drafter proposes a few, where the layout speculates)."""
+            if request.num_computed_tokens >= request.num_tokens:
+                request.append_output_token_ids(data.draw(st.integers(0, 1), label="sampled"))
+                if layout.use_eagle:
+                    request.spec_token_ids = data.draw(st.lists(st.integers(0, 1), max_size=2), label="drafts")
+
+        def step(self, data: st.DataObject) -> None:
+            """A running request computes its next chunk, or decodes one token
+            plus its drafts; rejected drafts are rolled back."""
+            request = self.running[data.draw(st.integers(0, len(self.running) - 1), label="running")]
+            if request.num_tokens >= layout.max_model_len:
+                return
+            drafts = len(request.spec_token_ids)
+            if request.num_computed_tokens < request.num_tokens - 1:
+                num_new = self.chunk(data, request.num_computed_tokens, request.num_tokens)
+                drafts = 0
+            else:
+                num_new = request.num_tokens - request.num_computed_tokens + drafts
+            lookahead = data.draw(st.integers(0, 2), label="lookahead") if layout.use_eagle else 0
+            start = request.num_computed_tokens
+
+            def run_step(tables: Any) -> None:
+                tables = self.target.get_block_ids(request.request_id)
+                if not drafts:
+                    self.shadow.write(request, tables, start, start + num_new)
+                    request.num_computed_tokens = start + num_new
+                    return
+                accepted = data.draw(st.integers(0, drafts), label="accepted")
+                request.append_output_token_ids(request.spec_token_ids[:accepted])
+                request.spec_token_ids = []
+                self.shadow.write(request, tables, start, start + 1 + accepted)
+                self.shadow.scribble(request, tables, start + 1 + accepted, start + num_new)
+                request.num_computed_tokens = start + 1 + accepted
+
+            try:
+                new = self.apply(
+                    "allocate_slots", request, num_new, num_lookahead_tokens=lookahead, on_success=run_step
+                )
+            except _Refused:
+                return
+            if new is None:
+                self.preempt_request(request)
+                return
+            self.maybe_sample(request, data)
+
+        def preempt_request(self, request: Request) -> None:
+            self.each("free", request)
+            self.running.remove(request)
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+            request.num_preemptions += 1
+            request.spec_token_ids = []
+            self.waiting.append(request)
+
+        def preempt(self, data: st.DataObject) -> None:
+            """The scheduler runs short and preempts a request (recompute later)."""
+            self.preempt_request(self.running[data.draw(st.integers(0, len(self.running) - 1), label="victim")])
+
+        def finish(self, data: st.DataObject) -> None:
+            """A request finishes (or is aborted, perhaps before it ran)."""
+            everyone = self.running + self.waiting
+            request = everyone[data.draw(st.integers(0, len(everyone) - 1), label="finishing")]
+            self.each("free", request)
+            (self.running if request in self.running else self.waiting).remove(request)
+            request.status = RequestStatus.FINISHED_STOPPED
+
+        def drop_out_of_window(self, data: st.DataObject) -> None:
+            """Blocks that left every window are returned to the pool."""
+            request = self.running[data.draw(st.integers(0, len(self.running) - 1), label="request")]
+            self.each("remove_skipped_blocks", request.request_id, request.num_computed_tokens)
+
+        def bad_allocation(self, kind: str) -> None:
+            """Impossible requests are refused and change nothing."""
+            request = Request("bad", [0, 1], block_hasher=self.hasher)
+            num_new = 0 if kind == "no tokens" else -1
+            try:
+                self.apply("allocate_slots", request, num_new)
+            except _Refused:
+                return
+            self.fail(divergence=f"allocate_slots({num_new}) with no tokens was accepted")
+
+        def teardown(self) -> None:
+            if self.failed:
+                return
+            for request in self.running + self.waiting:
+                self.each("free", request)
+            free = self.target.snapshot().pool.num_free
+            if free != layout.num_blocks - 1:
+                self.fail([Violation("ref-conservation", f"{free} of {layout.num_blocks - 1} blocks free at the end")])
+
+    return ManagerMachine
+
+
+class _Refused(Exception):
+    def __init__(self, error: BaseException):
+        super().__init__(repr(error))
+        self.error = error
+
+
+def _call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, Exception | None]:
+    try:
+        return fn(*args, **kwargs), None
+    except Exception as error:  # judged by the caller
+        return None, error
+
+
+def _describe(args: tuple, kwargs: dict) -> str:
+    parts = [a.request_id if isinstance(a, Request) else repr(a) for a in args]
+    parts += [f"{k}={v!r}" for k, v in kwargs.items() if v]
+    return ", ".join(parts)

@@ -1,0 +1,411 @@
+"""Adapters that present a KV-cache manager as a
+:class:`~kvspec.spec.interface.ManagerTarget`: driven by block id, observed
+through snapshots and neutral events.
+
+:class:`KVCacheManagerTarget` wraps any object with vLLM 0.25.1's
+``KVCacheManager`` API; :class:`ImplManagerTarget` builds kvspec's own,
+:class:`VllmManagerTarget` builds vLLM's (imported lazily, from kvspec's
+config and requests: each request is mirrored by a vLLM ``Request`` hashed
+with vLLM's own block hasher).  Both factories take the
+``ManagerTarget`` constructor arguments ``(kv_cache_config, max_model_len,
+scheduler_block_size, hash_block_size, enable_caching, use_eagle,
+enable_kv_cache_events)``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kvspec import hashing
+from kvspec.conformance.targets import VllmApiPoolTarget, _neutral_event
+from kvspec.impl.kv_cache_coordinator import RETENTION_ENV, RETENTION_FROM_ENV
+from kvspec.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+from kvspec.request import Request
+from kvspec.spec.interface import Event, ManagerSnapshot
+
+BlockIds = tuple[list[int], ...]
+
+
+class KVCacheManagerTarget:
+    """Any manager with vLLM 0.25.1's ``KVCacheManager`` API, by block id.
+
+    Subclasses translate requests (``_request``); everything else is shared.
+    """
+
+    def __init__(self, manager: Any):
+        self.manager = manager
+        self.pool = VllmApiPoolTarget(manager.block_pool)
+
+    def _request(self, request: Request) -> Any:
+        return request
+
+    def _blocks(self, block_ids: BlockIds | None) -> Any:
+        if block_ids is None:
+            return None
+        return self.manager.create_kv_cache_blocks(tuple(self.pool._blocks(ids) for ids in block_ids))
+
+    @staticmethod
+    def _ids(blocks: Any) -> BlockIds | None:
+        return None if blocks is None else blocks.get_block_ids()
+
+    # --- the ManagerTarget operations ---------------------------------------------------
+
+    def get_computed_blocks(self, request: Request) -> tuple[BlockIds, int]:
+        blocks, num_hit = self.manager.get_computed_blocks(self._request(request))
+        return blocks.get_block_ids(), num_hit
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: BlockIds | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> BlockIds | None:
+        new = self.manager.allocate_slots(
+            self._request(request),
+            num_new_tokens,
+            num_new_computed_tokens=num_new_computed_tokens,
+            new_computed_blocks=self._blocks(new_computed_blocks),
+            num_lookahead_tokens=num_lookahead_tokens,
+            num_external_computed_tokens=num_external_computed_tokens,
+            delay_cache_blocks=delay_cache_blocks,
+            num_encoder_tokens=num_encoder_tokens,
+            full_sequence_must_fit=full_sequence_must_fit,
+            reserved_blocks=reserved_blocks,
+            has_scheduled_reqs=has_scheduled_reqs,
+        )
+        return self._ids(new)
+
+    def free(self, request: Request) -> None:
+        self.manager.free(self._request(request))
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        self.manager.cache_blocks(self._request(request), num_computed_tokens)
+
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        self.manager.remove_skipped_blocks(request_id, total_computed_tokens, num_prompt_tokens)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        self.manager.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.manager.reset_prefix_cache()
+
+    def new_step_starts(self) -> None:
+        self.manager.new_step_starts()
+
+    def take_events(self) -> list[Event]:
+        return [_neutral_event(e) for e in self.manager.take_events()]
+
+    def get_block_ids(self, request_id: str) -> BlockIds:
+        return self.manager.get_block_ids(request_id)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return self.manager.get_num_common_prefix_blocks(running_request_id)
+
+    def snapshot(self) -> ManagerSnapshot:
+        return ManagerSnapshot(pool=self.pool.snapshot(), tables=self.tables())
+
+    # --- beyond the protocol: the scheduler's other calls and inner state --------------------
+
+    def tables(self) -> dict[str, tuple[tuple[int, ...], ...]]:
+        """Every request holding a block in some group: its block ids per group."""
+        managers = self.manager.coordinator.single_type_managers
+        holders = {rid for m in managers for rid, blocks in m.req_to_blocks.items() if blocks}
+        return {
+            rid: tuple(tuple(b.block_id for b in m.req_to_blocks.get(rid, ())) for m in managers)
+            for rid in sorted(holders)
+        }
+
+    def pop_blocks_for_free(self, request: Request) -> list[int]:
+        return [b.block_id for b in self.manager.pop_blocks_for_free(self._request(request))]
+
+    def free_block_ids(self, block_ids: list[int]) -> None:
+        """Free blocks in the given order (the scheduler's deferred free)."""
+        self.manager.block_pool.free_blocks(self.pool._blocks(block_ids))
+
+    def take_new_block_ids(self) -> list[int]:
+        return self.manager.take_new_block_ids()
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> BlockIds:
+        return self.manager.get_block_ids_for_computed_tokens(request_id, num_computed_tokens)
+
+    def find_longest_cache_hit_per_group(self, request: Request) -> tuple[BlockIds, tuple[int, ...]] | None:
+        """Each group's own longest hit (hybrid coordinators only; what a KV
+        connector of a Mamba hybrid asks); ``None`` for other coordinators."""
+        lookup = getattr(self.manager.coordinator, "find_longest_cache_hit_per_group", None)
+        if lookup is None:
+            return None
+        mirror = self._request(request)
+        blocks, lengths = lookup(mirror.block_hashes, mirror.num_tokens - 1)
+        return tuple([b.block_id for b in group] for group in blocks), tuple(lengths)
+
+    def get_usage(self) -> float:
+        return self.manager.usage
+
+    def make_prefix_cache_stats(self) -> dict[str, Any] | None:
+        """The manager's prefix-cache stats since the last call, as a dict."""
+        stats = self.manager.make_prefix_cache_stats()
+        if stats is None:
+            return None
+        fields = ("reset", "requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits")
+        return {name: getattr(stats, name) for name in fields}
+
+    def bookkeeping(self) -> list[dict[str, Any]]:
+        """Per group, the manager's per-request counters (non-empty ones):
+        cached-block counts and, for Mamba, its state-block tracking."""
+        out = []
+        for m in self.manager.coordinator.single_type_managers:
+            state: dict[str, Any] = {"num_cached_block": dict(sorted(m.num_cached_block.items()))}
+            for name in ("last_state_block_idx", "_allocated_block_reqs"):
+                value = getattr(m, name, None)
+                if value:
+                    state[name] = sorted(value.items()) if isinstance(value, dict) else sorted(value)
+            out.append(state)
+        return out
+
+
+class ImplManagerTarget(KVCacheManagerTarget):
+    """kvspec's production :class:`kvspec.impl.KVCacheManager` as a target."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        enable_kv_cache_events: bool = False,
+        **options: Any,
+    ):
+        from kvspec.impl import KVCacheManager
+
+        super().__init__(
+            KVCacheManager(
+                kv_cache_config,
+                max_model_len,
+                scheduler_block_size,
+                hash_block_size,
+                enable_caching=enable_caching,
+                use_eagle=use_eagle,
+                enable_kv_cache_events=enable_kv_cache_events,
+                **options,
+            )
+        )
+
+
+class VllmManagerTarget(KVCacheManagerTarget):
+    """vLLM 0.25.1's own ``KVCacheManager`` as a target, built from kvspec's
+    config; kvspec requests are mirrored by vLLM ``Request`` objects.
+
+    The two hash chains agree only when both roots come from the same
+    ``PYTHONHASHSEED``; the constructor checks that.  ``retention_interval``
+    (a keyword) is passed to vLLM through its environment variable.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        enable_kv_cache_events: bool = False,
+        *,
+        retention_interval: int | None = RETENTION_FROM_ENV,
+        **options: Any,
+    ):
+        from vllm.utils.hashing import sha256_cbor
+        from vllm.v1.core import kv_cache_utils
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+        kv_cache_utils.init_none_hash(sha256_cbor)
+        if kv_cache_utils.NONE_HASH != hashing.NONE_HASH:
+            raise RuntimeError(
+                "vLLM's and kvspec's root hashes differ: set PYTHONHASHSEED before starting Python "
+                "(or call kvspec.hashing.init_none_hash() after setting it)"
+            )
+        self._block_hasher = kv_cache_utils.get_request_block_hasher(hash_block_size, sha256_cbor)
+        self._max_tokens = max_model_len
+        self._mirrors: dict[str, tuple[Request, Any]] = {}
+        with _retention_env(retention_interval):
+            manager = KVCacheManager(
+                to_vllm_config(kv_cache_config),
+                max_model_len,
+                scheduler_block_size,
+                hash_block_size,
+                enable_caching=enable_caching,
+                use_eagle=use_eagle,
+                enable_kv_cache_events=enable_kv_cache_events,
+                **options,
+            )
+        super().__init__(manager)
+
+    def _request(self, request: Request) -> Any:
+        known = self._mirrors.get(request.request_id)
+        if known is None or known[0] is not request:
+            known = (request, self._new_mirror(request))
+            self._mirrors[request.request_id] = known
+        mirror = known[1]
+        if request.num_tokens > mirror.num_tokens:
+            mirror.append_output_token_ids(list(request.all_token_ids[mirror.num_tokens :]))
+        from vllm.v1.request import RequestStatus
+
+        mirror.num_computed_tokens = request.num_computed_tokens
+        mirror.num_preemptions = request.num_preemptions
+        mirror.status = RequestStatus[request.status.name]
+        mirror.spec_token_ids = list(request.spec_token_ids)
+        mirror.skip_reading_prefix_cache = request.skip_reading_prefix_cache
+        return mirror
+
+    def _new_mirror(self, request: Request) -> Any:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request as VllmRequest
+
+        mirror = VllmRequest(
+            request.request_id,
+            list(request.prompt_token_ids),
+            SamplingParams(max_tokens=self._max_tokens),
+            None,
+            mm_features=[_vllm_mm_feature(f) for f in request.mm_features] or None,
+            lora_request=_vllm_lora(request.lora_request),
+            cache_salt=request.cache_salt,
+            block_hasher=self._block_hasher,
+        )
+        if request.num_tokens > mirror.num_tokens:
+            mirror.append_output_token_ids(list(request.all_token_ids[mirror.num_tokens :]))
+        return mirror
+
+
+@contextmanager
+def _retention_env(retention_interval: Any) -> Iterator[None]:
+    """Set vLLM's retention environment variable while its manager is built."""
+    if retention_interval is RETENTION_FROM_ENV:
+        yield
+        return
+    saved = os.environ.pop(RETENTION_ENV, None)
+    if retention_interval is not None:
+        os.environ[RETENTION_ENV] = str(retention_interval)
+    try:
+        yield
+    finally:
+        os.environ.pop(RETENTION_ENV, None)
+        if saved is not None:
+            os.environ[RETENTION_ENV] = saved
+
+
+# --- kvspec's config and requests as vLLM's ------------------------------------------------
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return getattr(torch, str(dtype).removeprefix("torch."))
+
+
+def _attention_fields(spec: Any) -> dict[str, Any]:
+    return dict(
+        block_size=spec.block_size,
+        num_kv_heads=spec.num_kv_heads,
+        head_size=spec.head_size,
+        dtype=_torch_dtype(spec.dtype),
+    )
+
+
+def to_vllm_spec(spec: KVCacheSpec) -> Any:
+    """vLLM's spec object for one of kvspec's (same kind, same fields)."""
+    from vllm.v1 import kv_cache_interface as v
+
+    if isinstance(spec, MLAAttentionSpec):
+        return v.MLAAttentionSpec(
+            **_attention_fields(spec), head_size_v=spec.head_size_v, sliding_window=spec.sliding_window,
+            attention_chunk_size=spec.attention_chunk_size, cache_dtype_str=spec.cache_dtype_str,
+            compress_ratio=spec.compress_ratio,
+        )
+    if isinstance(spec, FullAttentionSpec):
+        return v.FullAttentionSpec(
+            **_attention_fields(spec), head_size_v=spec.head_size_v, sliding_window=spec.sliding_window,
+            attention_chunk_size=spec.attention_chunk_size, non_causal=spec.non_causal,
+        )
+    if isinstance(spec, SlidingWindowSpec):
+        return v.SlidingWindowSpec(
+            **_attention_fields(spec), sliding_window=spec.sliding_window, head_size_v=spec.head_size_v
+        )
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return v.ChunkedLocalAttentionSpec(**_attention_fields(spec), attention_chunk_size=spec.attention_chunk_size)
+    if isinstance(spec, CrossAttentionSpec):
+        return v.CrossAttentionSpec(**_attention_fields(spec))
+    if isinstance(spec, MambaSpec):
+        return v.MambaSpec(
+            block_size=spec.block_size,
+            shapes=spec.shapes,
+            dtypes=tuple(_torch_dtype(d) for d in spec.dtypes),
+            page_size_padded=spec.page_size_padded,
+            mamba_cache_mode=spec.mamba_cache_mode,
+            num_speculative_blocks=spec.num_speculative_blocks,
+        )
+    raise TypeError(f"no vLLM spec for {type(spec).__name__}")
+
+
+def to_vllm_config(config: KVCacheConfig) -> Any:
+    from vllm.v1 import kv_cache_interface as v
+
+    return v.KVCacheConfig(
+        num_blocks=config.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            v.KVCacheGroupSpec(list(g.layer_names), to_vllm_spec(g.kv_cache_spec), is_eagle_group=g.is_eagle_group)
+            for g in config.kv_cache_groups
+        ],
+    )
+
+
+def _vllm_lora(lora: Any) -> Any:
+    if lora is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path)
+
+
+def _vllm_mm_feature(feature: Any) -> Any:
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    position = feature.mm_position
+    return MultiModalFeatureSpec(
+        data=None,
+        modality="image",
+        identifier=feature.identifier,
+        mm_position=PlaceholderRange(offset=position.offset, length=position.length),
+    )
+
+
+MANAGER_TARGETS = {
+    "impl": ImplManagerTarget,
+    "vllm": VllmManagerTarget,
+}

@@ -1,0 +1,320 @@
+"""How the KV-cache groups of a model act together.
+
+A request-level operation (:mod:`kvspec.spec.manager`) is spread over every
+group of the model (:mod:`kvspec.spec.attention`); the *coordinator* decides
+how.  Most of it is "each group in turn, in group order"; the interesting
+part is the **cache hit**: a request can skip computing its first ``L``
+tokens only if *every* group can serve a hit of length ``L``.
+
+Three coordinators, chosen by the manager:
+
+- :class:`NoPrefixCacheCoordinator` -- prefix caching is off: never a hit,
+  any number of groups (also none).
+- :class:`UnitaryCoordinator` -- one group: its own hit, aligned to its block
+  size.
+- :class:`HybridCoordinator` -- several groups (e.g. full attention + sliding
+  window, or attention + Mamba): a common hit found by a fixed point over
+  *spec groups*, aligned to the scheduler block size.
+
+Every coordinator also knows which groups are **EAGLE groups** (speculative
+decoding drafts from them, so their hits drop the last block, see
+:mod:`kvspec.spec.attention`): the groups the config flags with
+``is_eagle_group``, or, when ``use_eagle`` is set and none is flagged, all of
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvspec.hashing import block_hashes_for_size
+from kvspec.kv_cache_interface import FullAttentionSpec, KVCacheSpec
+from kvspec.spec.attention import NULL, CrossAttention, GroupManager, HitPositions
+from kvspec.spec.pool import SpecBlockPool
+
+Tables = tuple[list[int], ...]
+"""One list of block ids per group, in group order."""
+
+RemovalPlan = list[tuple[int, list[list[int]]]]
+"""Per group (by index), the free calls a removal makes (positions, in order)."""
+
+
+def eagle_group_ids(groups: list[Any], use_eagle: bool) -> set[int]:
+    """The groups whose hits drop the EAGLE block: those flagged in the
+    config; if none is flagged and ``use_eagle`` is set, every group."""
+    flagged = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
+    if use_eagle and not flagged:
+        return set(range(len(groups)))
+    return flagged
+
+
+class Coordinator:
+    """What all coordinators share: each operation visits the groups in order."""
+
+    def __init__(
+        self,
+        pool: SpecBlockPool,
+        groups: list[GroupManager],
+        scheduler_block_size: int,
+        hash_block_size: int,
+        eagle_groups: set[int],
+        retention: int | None,
+    ):
+        self.pool = pool
+        self.groups = groups
+        self.scheduler_block_size = scheduler_block_size
+        self.hash_block_size = hash_block_size
+        self.eagle_groups = eagle_groups
+        self.retention = retention
+
+    # -- the hit ----------------------------------------------------------------------------
+
+    def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> tuple[Tables, int]:
+        raise NotImplementedError
+
+    def lookup(self, spec: KVCacheSpec, block_hashes: list[bytes], group_ids: list[int]):
+        """Position -> the oldest blocks cached there in each of ``group_ids``
+        (``None`` when one misses), at ``spec``'s block size."""
+        hashes = block_hashes_for_size(block_hashes, self.hash_block_size, spec.block_size)
+
+        def lookup(i: int):
+            found = self.pool.get_cached_block(hashes[i], group_ids)
+            return None if found is None else tuple(found)
+
+        return lookup
+
+    @staticmethod
+    def columns(hit: HitPositions, width: int) -> list[list[int]]:
+        """A hit (positions of columns) as one block list per member group."""
+        return [[NULL if column is None else column[j] for column in hit] for j in range(width)]
+
+    # -- allocation -----------------------------------------------------------------------------
+
+    def blocks_to_allocate(
+        self,
+        rid: str,
+        num_tokens: int,
+        hits: Tables,
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        admission_cap: bool = False,
+    ) -> int:
+        """The sum of every group's need.  Cross attention needs blocks for
+        the encoder tokens instead, and has no hits."""
+        total = 0
+        for g, group in enumerate(self.groups):
+            if isinstance(group, CrossAttention):
+                total += group.blocks_to_allocate(rid, num_encoder_tokens, [], 0, num_encoder_tokens, admission_cap)
+            else:
+                total += group.blocks_to_allocate(
+                    rid, num_tokens, hits[g], total_computed_tokens, num_tokens_main_model, admission_cap
+                )
+        return total
+
+    def is_running(self, rid: str) -> bool:
+        return any(group.is_running(rid) for group in self.groups)
+
+    def take_hits(self, rid: str, hits: Tables, num_local_computed: int, num_external_computed: int) -> None:
+        """Give a new request its hits, then blocks for external tokens.
+
+        Two phases: *every* group takes its hits before *any* group allocates
+        for external tokens, so that one group's new blocks can never evict
+        another group's hit before it is taken (rule no-eviction-in-use).
+        A running request takes nothing.
+        """
+        if self.is_running(rid):
+            return
+        for g, group in enumerate(self.groups):
+            group.take_hits(rid, hits[g], num_local_computed, num_external_computed)
+        if num_external_computed > 0:
+            for group in self.groups:
+                group.allocate_external(rid, num_local_computed, num_external_computed)
+
+    def allocate(self, rid: str, num_tokens: int, num_tokens_main_model: int, num_encoder_tokens: int) -> Tables:
+        return tuple(
+            group.allocate(
+                rid, num_encoder_tokens if isinstance(group, CrossAttention) else num_tokens, num_tokens_main_model
+            )
+            for group in self.groups
+        )
+
+    def cache(self, request: Any, num_tokens: int) -> None:
+        """Each group caches the full blocks of the first ``num_tokens`` tokens."""
+        for group in self.groups:
+            group.cache(request, num_tokens, self.retention)
+
+    # -- removal, release --------------------------------------------------------------------------
+
+    def removal_plan(self, rid: str, total_computed_tokens: int) -> RemovalPlan:
+        plans = [(g, group.removal_plan(rid, total_computed_tokens)) for g, group in enumerate(self.groups)]
+        return [(g, plan) for g, plan in plans if plan]
+
+    def remove(self, rid: str, plan: RemovalPlan) -> None:
+        for g, calls in plan:
+            self.groups[g].remove(rid, calls)
+
+    def free(self, rid: str) -> None:
+        """Each group releases its table in turn (tail-first within a group)."""
+        for group in self.groups:
+            group.free(rid)
+
+    def common_prefix_blocks(self, rid: str) -> list[int]:
+        return [group.common_prefix_blocks(rid) for group in self.groups]
+
+    def new_step_starts(self) -> None:
+        for group in self.groups:
+            group.new_step_starts()
+
+
+class NoPrefixCacheCoordinator(Coordinator):
+    """Prefix caching is off: no hits, no common prefix."""
+
+    def find_longest_cache_hit(self, block_hashes, max_length):
+        return tuple([] for _ in self.groups), 0
+
+    def common_prefix_blocks(self, rid):
+        return [0] * len(self.groups)
+
+
+class UnitaryCoordinator(Coordinator):
+    """One group.  Its hit is the group's own, aligned to its block size
+    (which must equal the hash block size); EAGLE drops one block if the
+    group is an EAGLE group."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.groups[0].use_eagle = 0 in self.eagle_groups
+
+    def find_longest_cache_hit(self, block_hashes, max_length):
+        group = self.groups[0]
+        hit = group.find_hit(
+            group.spec, self.lookup(group.spec, block_hashes, [0]), max_length, 0 in self.eagle_groups, group.block_size
+        )
+        return (self.columns(hit, 1)[0],), len(hit) * group.block_size
+
+
+@dataclass
+class SpecGroup:
+    """Groups with equal specs, looked up together: a position is cached for
+    the spec group only if it is cached in every member.  ``use_eagle`` when
+    any member is an EAGLE group (then all members drop)."""
+
+    spec: KVCacheSpec
+    group_ids: list[int]
+    cls: type[GroupManager]
+    use_eagle: bool
+
+    @property
+    def is_full_attention(self) -> bool:
+        return isinstance(self.spec, FullAttentionSpec)
+
+
+class HybridCoordinator(Coordinator):
+    """Several groups of different specs.
+
+    Spec groups are formed in group order, then full attention is moved
+    first (a stable sort): its left-to-right scan gives the tightest first
+    bound.  Hits are multiples of the scheduler block size ``A`` (the least
+    common multiple of the block sizes).
+
+    **Caching** is aligned too: a group caches the full blocks of the first
+    ``n // A * A`` tokens only -- except that an EAGLE group also caches the
+    block just after that boundary (when computed), since its hits peek one
+    block past it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        spec_groups: list[SpecGroup] = []
+        for g, group in enumerate(self.groups):
+            eagle = g in self.eagle_groups
+            for sg in spec_groups:
+                if sg.spec == group.spec:
+                    sg.group_ids.append(g)
+                    sg.use_eagle = sg.use_eagle or eagle
+                    break
+            else:
+                spec_groups.append(SpecGroup(group.spec, [g], type(group), eagle))
+        spec_groups.sort(key=lambda sg: not sg.is_full_attention)
+        self.spec_groups = spec_groups
+        for sg in spec_groups:
+            if sg.use_eagle:
+                for g in sg.group_ids:
+                    self.groups[g].use_eagle = True
+
+    def cache(self, request, num_tokens):
+        aligned = num_tokens // self.scheduler_block_size * self.scheduler_block_size
+        for group in self.groups:
+            n = aligned
+            if group.use_eagle and aligned > 0:
+                n = min(num_tokens, aligned + group.block_size)
+            group.cache(request, n, self.retention)
+
+    def find_longest_cache_hit(self, block_hashes, max_length):
+        """The longest common hit, by a fixed point.
+
+        Start with the candidate length ``max_length``.  Each spec group in
+        turn cuts the candidate to the longest hit it can serve that is no
+        longer (its own search with the candidate as the maximum); when a
+        full pass leaves the candidate unchanged, every group serves it.  The
+        length only decreases, so this ends.  Details that decide the result:
+
+        - **full attention** is searched once: its hits are prefix-closed, so
+          later passes just cut the candidate to its block size, and at the
+          end its blocks are cut to the final length;
+        - **simple hybrid** (two spec groups, full attention first): one pass
+          suffices, because full attention serves every shorter aligned
+          length;
+        - **one EAGLE drop per candidate length**: an EAGLE spec group
+          searches up to one block *past* the candidate (never past
+          ``max_length``) and drops that block; it is then *verified* and
+          searches without a drop while the candidate stays put, or shrinks
+          through another EAGLE group's drop.  When a group without a pending
+          drop shrinks the candidate, every verification is forgotten.
+
+        (vLLM's quirk: a Mamba group has no drop, so as an EAGLE group it can
+        come back *longer* than the candidate; the pass then ends with the
+        old candidate, and the blocks returned for other groups may not cover
+        the hit -- rule hit-soundness flags it.)
+        """
+        hits: list[list[int] | None] = [None] * len(self.groups)
+        hit_length = max_length
+        simple_hybrid = len(self.spec_groups) == 2 and self.spec_groups[0].is_full_attention
+        verified: set[int] = set()
+        while True:
+            length = hit_length
+            for idx, sg in enumerate(self.spec_groups):
+                block_size = sg.spec.block_size
+                if sg.is_full_attention and hits[sg.group_ids[0]] is not None:
+                    length = length // block_size * block_size
+                    continue
+                drop = sg.use_eagle and idx not in verified
+                search_max = min(length + block_size, max_length) if drop else length
+                hit = sg.cls.find_hit(
+                    sg.spec,
+                    self.lookup(sg.spec, block_hashes, sg.group_ids),
+                    search_max,
+                    drop,
+                    self.scheduler_block_size,
+                )
+                new_length = len(hit) * block_size
+                if drop:
+                    verified.add(idx)
+                elif new_length < length:
+                    verified.clear()
+                length = new_length
+                for g, column in zip(sg.group_ids, self.columns(hit, len(sg.group_ids)), strict=True):
+                    hits[g] = column
+            if length >= hit_length:
+                break
+            hit_length = length
+            if simple_hybrid:
+                break
+        first = self.spec_groups[0]
+        if first.is_full_attention:
+            for g in first.group_ids:
+                if hits[g] is not None:
+                    del hits[g][hit_length // first.spec.block_size :]
+        return tuple(h if h is not None else [] for h in hits), hit_length

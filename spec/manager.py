@@ -1,0 +1,548 @@
+"""The KV-cache manager, as a model that runs.
+
+The scheduler of an LLM server talks to one object about KV-cache memory:
+the *manager*.  For every request it asks
+
+1. :meth:`~SpecKVCacheManager.get_computed_blocks` -- how many leading
+   tokens are already cached (the **hit**) and in which blocks;
+2. :meth:`~SpecKVCacheManager.allocate_slots` -- to take those blocks and
+   enough new ones for the tokens to compute this step (or ``None``: not
+   enough memory, try later);
+3. :meth:`~SpecKVCacheManager.free` -- to release everything when the request
+   ends or is preempted;
+
+plus a few housekeeping calls (caching blocks explicitly, dropping blocks that
+left an attention window, evicting by id, resetting the cache, events).
+
+The manager holds one :class:`~kvspec.spec.pool.SpecBlockPool` (by its public
+operations only), one group manager per KV-cache group
+(:mod:`kvspec.spec.attention`) and a coordinator
+(:mod:`kvspec.spec.coordinator`).  It speaks in block ids and implements
+:class:`kvspec.spec.interface.ManagerTarget`, so it is compared operation by
+operation with any other manager (same ids, hits, refusals, free order and
+events as vLLM 0.25.1).
+
+**One deliberate difference from vLLM 0.25.1**: a refused ``allocate_slots``
+(it returns ``None``) changes nothing.  vLLM frees the blocks that left the
+attention window *before* it checks capacity, so even a refusal frees them;
+here the check counts the blocks that removal would release, and removal only
+happens when the allocation goes ahead.  The decision is the same.
+
+Every operation is atomic: it either completes, or raises
+:class:`~kvspec.errors.RuleError` / :class:`~kvspec.errors.RuleTypeError`
+naming the rule its input would break, and leaves the state as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kvspec.errors import RuleError, RuleTypeError
+from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id
+from kvspec.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from kvspec.request import RequestStatus
+from kvspec.spec.attention import NULL, CrossAttention, OutOfBlocks, group_class
+from kvspec.spec.coordinator import (
+    Coordinator,
+    HybridCoordinator,
+    NoPrefixCacheCoordinator,
+    Tables,
+    UnitaryCoordinator,
+    eagle_group_ids,
+)
+from kvspec.spec.interface import Event, ManagerSnapshot
+from kvspec.spec.pool import SpecBlockPool
+
+
+def _require_int(value: Any, what: str, rule: str = "allocation-accounting") -> int:
+    if type(value) is not int:
+        raise RuleTypeError(rule, f"{what} must be an int, got {value!r}")
+    if value < 0:
+        raise RuleError(rule, f"{what} must be >= 0, got {value}")
+    return value
+
+
+def _require_bool(value: Any, what: str) -> bool:
+    if type(value) is not bool:
+        raise RuleTypeError("allocation-accounting", f"{what} must be a bool, got {value!r}")
+    return value
+
+
+class SpecKVCacheManager:
+    """The reference KV-cache manager (vLLM's ``KVCacheManager``, by block id)."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        enable_kv_cache_events: bool = False,
+        watermark: float = 0.0,
+        max_num_batched_tokens: int | None = None,
+        retention_interval: int | None = None,
+    ):
+        """Build the pool, one group manager per group, and the coordinator.
+
+        Requires (else :class:`RuleError`, rule in brackets):
+
+        - [block-size-coherence] positive ints; the scheduler block size a
+          multiple of the hash block size and of every group's block size;
+          in a hybrid model every block size a multiple of the hash block
+          size, in a one-group model with caching the block size equal to
+          it; chunked local attention in a hybrid model only with its block
+          size equal to the scheduler block size;
+        - [hit-soundness] a hybrid model has at least two distinct specs;
+          chunked local attention is not an EAGLE group (with caching on);
+        - [hash-map-consistency] cross attention only with caching off;
+        - [allocation-accounting] ``watermark >= 0``; ``retention_interval``
+          ``None`` or a multiple of the scheduler block size ``>= 0``, and
+          only for models with a sliding-window or Mamba group.
+
+        Guarantees: every block but the null block is free; no request.
+        """
+        if not isinstance(kv_cache_config, KVCacheConfig):
+            raise RuleTypeError("block-size-coherence",
+                                f"kv_cache_config must be a KVCacheConfig, got {kv_cache_config!r}")
+        for name, value in (("max_model_len", max_model_len), ("scheduler_block_size", scheduler_block_size),
+                            ("hash_block_size", hash_block_size)):
+            _require_int(value, name, "block-size-coherence")
+            if value == 0:
+                raise RuleError("block-size-coherence", f"{name} must be positive")
+        for name, value in (("enable_caching", enable_caching), ("use_eagle", use_eagle),
+                            ("enable_kv_cache_events", enable_kv_cache_events)):
+            _require_bool(value, name)
+        if isinstance(watermark, bool) or not isinstance(watermark, int | float) or watermark < 0:
+            raise RuleError("allocation-accounting", f"watermark must be a number >= 0, got {watermark!r}")
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max_model_len
+        _require_int(max_num_batched_tokens, "max_num_batched_tokens", "block-size-coherence")
+
+        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        if scheduler_block_size % hash_block_size or any(scheduler_block_size % s.block_size for s in specs):
+            raise RuleError(
+                "block-size-coherence",
+                f"scheduler block size {scheduler_block_size} must be a multiple of the hash block size "
+                f"{hash_block_size} and of every group's block size {[s.block_size for s in specs]}",
+            )
+        if retention_interval is not None:
+            _require_int(retention_interval, "retention_interval")
+            if not any(isinstance(s, SlidingWindowSpec | MambaSpec) for s in specs):
+                raise RuleError("allocation-accounting", "retention_interval needs a sliding-window or Mamba group")
+            if retention_interval % scheduler_block_size:
+                raise RuleError("allocation-accounting",
+                                f"retention_interval {retention_interval} is not a multiple of {scheduler_block_size}")
+
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.scheduler_block_size = scheduler_block_size
+        self.hash_block_size = hash_block_size
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+
+        eagle = eagle_group_ids(kv_cache_config.kv_cache_groups, use_eagle)
+        if enable_caching:
+            self._check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size)
+
+        pool = SpecBlockPool(kv_cache_config.num_blocks, enable_caching, hash_block_size, enable_kv_cache_events)
+        groups = []
+        for g, spec in enumerate(specs):
+            cap = None
+            if isinstance(spec, SlidingWindowSpec | ChunkedLocalAttentionSpec):
+                cap = spec.max_admission_blocks_per_request(max_num_batched_tokens, max_model_len)
+            groups.append(group_class(spec)(spec, g, pool, enable_caching, scheduler_block_size, cap))
+        if not enable_caching:
+            kind = NoPrefixCacheCoordinator
+        elif len(groups) == 1:
+            kind = UnitaryCoordinator
+        else:
+            kind = HybridCoordinator
+        self.coordinator: Coordinator = kind(
+            pool, groups, scheduler_block_size, hash_block_size, eagle, retention_interval
+        )
+
+    @staticmethod
+    def _check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size) -> None:
+        if any(isinstance(s, CrossAttentionSpec) for s in specs):
+            raise RuleError("hash-map-consistency", "cross-attention blocks are never cached: disable prefix caching")
+        for g, s in enumerate(specs):
+            if isinstance(s, ChunkedLocalAttentionSpec) and g in eagle:
+                raise RuleError("hit-soundness", "EAGLE is not supported with chunked local attention")
+        if len(specs) == 1 and specs[0].block_size != hash_block_size:
+            raise RuleError("block-size-coherence",
+                            f"one group with caching needs block size {specs[0].block_size} == hash block size")
+        if len(specs) > 1:
+            if any(s.block_size % hash_block_size for s in specs):
+                raise RuleError("block-size-coherence", f"block sizes must be multiples of {hash_block_size}")
+            distinct = []
+            for s in specs:
+                if s not in distinct:
+                    distinct.append(s)
+            if len(distinct) < 2:
+                raise RuleError("hit-soundness", "a hybrid model needs at least two distinct KV-cache specs")
+            if any(isinstance(s, ChunkedLocalAttentionSpec) and s.block_size != scheduler_block_size for s in specs):
+                raise RuleError("block-size-coherence",
+                                "chunked local attention needs its block size equal to the scheduler block size")
+
+    # -- state ------------------------------------------------------------------------------------------
+
+    @property
+    def pool(self) -> SpecBlockPool:
+        return self.coordinator.pool
+
+    @property
+    def groups(self):
+        return self.coordinator.groups
+
+    @property
+    def usage(self) -> float:
+        return self.pool.get_usage()
+
+    @contextmanager
+    def _all_or_nothing(self) -> Iterator[None]:
+        """Run a multi-step change atomically: if any step is refused (the
+        pool raises), restore the state from before the first step."""
+        saved = copy.deepcopy(self.coordinator)
+        try:
+            yield
+        except Exception:
+            self.coordinator = saved
+            raise
+
+    # -- argument checks --------------------------------------------------------------------------------
+
+    def _require_request(self, request: Any) -> str:
+        rid = getattr(request, "request_id", None)
+        if not isinstance(rid, str):
+            raise RuleTypeError("allocation-accounting", f"expected a request with a str request_id, got {request!r}")
+        _require_int(request.num_computed_tokens, "request.num_computed_tokens")
+        return rid
+
+    def _require_request_id(self, request_id: Any) -> str:
+        if not isinstance(request_id, str):
+            raise RuleTypeError("allocation-accounting", f"request id must be a str, got {request_id!r}")
+        return request_id
+
+    def _require_hashes(self, request: Any, num_tokens: int) -> None:
+        """A request's hashes must cover its full hash blocks: they name its content."""
+        have, need = len(request.block_hashes), num_tokens // self.hash_block_size
+        if have < need:
+            raise RuleError("block-size-coherence",
+                            f"request {request.request_id} has {have} block hashes; {num_tokens} tokens need {need}")
+
+    def _require_hits(self, new_computed_blocks: Any) -> Tables:
+        groups = len(self.groups)
+        if new_computed_blocks is None:
+            return tuple([] for _ in range(groups))
+        if not isinstance(new_computed_blocks, tuple | list) or len(new_computed_blocks) != groups:
+            raise RuleTypeError("hit-soundness", f"new_computed_blocks must hold one block list per group ({groups})")
+        hits = []
+        for column in new_computed_blocks:
+            if not isinstance(column, tuple | list):
+                raise RuleTypeError("hit-soundness", f"a group's hit must be a list of block ids, got {column!r}")
+            for b in column:
+                if type(b) is not int:
+                    raise RuleTypeError("hit-soundness", f"block id must be an int, got {b!r}")
+                if not 0 <= b < self.pool.num_blocks:
+                    raise RuleError("hit-soundness", f"block id {b} is outside the pool")
+            hits.append(list(column))
+        return tuple(hits)
+
+    def _require_hits_allowed(self, request: Any, hits: Tables, num_external: int) -> None:
+        """Hits (and external tokens) are for a request that holds nothing
+        yet, and every hit block must still hold what its position names."""
+        rid = request.request_id
+        if not any(hits) and num_external == 0:
+            return
+        if self.coordinator.is_running(rid):
+            if any(hits):
+                raise RuleError("hit-soundness", f"request {rid} is running: it cannot take new hits")
+            return
+        for group in self.groups:
+            if not isinstance(group, CrossAttention) and group.table(rid):
+                raise RuleError("hit-soundness",
+                                f"request {rid} already holds blocks: hits and external tokens only start a request")
+        if not any(hits):
+            return
+        if not self.enable_caching:
+            raise RuleError("hit-soundness", "prefix caching is off: there are no hits")
+        keys = self.pool.snapshot().key_of
+        for g, (group, column) in enumerate(zip(self.groups, hits, strict=True)):
+            if isinstance(group, CrossAttention) and column:
+                raise RuleError("hit-soundness", "cross attention has no hits")
+            hashes = block_hashes_for_size(request.block_hashes, self.hash_block_size, group.block_size)
+            for i, b in enumerate(column):
+                if b == NULL:
+                    continue
+                if i >= len(hashes) or keys.get(b) != make_block_hash_with_group_id(hashes[i], g):
+                    raise RuleError("content-soundness",
+                                    f"hit block {b} at position {i} of group {g} is no longer cached for this request")
+
+    # -- 1. the hit -------------------------------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Any) -> tuple[Tables, int]:
+        """The longest cached prefix of the request, and its blocks per group.
+
+        Requires a request whose hashes cover its tokens (when caching).
+        Guarantees: no state changes; ``(empty tables, 0)`` when caching is
+        off or the request skips reading the cache; otherwise the
+        coordinator's hit with maximum ``num_tokens - 1`` -- the last token is
+        always recomputed, to get its logits.
+        """
+        rid = self._require_request(request)
+        groups = len(self.groups)
+        if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
+            return tuple([] for _ in range(groups)), 0
+        num_tokens = request.num_tokens
+        if num_tokens < 1:
+            raise RuleError("hit-soundness", f"request {rid} has no tokens")
+        self._require_hashes(request, num_tokens)
+        tables, hit = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
+        return tuple(list(t) for t in tables), hit
+
+    def get_num_blocks_to_allocate(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Tables | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        num_encoder_tokens: int = 0,
+    ) -> int:
+        """(A query.) How many blocks :meth:`allocate_slots` with these
+        arguments would take from the free queue (vLLM's estimate, computed
+        on the state after removing skipped blocks -- which does not change
+        it).  Used by rule allocation-accounting."""
+        hits = self._require_hits(new_computed_blocks)
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total = min(local + num_external_computed_tokens, self.max_model_len)
+        main = total + num_new_tokens
+        need_slot = min(main + num_lookahead_tokens, self.max_model_len)
+        return self.coordinator.blocks_to_allocate(
+            request.request_id, need_slot, hits, num_encoder_tokens, local + num_external_computed_tokens, main
+        )
+
+    # -- 2. allocation ------------------------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Tables | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> Tables | None:
+        """Take the request's hits and enough blocks for its next tokens.
+
+        The request's token layout::
+
+            | computed | new hits | external | new (to compute) | lookahead |
+            |<----- total computed --------->|
+
+        where *computed* is ``request.num_computed_tokens``, *new hits* the
+        ``num_new_computed_tokens`` found by :meth:`get_computed_blocks`
+        (blocks ``new_computed_blocks``), *external* tokens an external KV
+        connector supplies, *new* the tokens computed this step (unverified
+        draft tokens included) and *lookahead* the speculative slots.
+
+        Requires (else the named rule, nothing changes):
+
+        - [allocation-accounting] non-negative int counts, bool flags, and
+          ``num_new_tokens > 0`` unless there are external tokens;
+        - [hit-soundness] hits (one list per group) only for a request that
+          holds no blocks yet (a running request's external tokens are
+          ignored; other requests holding blocks take none); no hits with
+          caching off;
+        - [content-soundness] every non-null hit block still cached under the
+          request's hash for its position and group.
+
+        Steps (each over all groups, in group order):
+
+        1. *total computed* = computed + new hits + external, at most
+           ``max_model_len``.  With ``full_sequence_must_fit``, refuse unless
+           the free blocks hold the whole request (sliding-window and chunked
+           groups counted at their per-request maximum) plus the watermark.
+        2. Refuse unless the blocks to take (:meth:`get_num_blocks_to_allocate`)
+           plus the watermark fit into the free blocks, plus those the removal
+           of step 3 releases, minus ``reserved_blocks``.  The watermark
+           (``watermark * num_blocks``) applies to waiting or preempted
+           requests while others are scheduled (``has_scheduled_reqs``).
+           A refusal returns ``None`` and changes nothing.  (vLLM's estimate
+           misses the blocks a Mamba align group takes for external tokens;
+           should the pool run out during steps 3-5, the allocation is
+           refused the same way -- where vLLM fails half-way.)
+        3. Free the blocks that left the attention window (tail-first), their
+           entries becoming the null block.
+        4. A new request takes its hits, then (all groups having taken
+           theirs) blocks for its external tokens.
+        5. Each group gets new blocks to cover
+           ``min(total computed + new + lookahead, max_model_len)`` tokens
+           (cross attention: the encoder tokens).
+        6. Unless caching is off or ``delay_cache_blocks``, cache the full
+           blocks of ``min(total computed + new, request.num_tokens)`` tokens
+           (never unverified draft tokens).
+
+        Returns the new blocks per group (Mamba align mode: the table's new
+        entries, null and moved blocks included).
+        """
+        rid = self._require_request(request)
+        for name, value in (("num_new_tokens", num_new_tokens), ("num_new_computed_tokens", num_new_computed_tokens),
+                            ("num_lookahead_tokens", num_lookahead_tokens),
+                            ("num_external_computed_tokens", num_external_computed_tokens),
+                            ("num_encoder_tokens", num_encoder_tokens), ("reserved_blocks", reserved_blocks)):
+            _require_int(value, name)
+        for name, value in (("delay_cache_blocks", delay_cache_blocks),
+                            ("full_sequence_must_fit", full_sequence_must_fit),
+                            ("has_scheduled_reqs", has_scheduled_reqs)):
+            _require_bool(value, name)
+        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+            raise RuleError("allocation-accounting", "num_new_tokens must be > 0 when there are no external tokens")
+        hits = self._require_hits(new_computed_blocks)
+        self._require_hits_allowed(request, hits, num_external_computed_tokens)
+
+        coordinator = self.coordinator
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total = min(local + num_external_computed_tokens, self.max_model_len)
+        watermark = 0
+        if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            watermark = self.watermark_blocks
+        free = self.pool.get_num_free_blocks()
+
+        # 1. the whole request must fit
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            need = coordinator.blocks_to_allocate(rid, full, hits, num_encoder_tokens, total, full, admission_cap=True)
+            if need + watermark > free:
+                return None
+
+        # 2. this step must fit, counting what leaving the window releases
+        main = total + num_new_tokens
+        need_slot = min(main + num_lookahead_tokens, self.max_model_len)
+        removal = coordinator.removal_plan(rid, total)
+        released = self._released_by(rid, removal)
+        need = coordinator.blocks_to_allocate(
+            rid, need_slot, hits, num_encoder_tokens, local + num_external_computed_tokens, main
+        )
+        if need + watermark > free + released - reserved_blocks:
+            return None
+
+        try:
+            with self._all_or_nothing():
+                coordinator = self.coordinator
+                coordinator.remove(rid, removal)  # 3.
+                if any(hits) or num_external_computed_tokens > 0:  # 4.
+                    coordinator.take_hits(rid, hits, local, num_external_computed_tokens)
+                new = coordinator.allocate(rid, need_slot, main, num_encoder_tokens)  # 5.
+                if self.enable_caching and not delay_cache_blocks:  # 6.
+                    coordinator.cache(request, min(total + num_new_tokens, request.num_tokens))
+        except OutOfBlocks:
+            return None  # the estimate fell short (Mamba align + external tokens): refused, nothing changed
+        return tuple(list(blocks) for blocks in new)
+
+    def _released_by(self, rid: str, removal) -> int:
+        """How many blocks a removal returns to the free queue: those whose
+        every reference it drops (a block shared with another request stays
+        held)."""
+        dropped: Counter[int] = Counter()
+        for g, calls in removal:
+            table = self.groups[g].table(rid)
+            for call in calls:
+                dropped.update(table[i] for i in call if table[i] != NULL)
+        ref = self.pool.snapshot().ref
+        return sum(1 for b, n in dropped.items() if ref[b] == n)
+
+    # -- 3. the end, and housekeeping ---------------------------------------------------------------------
+
+    def free(self, request: Any) -> None:
+        """Release all the request's blocks: group by group, each table
+        tail-first (so its last block is evicted first).  Unknown requests
+        hold nothing, so freeing them does nothing."""
+        rid = self._require_request_id(getattr(request, "request_id", None))
+        with self._all_or_nothing():
+            self.coordinator.free(rid)
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        """Cache the full blocks of the first ``num_computed_tokens`` tokens
+        (when caching is on; hybrid models align down to the scheduler block
+        size).  Requires the request's tables to hold those blocks and its
+        hashes to name them [hash-map-consistency]."""
+        self._require_request(request)
+        _require_int(num_computed_tokens, "num_computed_tokens")
+        if not self.enable_caching:
+            return
+        if num_computed_tokens > request.num_tokens:
+            raise RuleError("content-soundness",
+                            f"cannot cache {num_computed_tokens} tokens of a request with {request.num_tokens}")
+        with self._all_or_nothing():
+            self.coordinator.cache(request, num_computed_tokens)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Free the blocks no future token attends to once
+        ``total_computed_tokens`` are computed (tail-first within each group;
+        their entries become the null block)."""
+        rid = self._require_request_id(request_id)
+        _require_int(total_computed_tokens, "total_computed_tokens")
+        with self._all_or_nothing():
+            self.coordinator.remove(rid, self.coordinator.removal_plan(rid, total_computed_tokens))
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Forget the cached content of these blocks (an external cache said
+        it is stale); held blocks stay held.  Requires valid ids."""
+        self.pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block -- only when no request holds a block."""
+        return self.pool.reset_prefix_cache()
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins: states Mamba cached last step become hits."""
+        self.coordinator.new_step_starts()
+
+    def take_events(self) -> list[Event]:
+        """The KV events since the last call (when events are enabled)."""
+        return self.pool.take_events()
+
+    # -- observation ------------------------------------------------------------------------------------------
+
+    def get_block_ids(self, request_id: str) -> Tables:
+        rid = self._require_request_id(request_id)
+        return tuple(list(group.table(rid)) for group in self.groups)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Per group, how many leading blocks of this running request every
+        request holding a table in the group shares (full attention only; 0
+        elsewhere, and 0 for a request holding nothing -- vLLM also leaves an
+        empty table behind for such a request, which later counts as a
+        request; the model does not)."""
+        rid = self._require_request_id(running_request_id)
+        return self.coordinator.common_prefix_blocks(rid)
+
+    def snapshot(self) -> ManagerSnapshot:
+        """The pool's snapshot and, for every request holding a non-empty
+        table in some group, its tables (one tuple of ids per group)."""
+        rids = sorted({rid for group in self.groups for rid, table in group.tables.items() if table})
+        return ManagerSnapshot(
+            pool=self.pool.snapshot(),
+            tables={rid: tuple(tuple(group.table(rid)) for group in self.groups) for rid in rids},
+        )
+

@@ -1,0 +1,778 @@
+"""The request-level rules, each a named predicate.
+
+:mod:`kvspec.spec.rules` checks the pool alone.  The rules here look at a
+whole KV-cache manager from outside -- through
+:class:`~kvspec.spec.interface.ManagerSnapshot` (the pool and every request's
+block tables) -- plus what the caller knows and the manager cannot hide:
+
+- the **layout** (:class:`Layout`): the groups' attention types and block
+  sizes, the scheduler and hash block sizes, caching, EAGLE;
+- the **requests** (by id): their tokens, cache salt, LoRA, hashes;
+- a **shadow** (:class:`Shadow`) of what was written into every
+  (group, block): the caller plays the model runner and records, after each
+  allocation, which request's tokens land in which slot;
+- the **hit** a lookup returned, and the call that produced each step.
+
+A rule returns the list of ways it is broken (empty: it holds); its docstring
+is the rule.  **State rules** take ``(snapshot, context)``; **step rules** take
+``(step, context)`` for one operation (:class:`ManagerStep`, built by
+:func:`observe`).  :func:`check_request_state` and :func:`check_request_step`
+run them all and return :class:`~kvspec.spec.rules.Violation` records that
+cite the rule names of ``DESIGN.md``.  Rules that need context the caller did
+not give (a shadow, the requests) skip silently.
+
+**The oracle.** :func:`oracle_hit_length` states the optimal hit by brute
+force: it tries every aligned candidate length, longest first, against the
+pool's hash table, and asks each group whether it could serve it
+(:func:`group_can_serve`).  It shares no code with the hit search of
+:mod:`kvspec.spec.attention` and :mod:`kvspec.spec.coordinator`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id
+from kvspec.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+    SlidingWindowSpec,
+    cdiv,
+)
+from kvspec.spec import rules as pool_rules
+from kvspec.spec.interface import NULL_BLOCK_ID, ManagerSnapshot, ManagerTarget, PoolSnapshot
+from kvspec.spec.rules import Violation
+
+NULL = NULL_BLOCK_ID
+ATTENTION_KINDS = ("full_attention", "sliding_window", "chunked_local_attention")
+
+
+# --- what the caller knows -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """One KV-cache group as the rules see it."""
+
+    kind: str  # full_attention, sliding_window, chunked_local_attention, mamba, cross_attention
+    block_size: int
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    mamba_cache_mode: str | None = None
+    num_speculative_blocks: int = 0
+    eagle: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A model's KV-cache layout, as the rules see it."""
+
+    groups: tuple[GroupLayout, ...]
+    scheduler_block_size: int
+    hash_block_size: int
+    enable_caching: bool = True
+
+    @classmethod
+    def from_config(
+        cls,
+        kv_cache_config: KVCacheConfig,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+    ) -> Layout:
+        """The layout of a config.  EAGLE groups: those flagged
+        ``is_eagle_group`` (all of them if ``use_eagle`` and none is flagged);
+        in a hybrid model, groups with equal specs share the flag."""
+        cfg_groups = kv_cache_config.kv_cache_groups
+        flagged = {i for i, g in enumerate(cfg_groups) if g.is_eagle_group}
+        eagle = set(range(len(cfg_groups))) if use_eagle and not flagged else flagged
+        if len(cfg_groups) > 1:
+            eagle = {i for i, g in enumerate(cfg_groups)
+                     if any(j in eagle and h.kv_cache_spec == g.kv_cache_spec for j, h in enumerate(cfg_groups))}
+        groups = []
+        for i, g in enumerate(cfg_groups):
+            spec = g.kv_cache_spec
+            common = dict(block_size=spec.block_size, eagle=i in eagle)
+            if isinstance(spec, FullAttentionSpec):
+                groups.append(GroupLayout("full_attention", **common))
+            elif isinstance(spec, SlidingWindowSpec):
+                groups.append(GroupLayout("sliding_window", sliding_window=spec.sliding_window, **common))
+            elif isinstance(spec, ChunkedLocalAttentionSpec):
+                groups.append(GroupLayout("chunked_local_attention",
+                                          attention_chunk_size=spec.attention_chunk_size, **common))
+            elif isinstance(spec, MambaSpec):
+                groups.append(GroupLayout("mamba", mamba_cache_mode=spec.mamba_cache_mode,
+                                          num_speculative_blocks=spec.num_speculative_blocks, **common))
+            elif isinstance(spec, CrossAttentionSpec):
+                groups.append(GroupLayout("cross_attention", **common))
+            else:
+                raise TypeError(f"unsupported KV-cache spec {type(spec).__name__}")
+        return cls(tuple(groups), scheduler_block_size, hash_block_size, enable_caching)
+
+    @property
+    def hit_alignment(self) -> int:
+        """Hits are multiples of this: the scheduler block size in a hybrid
+        model, the block size with one group."""
+        return self.scheduler_block_size if len(self.groups) != 1 else self.groups[0].block_size
+
+
+def tenant(request: Any) -> tuple[Any, Any]:
+    """Who may share a request's blocks: its cache salt and LoRA adapter."""
+    lora = getattr(request, "lora_request", None)
+    return getattr(request, "cache_salt", None), (lora.lora_name if lora else None)
+
+
+def _mm_before(request: Any, end: int) -> tuple[Any, ...]:
+    return tuple((f.identifier, f.mm_position.offset)
+                 for f in getattr(request, "mm_features", None) or () if f.mm_position.offset < end)
+
+
+def token_content(request: Any, t: int) -> tuple[Any, ...]:
+    """What the KV of token ``t`` of ``request`` depends on: the tenant, every
+    token up to ``t`` and the multimodal inputs starting by then."""
+    return tenant(request), tuple(request.all_token_ids[: t + 1]), _mm_before(request, t + 1)
+
+
+def state_content(request: Any, n: int) -> tuple[Any, ...]:
+    """What a recurrent state after ``n`` tokens depends on."""
+    return tenant(request), tuple(request.all_token_ids[:n]), _mm_before(request, n)
+
+
+class Shadow:
+    """What every (group, block) holds, as the caller wrote it.
+
+    Attention groups hold one token's KV per slot: writing tokens
+    ``[start, end)`` of a request puts token ``t`` into slot ``t % B`` of the
+    block at position ``t // B`` of its table.  Mamba groups hold one state per
+    block: a step that computes ``[start, end)`` writes the state after
+    ``end`` into the block at position ``cdiv(end, B) - 1`` (the running
+    state) and, except in align mode, the state at every block boundary it
+    crosses into the block at that position.  Null entries are not written.
+    Freeing a block does not erase it (that is what makes a cache hit
+    possible); only new writes do.
+    """
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.slots: dict[tuple[int, int], dict[int, tuple[Any, ...]]] = {}
+        self.states: dict[tuple[int, int], tuple[Any, ...]] = {}
+
+    def write(self, request: Any, tables: tuple[list[int], ...], start: int, end: int) -> None:
+        """Record that ``request`` computed tokens ``[start, end)`` into its
+        ``tables`` (one list per group, as the manager returned them)."""
+        for g, (group, table) in enumerate(zip(self.layout.groups, tables, strict=True)):
+            bs = group.block_size
+            if group.kind == "cross_attention":
+                continue
+            if group.kind == "mamba":
+                ends = [end] if end > start else []
+                if group.mamba_cache_mode != "align":
+                    ends += [(p + 1) * bs for p in range(start // bs, cdiv(end, bs)) if start < (p + 1) * bs < end]
+                for n in ends:
+                    p = cdiv(n, bs) - 1
+                    if p < len(table) and table[p] != NULL:
+                        self.states[(g, table[p])] = state_content(request, n)
+                continue
+            for t in range(start, end):
+                p = t // bs
+                if p < len(table) and table[p] != NULL:
+                    self.slots.setdefault((g, table[p]), {})[t % bs] = token_content(request, t)
+
+    def scribble(self, request: Any, tables: tuple[list[int], ...], start: int, end: int) -> None:
+        """Record that attention slots of tokens ``[start, end)`` hold KV no
+        position names (rejected draft tokens), until overwritten."""
+        for g, (group, table) in enumerate(zip(self.layout.groups, tables, strict=True)):
+            if group.kind not in ATTENTION_KINDS:
+                continue
+            for t in range(start, end):
+                p = t // group.block_size
+                if p < len(table) and table[p] != NULL:
+                    self.slots.setdefault((g, table[p]), {})[t % group.block_size] = (
+                        tenant(request), ("rejected draft", request.request_id, t), ())
+
+    def holds(self, g: int, block_id: int, request: Any, position: int) -> list[str]:
+        """How block ``block_id`` of group ``g`` differs from what position
+        ``position`` of ``request`` names (empty: it holds exactly that)."""
+        group = self.layout.groups[g]
+        bs = group.block_size
+        if group.kind == "mamba":
+            want = state_content(request, (position + 1) * bs)
+            have = self.states.get((g, block_id))
+            return [] if have == want else [f"holds state {_short(have)}, position {position} names {_short(want)}"]
+        slots = self.slots.get((g, block_id), {})
+        for s in range(bs):
+            want = token_content(request, position * bs + s)
+            if slots.get(s) != want:
+                return [f"slot {s} holds {_short(slots.get(s))}, position {position} names {_short(want)}"]
+        return []
+
+    def writers(self, g: int, block_id: int) -> set[tuple[Any, Any]]:
+        """The tenants whose writes the block holds."""
+        if self.layout.groups[g].kind == "mamba":
+            state = self.states.get((g, block_id))
+            return set() if state is None else {state[0]}
+        return {content[0] for content in self.slots.get((g, block_id), {}).values()}
+
+
+def _short(content: Any) -> str:
+    if content is None:
+        return "nothing"
+    who, tokens, _ = content
+    if tokens and tokens[0] == "rejected draft":
+        return f"a rejected draft token of {tokens[1]}"
+    return f"{who} tokens[:{len(tokens)}]=...{list(tokens[-4:])}"
+
+
+@dataclass
+class RequestContext:
+    """What the caller knows besides the snapshot (all optional)."""
+
+    layout: Layout | None = None
+    requests: Mapping[str, Any] = field(default_factory=dict)
+    shadow: Shadow | None = None
+    pins: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ManagerStep:
+    """One manager operation as observed from outside: the call (arguments by
+    name), the snapshots around it, and its result or refusal.
+    ``expected_pulled`` is the target's own estimate of the blocks an
+    ``allocate_slots`` takes from the free queue, when it offers one."""
+
+    op: str
+    args: dict[str, Any]
+    before: ManagerSnapshot
+    after: ManagerSnapshot
+    result: Any = None
+    error: BaseException | None = None
+    expected_pulled: int | None = None
+
+
+def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | None = None,
+            **kwargs: Any) -> ManagerStep:
+    """Call ``target.op(*args, **kwargs)`` between two snapshots.  A refusal
+    (``ValueError``/``TypeError``) is recorded in the step, not raised."""
+    method = getattr(target, op)
+    try:
+        bound = inspect.signature(method).bind(*args, **kwargs)
+        bound.apply_defaults()
+        named = dict(bound.arguments)
+    except TypeError:
+        named = {"args": args, **kwargs}
+    before = target.snapshot()
+    result, error = None, None
+    try:
+        result = method(*args, **kwargs)
+    except (ValueError, TypeError) as e:
+        error = e
+    return ManagerStep(op, named, before, target.snapshot(), result, error, expected_pulled)
+
+
+# --- registries ----------------------------------------------------------------------------------------
+
+StateRule = Callable[[ManagerSnapshot, RequestContext], list[str]]
+StepRule = Callable[[ManagerStep, RequestContext], list[str]]
+
+REQUEST_STATE_RULES: dict[str, list[StateRule]] = {}
+REQUEST_STEP_RULES: dict[str, list[StepRule]] = {}
+
+
+def state_rule(name: str) -> Callable[[StateRule], StateRule]:
+    def register(fn: StateRule) -> StateRule:
+        REQUEST_STATE_RULES.setdefault(name, []).append(fn)
+        fn.rule_name = name  # type: ignore[attr-defined]
+        return fn
+
+    return register
+
+
+def step_rule(name: str) -> Callable[[StepRule], StepRule]:
+    def register(fn: StepRule) -> StepRule:
+        REQUEST_STEP_RULES.setdefault(name, []).append(fn)
+        fn.rule_name = name  # type: ignore[attr-defined]
+        return fn
+
+    return register
+
+
+# --- helpers over snapshots --------------------------------------------------------------------------------
+
+
+def slots(snap: ManagerSnapshot):
+    """Every (request, group, position, block) with a non-null block."""
+    for rid, tables in snap.tables.items():
+        for g, table in enumerate(tables):
+            for i, b in enumerate(table):
+                if b != NULL:
+                    yield rid, g, i, b
+
+
+def holders(snap: ManagerSnapshot) -> Counter[int]:
+    """How many (request, group) slots hold each non-null block."""
+    return Counter(b for _, _, _, b in slots(snap))
+
+
+def _hashes(request: Any, layout: Layout, g: int):
+    return block_hashes_for_size(request.block_hashes, layout.hash_block_size, layout.groups[g].block_size)
+
+
+def _key(request: Any, layout: Layout, g: int, i: int) -> bytes | None:
+    hashes = _hashes(request, layout, g)
+    return make_block_hash_with_group_id(hashes[i], g) if i < len(hashes) else None
+
+
+def _tables_of(snap: ManagerSnapshot, rid: str, num_groups: int) -> tuple[tuple[int, ...], ...]:
+    return snap.tables.get(rid, tuple(() for _ in range(num_groups)))
+
+
+def _unchanged(before: ManagerSnapshot, after: ManagerSnapshot) -> bool:
+    return before.pool.without_null_ref() == after.pool.without_null_ref() and before.tables == after.tables
+
+
+# --- the oracle ------------------------------------------------------------------------------------------------
+
+
+def group_can_serve(pool: PoolSnapshot, request: Any, layout: Layout, g: int, length: int, max_length: int) -> bool:
+    """Could group ``g`` start ``request`` with ``length`` tokens computed,
+    from what the pool's hash table holds?  ``length`` must be a multiple of
+    the group's block size ``B``; ``n = length / B``.  The positions it needs
+    cached (under the request's hash for the position and group ``g``):
+
+    - full attention: all of ``0 .. n-1``;
+    - sliding window ``w``: the last ``max(1, cdiv(w-1, B))`` before ``n``
+      (all of them when fewer exist);
+    - chunked local ``c``: ``(length // c * c) // B .. n-1`` -- every block
+      holding a token of the chunk of token ``length``;
+    - Mamba: ``n - 1`` (the state after token ``length - 1``);
+    - cross attention: never (length 0 only).
+
+    An EAGLE group (Mamba excepted: drafts have no Mamba layers) must also
+    have position ``n`` cached, within ``max_length``: it serves ``length``
+    by recomputing one more block.  Length 0 is always served.
+    """
+    if length == 0:
+        return True
+    group = layout.groups[g]
+    bs = group.block_size
+    if length % bs or group.kind == "cross_attention":
+        return False
+    n = length // bs
+    if group.kind == "full_attention":
+        needed = list(range(n))
+    elif group.kind == "sliding_window":
+        needed = list(range(max(0, n - max(1, cdiv(group.sliding_window - 1, bs))), n))
+    elif group.kind == "chunked_local_attention":
+        c = group.attention_chunk_size
+        needed = list(range(length // c * c // bs, n))
+    elif group.kind == "mamba":
+        needed = [n - 1]
+    else:
+        raise ValueError(f"unknown group kind {group.kind}")
+    if group.eagle and group.kind != "mamba":
+        if length + bs > max_length:
+            return False
+        needed.append(n)
+    return all((key := _key(request, layout, g, i)) is not None and key in pool.table for i in needed)
+
+
+def oracle_hit_length(pool: PoolSnapshot, request: Any, layout: Layout) -> int:
+    """The optimal hit: the longest length ``L <= num_tokens - 1``, a
+    multiple of the layout's hit alignment, that every group can serve
+    (:func:`group_can_serve`) -- found by trying every candidate, longest
+    first.  0 when caching is off or the request skips reading the cache."""
+    if not layout.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
+        return 0
+    max_length = request.num_tokens - 1
+    align = layout.hit_alignment
+    for length in range(max_length // align * align, 0, -align):
+        if all(group_can_serve(pool, request, layout, g, length, max_length) for g in range(len(layout.groups))):
+            return length
+    return 0
+
+
+# --- state rules ---------------------------------------------------------------------------------------------------
+
+
+@state_rule("ref-conservation")
+def ref_conservation(snap: ManagerSnapshot, ctx: RequestContext) -> list[str]:
+    """Every non-null block's reference count equals the number of
+    (request, group) slots holding it, plus explicit pins; never negative."""
+    count = holders(snap)
+    for b, n in ctx.pins.items():
+        count[b] += n
+    return pool_rules.ref_conservation(snap.pool, count)
+
+
+@state_rule("no-aliasing")
+def no_aliasing(snap: ManagerSnapshot, ctx: RequestContext) -> list[str]:
+    """A physical block sits in at most one (request, group) slot, unless it
+    is shared as a cache hit: then every holder is in the same group at the
+    same position (same position, same prefix) and, when the shadow is known,
+    it holds what that position names for each holder."""
+    where: dict[int, list[tuple[str, int, int]]] = {}
+    for rid, g, i, b in slots(snap):
+        where.setdefault(b, []).append((rid, g, i))
+    problems = []
+    for b, places in where.items():
+        if len(places) < 2:
+            continue
+        rids = [rid for rid, _, _ in places]
+        if len(set(rids)) < len(rids):
+            problems.append(f"block {b} appears twice in one request's tables: {places}")
+        if len({(g, i) for _, g, i in places}) > 1:
+            problems.append(f"block {b} is held at different groups/positions: {places}")
+        elif ctx.shadow is not None and ctx.requests:
+            for rid, g, i in places:
+                if rid in ctx.requests:
+                    for p in ctx.shadow.holds(g, b, ctx.requests[rid], i):
+                        problems.append(f"shared block {b} (group {g}) does not hold {rid}'s position {i}: {p}")
+    return problems
+
+
+@state_rule("content-soundness")
+def cached_content_sound(snap: ManagerSnapshot, ctx: RequestContext) -> list[str]:
+    """Every cached block holds exactly what its hash names: the tokens (and
+    extra keys) of the position it was cached for -- checked against the
+    shadow, for hashes named by a known request."""
+    if ctx.shadow is None or ctx.layout is None or not ctx.requests:
+        return []
+    names: dict[bytes, tuple[Any, int, int]] = {}
+    for request in ctx.requests.values():
+        for g in range(len(ctx.layout.groups)):
+            for i, h in enumerate(_hashes(request, ctx.layout, g)):
+                names.setdefault(make_block_hash_with_group_id(h, g), (request, g, i))
+    problems = []
+    for b, key in snap.pool.key_of.items():
+        if key in names:
+            request, g, i = names[key]
+            problems += [f"cached block {b} (group {g}, position {i}): {p}" for p in ctx.shadow.holds(g, b, request, i)]
+    return problems
+
+
+@state_rule("tenant-isolation")
+def shared_within_tenant(snap: ManagerSnapshot, ctx: RequestContext) -> list[str]:
+    """Requests with different cache salts or LoRA adapters never share a block."""
+    if not ctx.requests:
+        return []
+    by_block: dict[int, set[tuple[Any, Any]]] = {}
+    for rid, _, _, b in slots(snap):
+        if rid in ctx.requests:
+            by_block.setdefault(b, set()).add(tenant(ctx.requests[rid]))
+    return [f"block {b} is shared by tenants {sorted(map(str, t))}" for b, t in by_block.items() if len(t) > 1]
+
+
+@state_rule("block-size-coherence")
+def block_size_coherence(snap: ManagerSnapshot, ctx: RequestContext) -> list[str]:
+    """A group of block size ``B`` uses hashes built from the hash block size
+    ``H`` (``B % H == 0``) and converts tokens to blocks with its own ``B``:
+    a cached block at position ``i`` of a request's table carries the
+    request's hash of the prefix ``[0, (i+1)*B)``, and the attention groups'
+    tables of one request cover the same token count (``cdiv(T, B)`` blocks
+    each, for one ``T``)."""
+    layout = ctx.layout
+    if layout is None:
+        return []
+    problems = []
+    for g, group in enumerate(layout.groups):
+        if group.block_size % layout.hash_block_size or layout.scheduler_block_size % group.block_size:
+            problems.append(f"group {g} block size {group.block_size} does not fit hash block size "
+                            f"{layout.hash_block_size} / scheduler block size {layout.scheduler_block_size}")
+    for rid, g, i, b in slots(snap):
+        key = snap.pool.key_of.get(b)
+        if key is None or rid not in ctx.requests:
+            continue
+        want = _key(ctx.requests[rid], layout, g, i)
+        if want is not None and key != want:
+            problems.append(f"block {b} at position {i} of {rid} (group {g}) carries another position's hash")
+    for rid, tables in snap.tables.items():
+        spans = [(len(t) - 1) * layout.groups[g].block_size for g, t in enumerate(tables)
+                 if t and layout.groups[g].kind in ATTENTION_KINDS]
+        ends = [len(t) * layout.groups[g].block_size for g, t in enumerate(tables)
+                if t and layout.groups[g].kind in ATTENTION_KINDS]
+        if spans and max(spans) >= min(ends):
+            problems.append(f"{rid}'s attention tables cover different token counts: "
+                            f"{[len(t) for t in tables]} blocks")
+    return problems
+
+
+# --- step rules: the hit ----------------------------------------------------------------------------------------
+
+
+def _hit_of(step: ManagerStep) -> tuple[Any, tuple[list[int], ...], int] | None:
+    if step.op != "get_computed_blocks" or step.error is not None:
+        return None
+    tables, hit = step.result
+    return step.args["request"], tables, hit
+
+
+@step_rule("hit-soundness")
+def hit_soundness(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """A hit is at most ``num_tokens - 1`` (the last token is recomputed for
+    its logits), a multiple of the hit alignment, 0 when caching is off or
+    the request skips reading; every group reports ``hit / B`` blocks (cross
+    attention none), each non-null one cached under the request's hash for
+    its position; and every group can serve it (:func:`group_can_serve`)."""
+    observed = _hit_of(step)
+    layout = ctx.layout
+    if observed is None or layout is None:
+        return []
+    request, tables, hit = observed
+    problems = []
+    if hit < 0 or hit > max(request.num_tokens - 1, 0):
+        problems.append(f"hit {hit} outside 0..{request.num_tokens - 1}")
+    if hit and (not layout.enable_caching or getattr(request, "skip_reading_prefix_cache", False)):
+        problems.append(f"hit {hit} although the cache is not read")
+    if hit % layout.hit_alignment:
+        problems.append(f"hit {hit} is not a multiple of {layout.hit_alignment}")
+    if len(tables) != len(layout.groups):
+        return problems + [f"{len(tables)} block lists for {len(layout.groups)} groups"]
+    for g, (group, blocks) in enumerate(zip(layout.groups, tables, strict=True)):
+        want = 0 if group.kind == "cross_attention" else hit // group.block_size
+        if len(blocks) != want or len(blocks) * group.block_size not in (0, hit):
+            problems.append(f"group {g} reports {len(blocks)} blocks ({len(blocks) * group.block_size} tokens) "
+                            f"for hit {hit}")
+        for i, b in enumerate(blocks):
+            if b != NULL and step.before.pool.key_of.get(b) != _key(request, layout, g, i):
+                problems.append(f"hit block {b} at position {i} of group {g} is not cached for this request")
+        if hit and not group_can_serve(step.before.pool, request, layout, g, hit, request.num_tokens - 1):
+            problems.append(f"group {g} ({group.kind}) cannot serve hit {hit}")
+    return problems
+
+
+@step_rule("hit-optimality")
+def hit_optimality(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """The hit equals the oracle's: the longest aligned length every group can
+    serve from what is cached (:func:`oracle_hit_length`)."""
+    observed = _hit_of(step)
+    if observed is None or ctx.layout is None:
+        return []
+    request, _, hit = observed
+    best = oracle_hit_length(step.before.pool, request, ctx.layout)
+    return [] if hit == best else [f"hit {hit}, but the longest servable is {best}"]
+
+
+@step_rule("content-soundness")
+def hit_content_sound(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """A hit block holds exactly the tokens and extra keys its position names
+    for the request (against the shadow)."""
+    observed = _hit_of(step)
+    if observed is None or ctx.shadow is None:
+        return []
+    request, tables, _ = observed
+    problems = []
+    for g, blocks in enumerate(tables):
+        for i, b in enumerate(blocks):
+            if b != NULL:
+                problems += [f"hit block {b} (group {g}, position {i}): {p}"
+                             for p in ctx.shadow.holds(g, b, request, i)]
+    return problems
+
+
+@step_rule("tenant-isolation")
+def hit_within_tenant(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """A hit block was written by the request's own tenant."""
+    observed = _hit_of(step)
+    if observed is None or ctx.shadow is None:
+        return []
+    request, tables, _ = observed
+    mine = tenant(request)
+    return [
+        f"hit block {b} (group {g}) holds writes of {sorted(map(str, others - {mine}))}, the request is {mine}"
+        for g, blocks in enumerate(tables)
+        for b in blocks
+        if b != NULL and (others := ctx.shadow.writers(g, b)) - {mine}
+    ]
+
+
+# --- step rules: allocation and release -------------------------------------------------------------------------
+
+
+def _released(step: ManagerStep, rid: str, num_groups: int, layout: Layout | None) -> int:
+    """How many blocks a request's operation released: blocks whose every
+    reference left the request's slots (a Mamba align group's speculative
+    blocks move up the table instead; they are not released)."""
+    before, after = _tables_of(step.before, rid, num_groups), _tables_of(step.after, rid, num_groups)
+    dropped: Counter[int] = Counter()
+    for g, bt in enumerate(before):
+        at = after[g] if g < len(after) else ()
+        moving = 0
+        if layout is not None and layout.groups[g].kind == "mamba" and layout.groups[g].mamba_cache_mode == "align":
+            moving = layout.groups[g].num_speculative_blocks
+        for i, b in enumerate(bt):
+            if b != NULL and (i >= len(at) or at[i] != b) and i < len(bt) - moving:
+                dropped[b] += 1
+    return sum(1 for b, n in dropped.items() if step.before.pool.ref[b] == n)
+
+
+@step_rule("allocation-accounting")
+def refusal_changes_nothing(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """A refused operation (an error, or ``allocate_slots`` returning
+    ``None``) changes no state."""
+    refused = step.error is not None or (step.op == "allocate_slots" and step.result is None)
+    if refused and not _unchanged(step.before, step.after):
+        why = "raised" if step.error is not None else "returned None"
+        return [f"{step.op} {why} but changed the state"]
+    return []
+
+
+@step_rule("allocation-accounting")
+def pulls_match_estimate(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """An accepted ``allocate_slots`` takes from the free queue exactly the
+    blocks the target estimated (``expected_pulled``, when given): the free
+    count drops by the blocks taken minus those its removal released."""
+    if step.op != "allocate_slots" or step.error is not None or step.result is None or step.expected_pulled is None:
+        return []
+    rid = step.args["request"].request_id
+    released = _released(step, rid, len(step.result), ctx.layout)
+    pulled = step.before.pool.num_free + released - step.after.pool.num_free
+    if pulled != step.expected_pulled:
+        return [f"allocate_slots took {pulled} blocks from the free queue, estimated {step.expected_pulled}"]
+    return []
+
+
+@step_rule("allocation-accounting")
+def impossible_is_refused(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """A negative count or no tokens at all is refused, never applied."""
+    if step.op != "allocate_slots" or step.error is not None:
+        return []
+    counts = ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens",
+              "num_external_computed_tokens", "num_encoder_tokens", "reserved_blocks")
+    bad = [n for n in counts if n in step.args and (type(step.args[n]) is not int or step.args[n] < 0)]
+    if not bad and step.args.get("num_new_tokens") == 0 and step.args.get("num_external_computed_tokens", 0) == 0:
+        bad = ["num_new_tokens == 0"]
+    return [f"allocate_slots accepted impossible input: {bad}"] if bad else []
+
+
+@step_rule("no-eviction-in-use")
+def no_eviction_in_use(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """No operation but ``evict_blocks`` / ``reset_prefix_cache`` makes a
+    block in use forget its hash: neither a block that stays in the same slot,
+    nor a hit that ``allocate_slots`` takes (all groups' hits are taken before
+    any group allocates for external tokens)."""
+    if step.error is not None or step.op in ("evict_blocks", "reset_prefix_cache"):
+        return []
+    def stays(rid: str, g: int, i: int, b: int) -> bool:
+        tables = step.after.tables.get(rid)
+        return tables is not None and i < len(tables[g]) and tables[g][i] == b
+
+    protected = {b for rid, g, i, b in slots(step.before) if stays(rid, g, i, b)}
+    if step.op == "allocate_slots" and step.result is not None and step.args.get("new_computed_blocks"):
+        rid = step.args["request"].request_id
+        for g, blocks in enumerate(step.args["new_computed_blocks"]):
+            protected |= {b for i, b in enumerate(blocks) if b != NULL and stays(rid, g, i, b)}
+    before_keys, after_keys = step.before.pool.key_of, step.after.pool.key_of
+    return [f"block {b} in use lost its hash during {step.op}"
+            for b in sorted(protected) if b in before_keys and after_keys.get(b) != before_keys[b]]
+
+
+def _expected_free_queue(before: PoolSnapshot, calls: list[list[int]]) -> tuple[int, ...]:
+    ref, free = list(before.ref), list(before.free)
+    for call in calls:
+        plain, cached = [], []
+        for b in call:
+            if b == NULL:
+                continue
+            ref[b] -= 1
+            if ref[b] == 0:
+                (cached if b in before.key_of else plain).append(b)
+        free = plain + free + cached
+    return tuple(free)
+
+
+@step_rule("free-order")
+def free_order(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """Freed blocks go back tail-first within each group, group by group:
+    ``free`` releases each table from its last block to its first; removing
+    skipped blocks releases each run of consecutive positions from its last
+    block, the latest run first.  Blocks without a hash go to the head of the
+    free queue (reused first), cached ones to the tail (LRU)."""
+    if step.error is not None or step.op not in ("free", "remove_skipped_blocks"):
+        return []
+    if step.op == "free":
+        rid = getattr(step.args["request"], "request_id", None)
+        calls = [list(reversed(t)) for t in step.before.tables.get(rid, ())]
+    else:
+        rid = step.args["request_id"]
+        calls = []
+        before, after = step.before.tables.get(rid, ()), step.after.tables.get(rid, ())
+        for g, bt in enumerate(before):
+            at = after[g] if g < len(after) else ()
+            nulled = [i for i, b in enumerate(bt) if b != NULL and i < len(at) and at[i] == NULL]
+            runs: list[list[int]] = []
+            for i in nulled:
+                if runs and runs[-1][-1] == i - 1:
+                    runs[-1].append(i)
+                else:
+                    runs.append([i])
+            calls += [[bt[i] for i in reversed(run)] for run in reversed(runs)]
+    expected = _expected_free_queue(step.before.pool, calls)
+    if expected == step.after.pool.free:
+        return []
+    return [f"after {step.op} the free queue is {list(step.after.pool.free)}, expected {list(expected)}"]
+
+
+# --- entry points ---------------------------------------------------------------------------------------------------
+
+
+def _context(layout, requests, shadow, pins, ctx) -> RequestContext:
+    if ctx is not None:
+        return ctx
+    return RequestContext(layout=layout, requests=requests or {}, shadow=shadow, pins=pins or {})
+
+
+def check_request_state(
+    snap: ManagerSnapshot,
+    layout: Layout | None = None,
+    requests: Mapping[str, Any] | None = None,
+    shadow: Shadow | None = None,
+    pins: Mapping[int, int] | None = None,
+    ctx: RequestContext | None = None,
+) -> list[Violation]:
+    """Every state rule against one manager snapshot: the pool's own rules
+    (:mod:`kvspec.spec.rules`, ref counts against the tables) and the
+    request-level ones above."""
+    ctx = _context(layout, requests, shadow, pins, ctx)
+    out = [v for v in pool_rules.check_state(snap.pool) if v.rule != "ref-conservation"]
+    for name, fns in REQUEST_STATE_RULES.items():
+        out += [Violation(name, p) for fn in fns for p in fn(snap, ctx)]
+    return out
+
+
+def check_request_step(
+    step: ManagerStep,
+    layout: Layout | None = None,
+    requests: Mapping[str, Any] | None = None,
+    shadow: Shadow | None = None,
+    ctx: RequestContext | None = None,
+) -> list[Violation]:
+    """Every step rule against one manager operation."""
+    ctx = _context(layout, requests, shadow, None, ctx)
+    return [Violation(name, p) for name, fns in REQUEST_STEP_RULES.items() for fn in fns for p in fn(step, ctx)]
+
+
+__all__ = [
+    "REQUEST_STATE_RULES",
+    "REQUEST_STEP_RULES",
+    "GroupLayout",
+    "Layout",
+    "ManagerStep",
+    "RequestContext",
+    "Shadow",
+    "check_request_state",
+    "check_request_step",
+    "group_can_serve",
+    "oracle_hit_length",
+    "observe",
+    "state_content",
+    "tenant",
+    "token_content",
+]

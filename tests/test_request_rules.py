@@ -1,0 +1,606 @@
+"""The request-level rules (kvspec.spec.request_rules): each one catches a
+deliberately broken manager, stays quiet for the spec model on the same
+scenario, and the whole catalogue -- the brute-force hit oracle included --
+agrees with the model on random small runs."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from test_spec_manager import chunked, config, cross, full, mamba, mla, swa
+
+from kvspec.hashing import get_request_block_hasher
+from kvspec.request import Request, RequestStatus
+from kvspec.spec.attention import FullAttention, SlidingWindow
+from kvspec.spec.coordinator import HybridCoordinator
+from kvspec.spec.manager import SpecKVCacheManager
+from kvspec.spec.pool import SpecBlockPool
+from kvspec.spec.request_rules import (
+    REQUEST_STATE_RULES,
+    REQUEST_STEP_RULES,
+    Layout,
+    RequestContext,
+    Shadow,
+    check_request_state,
+    check_request_step,
+    observe,
+    oracle_hit_length,
+)
+
+# --- a scheduler in miniature, checking every rule after every operation ------------------------------
+
+
+class Harness:
+    """Drives one manager like a scheduler and model runner would: keeps the
+    requests, writes the shadow after every allocation, and checks rules."""
+
+    def __init__(self, m: SpecKVCacheManager, layout: Layout, hbs: int, exact_accounting: bool = True):
+        self.m, self.layout, self.hbs = m, layout, hbs
+        self.requests: dict[str, Request] = {}
+        self.shadow = Shadow(layout)
+        self.ctx = RequestContext(layout=layout, requests=self.requests, shadow=self.shadow)
+        self.exact_accounting = exact_accounting
+        self.violations: list = []
+
+    def request(self, rid, tokens, **kw) -> Request:
+        r = Request(rid, list(tokens), block_hasher=get_request_block_hasher(self.hbs), **kw)
+        self.requests[rid] = r
+        return r
+
+    def check(self, step=None):
+        found = check_request_state(self.m.snapshot(), ctx=self.ctx)
+        if step is not None:
+            found += check_request_step(step, ctx=self.ctx)
+        self.violations += found
+        return found
+
+    def op(self, name, *args, **kwargs):
+        step = observe(self.m, name, *args, **kwargs)
+        self.check(step)
+        return step
+
+    def lookup(self, r):
+        step = self.op("get_computed_blocks", r)
+        return step.result
+
+    def allocate(self, r, num_new, hit=0, blocks=None, accepted_drafts=None, **kw):
+        """allocate_slots, then the forward pass: write what is computed."""
+        expected = None
+        if self.exact_accounting:
+            expected = self.m.get_num_blocks_to_allocate(
+                r, num_new, hit, blocks, kw.get("num_lookahead_tokens", 0),
+                kw.get("num_external_computed_tokens", 0), kw.get("num_encoder_tokens", 0))
+        step = observe(self.m, "allocate_slots", r, num_new, hit, blocks, expected_pulled=expected, **kw)
+        if step.result is not None:
+            start = r.num_computed_tokens + hit
+            external = kw.get("num_external_computed_tokens", 0)
+            end = start + external + num_new
+            tables = self.m.get_block_ids(r.request_id)
+            if external:  # the connector loads these (a Mamba group: the state at their end)
+                self.shadow.write(r, tables, start, start + external)
+                start += external
+            if accepted_drafts is None:
+                self.shadow.write(r, tables, start, end)
+                r.num_computed_tokens = end
+            else:  # decode with drafts: 1 + accepted are real, the rest rejected
+                drafts = num_new - 1
+                for _ in range(accepted_drafts + 1):
+                    r.append_output_token_ids(len(r.all_token_ids) % 3)
+                self.shadow.write(r, tables, start, start + 1 + accepted_drafts)
+                self.shadow.scribble(r, tables, start + 1 + accepted_drafts, start + 1 + drafts)
+                r.num_computed_tokens = start + 1 + accepted_drafts
+            r.status = RequestStatus.RUNNING
+        self.check(step)
+        return step
+
+
+def harness(*specs, num_blocks=16, caching=True, eagle=False, eagle_groups=(), events=False, exact=True, **kw):
+    sizes = [s.block_size for s in specs]
+    sbs = math.lcm(*sizes)
+    hbs = (math.gcd(*sizes) if len(specs) > 1 else sizes[0]) if caching else sbs
+    cfg = config(*specs, num_blocks=num_blocks, eagle_groups=eagle_groups)
+    m = SpecKVCacheManager(cfg, 64, sbs, hbs, enable_caching=caching, use_eagle=eagle,
+                           enable_kv_cache_events=events, **kw)
+    return Harness(m, Layout.from_config(cfg, sbs, hbs, caching, eagle), hbs, exact)
+
+
+def rule_problems(h: Harness, rule: str) -> list:
+    return [v for v in h.violations if v.rule == rule]
+
+
+# --- one broken manager per rule ----------------------------------------------------------------------
+
+
+class ForgetsToNull(SlidingWindow):
+    """Frees blocks that left the window but leaves them in the table."""
+
+    def remove(self, rid, plan):
+        table = self.table(rid)
+        for positions in plan:
+            self.pool.free_blocks([table[i] for i in positions])
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_ref_conservation_catches_a_window_block_freed_twice(broken):
+    h = harness(swa(4, window=5), num_blocks=8)
+    if broken:
+        h.m.groups[0].__class__ = ForgetsToNull
+    a = h.request("a", range(16))
+    h.allocate(a, 16)
+    a.append_output_token_ids(1)
+    h.allocate(a, 1)  # positions 0..2 leave the window: released
+    h.allocate(h.request("b", [7] * 20), 20)  # reuses them
+    h.op("free", a)  # broken: b's blocks lose a reference a second time
+    assert bool(rule_problems(h, "ref-conservation")) == broken
+
+
+class ForgetsToTouch(FullAttention):
+    """Puts hits in the table without taking a reference."""
+
+    def take_hits(self, rid, hits, num_local_computed, num_external_computed):
+        self.tables[rid] = list(hits)
+        self.num_cached[rid] = len(hits)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_no_aliasing_catches_a_hit_that_was_never_taken(broken):
+    h = harness(full(4), num_blocks=10)
+    if broken:
+        h.m.groups[0].__class__ = ForgetsToTouch
+    a = h.request("a", range(8))
+    h.allocate(a, 8)
+    h.op("free", a)
+    b = h.request("b", list(range(8)) + [9])
+    blocks, hit = h.lookup(b)
+    h.allocate(b, 1, hit, blocks)
+    h.allocate(h.request("c", [5] * 32), 32)  # broken: b's hits are still free, c takes them
+    assert bool(rule_problems(h, "no-aliasing")) == broken
+
+
+class KeepsStaleHashes(SpecBlockPool):
+    """Reuses cached blocks without evicting their hashes."""
+
+    def get_new_blocks(self, num_blocks):
+        keys = {b: self.state.key_of[b] for b in self.state.free[:num_blocks] if b in self.state.key_of}
+        taken = super().get_new_blocks(num_blocks)
+        for b, key in keys.items():
+            self.state.key_of[b] = key
+            self.state.table.setdefault(key, []).append(b)
+        return taken
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_content_soundness_catches_a_stale_hit(broken):
+    h = harness(full(4), num_blocks=10)
+    if broken:
+        h.m.pool.__class__ = KeepsStaleHashes
+    a = h.request("a", range(8))
+    h.allocate(a, 8)
+    h.op("free", a)
+    # 30 of 36 tokens (9 blocks, the last two being a's old blocks 2, 1); 7 full blocks cached
+    h.allocate(h.request("x", [4] * 36), 30, num_lookahead_tokens=6)
+    blocks, hit = h.lookup(h.request("c", list(range(8)) + [1]))
+    assert (hit > 0) == broken
+    assert bool(rule_problems(h, "content-soundness")) == broken
+
+
+class IgnoresTenant(SpecKVCacheManager):
+    """Looks up prefixes without the cache salt / LoRA and trusts any hit."""
+
+    def get_computed_blocks(self, request):
+        plain = Request(request.request_id, request.all_token_ids,
+                        block_hasher=get_request_block_hasher(self.hash_block_size))
+        return super().get_computed_blocks(plain)
+
+    def _require_hits_allowed(self, request, hits, num_external):
+        return None
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_tenant_isolation_catches_a_cross_tenant_hit(broken):
+    h = harness(full(4), num_blocks=10)
+    if broken:
+        h.m.__class__ = IgnoresTenant
+    h.allocate(h.request("a", range(8)), 8)
+    b = h.request("b", list(range(8)) + [1], cache_salt="tenant-b")
+    blocks, hit = h.lookup(b)
+    h.allocate(b, 9 - hit, hit, blocks)
+    assert bool(rule_problems(h, "tenant-isolation")) == broken
+
+
+class InterleavedExternal(HybridCoordinator):
+    """Allocates a group's external blocks before the next group takes its hits."""
+
+    def take_hits(self, rid, hits, num_local_computed, num_external_computed):
+        if self.is_running(rid):
+            return
+        for g, group in enumerate(self.groups):
+            group.take_hits(rid, hits[g], num_local_computed, num_external_computed)
+            if num_external_computed > 0:
+                group.allocate_external(rid, num_local_computed, num_external_computed)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_no_eviction_in_use_catches_external_blocks_allocated_before_all_hits_are_taken(broken):
+    h = harness(full(4), swa(4, window=6), num_blocks=13)
+    if broken:
+        h.m.coordinator.__class__ = InterleavedExternal
+    a = h.request("a", range(8))
+    d = h.request("d", [5] * 16)
+    h.allocate(a, 8)  # full 1, 2; window 3, 4
+    h.allocate(d, 16)  # takes every other block
+    h.op("free", a)
+    h.op("free", d)  # free queue: 2 1 4 3 (a's, LRU), then d's
+    b = h.request("b", list(range(8)) + [6] * 4)
+    blocks, hit = h.lookup(b)
+    assert (blocks, hit) == (([1, 2], [3, 4]), 8)
+    # broken: full attention takes 1, 2, then its external block from the head -- the window's hit 4
+    h.allocate(b, 1, hit, blocks, num_external_computed_tokens=3)
+    assert bool(rule_problems(h, "no-eviction-in-use")) == broken
+
+
+class NoLastTokenRecompute(SpecKVCacheManager):
+    """Lets a hit cover the whole request (the last token's logits are lost)."""
+
+    def get_computed_blocks(self, request):
+        tables, hit = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens)
+        return tuple(list(t) for t in tables), hit
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_hit_soundness_catches_a_hit_of_the_whole_request(broken):
+    h = harness(full(4), num_blocks=10)
+    if broken:
+        h.m.__class__ = NoLastTokenRecompute
+    h.allocate(h.request("a", range(8)), 8)
+    h.lookup(h.request("b", range(8)))
+    assert bool(rule_problems(h, "hit-soundness")) == broken
+
+
+def test_hit_soundness_flags_vllms_hit_for_mamba_as_an_eagle_group():
+    # The model reproduces vLLM 0.25.1: with use_eagle and no flagged group, Mamba is an EAGLE
+    # group, searched one block past the candidate without a drop -> the hit outruns full attention.
+    h = harness(full(4), mamba(4, "all"), num_blocks=20, eagle=True)
+    h.allocate(h.request("a", range(16)), 16)
+    assert h.lookup(h.request("b", list(range(16)) + [1, 2, 3, 4]))[1] == 16
+    problems = rule_problems(h, "hit-soundness")
+    assert any("group 0 reports 3 blocks" in v.message for v in problems)
+    assert rule_problems(h, "hit-optimality")  # the oracle says 12
+
+
+class DropsEveryPass(HybridCoordinator):
+    """Applies the EAGLE drop on every pass of the fixed point (no verification, no peek)."""
+
+    def find_longest_cache_hit(self, block_hashes, max_length):
+        hits: list = [None] * len(self.groups)
+        length = max_length
+        while True:
+            start = length
+            for sg in self.spec_groups:
+                hit = sg.cls.find_hit(sg.spec, self.lookup(sg.spec, block_hashes, sg.group_ids), length,
+                                      sg.use_eagle, self.scheduler_block_size)
+                length = len(hit) * sg.spec.block_size
+                for g, column in zip(sg.group_ids, self.columns(hit, len(sg.group_ids)), strict=True):
+                    hits[g] = column
+            if length >= start:
+                break
+        for sg in self.spec_groups:
+            for g in sg.group_ids:
+                del hits[g][length // sg.spec.block_size:]
+        return tuple(hits), length
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_hit_optimality_catches_an_eagle_drop_on_every_fixed_point_pass(broken):
+    h = harness(full(4), swa(4, window=5), swa(4, window=9), num_blocks=40, eagle_groups=(1,))
+    if broken:
+        h.m.coordinator.__class__ = DropsEveryPass
+    h.allocate(h.request("a", range(24)), 24)
+    h.op("evict_blocks", {18})
+    hit = h.lookup(h.request("b", list(range(24)) + [3]))[1]
+    assert hit == (0 if broken else 20)
+    assert bool(rule_problems(h, "hit-optimality")) == broken
+
+
+class TouchesBeforeChecking(SpecKVCacheManager):
+    """Takes the hits, then finds there is no room -- and leaves them taken."""
+
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, **kw):
+        result = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, **kw)
+        if result is None and new_computed_blocks:
+            self.pool.touch([b for blocks in new_computed_blocks for b in blocks])
+        return result
+
+
+class FreesBeforeChecking(SpecKVCacheManager):
+    """vLLM 0.25.1's order: blocks that left the window are freed before the capacity check."""
+
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, **kw):
+        result = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, **kw)
+        if result is None:
+            total = request.num_computed_tokens + num_new_computed_tokens + kw.get("num_external_computed_tokens", 0)
+            self.remove_skipped_blocks(request.request_id, total)
+        return result
+
+
+@pytest.mark.parametrize("broken", [None, TouchesBeforeChecking])
+def test_allocation_accounting_catches_a_refusal_that_leaves_hits_taken(broken):
+    h = harness(full(4), num_blocks=10)
+    if broken:
+        h.m.__class__ = broken
+    a = h.request("a", range(8))
+    h.allocate(a, 8)
+    h.op("free", a)
+    b = h.request("b", list(range(8)) + [1])
+    blocks, hit = h.lookup(b)
+    assert h.allocate(b, 1, hit, blocks, reserved_blocks=9).result is None
+    assert bool(rule_problems(h, "allocation-accounting")) == bool(broken)
+
+
+@pytest.mark.parametrize("broken", [None, FreesBeforeChecking])
+def test_allocation_accounting_catches_vllms_refusal_that_frees_window_blocks(broken):
+    h = harness(swa(4, window=5), num_blocks=8)
+    if broken:
+        h.m.__class__ = broken
+    a = h.request("a", range(16))
+    h.allocate(a, 16)
+    a.append_output_token_ids(1)
+    assert h.allocate(a, 1, reserved_blocks=7).result is None
+    assert bool(rule_problems(h, "allocation-accounting")) == bool(broken)
+
+
+class CountsNoFreeHits(FullAttention):
+    """Forgets that taking a free hit removes it from the free queue."""
+
+    def _free_hits(self, hits):
+        return 0
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_allocation_accounting_catches_an_estimate_that_misses_free_hits(broken):
+    h = harness(full(4), num_blocks=10)
+    if broken:
+        h.m.groups[0].__class__ = CountsNoFreeHits
+    a = h.request("a", range(8))
+    h.allocate(a, 8)
+    h.op("free", a)
+    b = h.request("b", list(range(8)) + [1])
+    blocks, hit = h.lookup(b)
+    h.allocate(b, 1, hit, blocks)
+    assert bool(rule_problems(h, "allocation-accounting")) == broken
+
+
+def test_allocation_accounting_flags_vllms_estimate_for_mamba_align_external_tokens():
+    # vLLM 0.25.1 (reproduced by the model) estimates 1 + speculative new blocks for a new request in
+    # align mode, missing the block taken for external tokens: 8 external + 8 new tokens take 2.
+    h = harness(mamba(4, "align"), num_blocks=10)
+    a = h.request("a", range(16))
+    assert h.allocate(a, 8, num_external_computed_tokens=8).result == ([0, 2],)
+    assert h.m.get_block_ids("a") == ([0, 1, 0, 2],)
+    assert any("took 2 blocks" in v.message and "estimated 1" in v.message
+               for v in rule_problems(h, "allocation-accounting"))
+
+
+class HeadFirst(FullAttention):
+    """Releases a table from its first block to its last."""
+
+    def free(self, rid):
+        table = self.tables.pop(rid, [])
+        self.num_cached.pop(rid, None)
+        self.pool.free_blocks(table)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_free_order_catches_head_first_release(broken):
+    h = harness(full(4), num_blocks=10)
+    if broken:
+        h.m.groups[0].__class__ = HeadFirst
+    a = h.request("a", range(12))
+    h.allocate(a, 12)
+    h.op("free", a)
+    assert bool(rule_problems(h, "free-order")) == broken
+
+
+def test_free_order_of_removed_window_blocks():
+    h = harness(swa(4, window=5), num_blocks=10)
+    a = h.request("a", range(16))
+    h.allocate(a, 16)
+    h.op("remove_skipped_blocks", "a", 16)
+    assert h.m.get_block_ids("a") == ([0, 0, 0, 4],)
+    assert not h.violations
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_block_size_coherence_catches_a_group_counting_in_hash_blocks(broken):
+    h = harness(full(4), swa(8, window=9), num_blocks=20)
+    if broken:
+        h.m.groups[1].block_size = 4  # converts tokens to blocks with the hash block size
+    h.allocate(h.request("a", range(16)), 16)
+    assert bool(rule_problems(h, "block-size-coherence")) == broken
+
+
+def test_every_rule_has_a_predicate():
+    catalogue = {"ref-conservation", "no-aliasing", "content-soundness", "tenant-isolation", "no-eviction-in-use",
+                 "hit-soundness", "hit-optimality", "allocation-accounting", "free-order", "block-size-coherence"}
+    assert catalogue == set(REQUEST_STATE_RULES) | set(REQUEST_STEP_RULES)
+
+
+# --- vLLM 0.25.1 behaviours the rules flag (the model reproduces them) ---------------------------------
+
+
+def test_vllm_quirk_a_second_full_attention_spec_is_not_cut_to_the_hit():
+    h = harness(full(4), mla(8), swa(4, window=6), num_blocks=40)
+    h.allocate(h.request("a", range(16)), 16)  # full 1..4, MLA 5, 6, window 7..10
+    h.op("evict_blocks", {10})  # the window can serve 8, not 16
+    blocks, hit = h.lookup(h.request("b", list(range(16)) + [1]))
+    # only the first full-attention spec group is cut to the final 8 tokens; MLA keeps 16
+    assert (blocks, hit) == (([1, 2], [5, 6], [7, 8]), 8)
+    assert any("group 1 reports 2 blocks" in v.message for v in rule_problems(h, "hit-soundness"))
+
+
+def test_vllm_quirk_chunk_size_not_a_multiple_of_the_block_size():
+    h = harness(chunked(4, chunk=6), num_blocks=10)
+    # token 7's chunk starts at 6, inside position 1: position 0 is taken as out of the chunk,
+    # but token 4 (the next to compute) attends to tokens 0..3
+    assert h.lookup(h.request("a", range(8))) == (([0],), 4)
+    assert rule_problems(h, "hit-soundness") and rule_problems(h, "hit-optimality")
+
+
+def test_vllm_quirk_sliding_window_eagle_hit_shorter_than_servable():
+    # window 10 (3 blocks of 4, plus the EAGLE block), scheduler block 8; a prefix of 3 cached
+    # window blocks is edge-aligned for EAGLE (3 - 1 = 2 blocks = 8 tokens) but is first cut to
+    # the plain alignment (2 blocks), then dropped (1) and cut again: 0.  Hit 8 is servable.
+    h = harness(full(8), swa(4, window=10), num_blocks=30, eagle=True)
+    h.allocate(h.request("a", range(16)), 16)
+    assert h.lookup(h.request("b", list(range(16)) + [7] * 8)) == (([], []), 0)
+    assert [v.message for v in rule_problems(h, "hit-optimality")] == ["hit 0, but the longest servable is 8"]
+
+
+# --- Mamba align needs block-aligned chunks (content-soundness) ---------------------------------------
+
+
+@pytest.mark.parametrize("chunks", [(8, 4), (6, 6)])
+def test_mamba_align_with_misaligned_chunks_caches_a_stale_state(chunks):
+    h = harness(full(4), mamba(4, "align"), num_blocks=20)
+    a = h.request("a", range(12))
+    for n in chunks:
+        h.allocate(a, n)
+    aligned = chunks[0] % 4 == 0
+    # with a 6-token first chunk, block "state after 8" holds the state after 6
+    assert bool(rule_problems(h, "content-soundness")) == (not aligned)
+
+
+# --- the oracle and the model agree on random runs ------------------------------------------------------
+
+
+LAYOUTS = {
+    "full": dict(specs=(full(4),)),
+    "full-eagle": dict(specs=(full(4),), eagle=True),
+    "mla": dict(specs=(mla(4),)),
+    "swa": dict(specs=(swa(4, window=6),)),
+    "swa-eagle": dict(specs=(swa(4, window=7),), eagle=True),
+    "chunked": dict(specs=(chunked(4, chunk=8),)),
+    "mamba-all": dict(specs=(mamba(4, "all"),)),
+    "mamba-align": dict(specs=(mamba(4, "align"),), aligned=True, exact=False),
+    "full+swa": dict(specs=(full(4), swa(4, window=6))),
+    "full+swa8": dict(specs=(full(4), swa(8, window=12))),
+    "full8+swa4": dict(specs=(full(8), swa(4, window=5))),
+    "full+swa-eagle": dict(specs=(full(4), swa(4, window=6)), eagle=True),
+    "full+mamba-align": dict(specs=(full(4), mamba(4, "align")), aligned=True, exact=False),
+    "full+mamba-all": dict(specs=(full(4), mamba(4, "all"))),
+    "swa+mamba": dict(specs=(swa(4, window=6), mamba(4, "all"))),
+    "full+swa+mamba": dict(specs=(full(4), swa(4, window=6), mamba(4, "all")), num_blocks=40),
+    "full+chunked": dict(specs=(full(4), chunked(4, chunk=8))),
+    "full+full+swa": dict(specs=(full(4), full(4), swa(4, window=6)), num_blocks=40),
+    "full8+swa4-eagle": dict(specs=(full(8), swa(4, window=9)), eagle=True),
+    "swa4+swa8-eagle": dict(specs=(swa(4, window=6), swa(8, window=17)), eagle=True),
+    "full8+swa3-sparse": dict(specs=(full(8), swa(4, window=3))),
+    "swa-w1": dict(specs=(swa(4, window=1),), hits=False),  # vLLM caches nothing for a 1-token window
+    "caching-off": dict(specs=(full(4), swa(4, window=6)), caching=False),
+    "encoder-decoder": dict(specs=(full(4), cross(4)), caching=False, encoder=True),
+}
+
+
+def drive(name: str, seed: int, steps: int) -> tuple[Harness, int, int]:
+    """Random requests over three shared prefixes, admitted after a lookup (sometimes with
+    external tokens), prefilled in chunks, decoded (with drafts where no Mamba group is),
+    preempted, finished; steps, evictions, resets in between."""
+    spec = LAYOUTS[name]
+    h = harness(*spec["specs"], num_blocks=spec.get("num_blocks", 24), caching=spec.get("caching", True),
+                eagle=spec.get("eagle", False), exact=spec.get("exact", True))
+    has_mamba = any(g.kind == "mamba" for g in h.layout.groups)
+    sbs = h.layout.scheduler_block_size
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(3) for _ in range(36)] for _ in range(3)]
+    waiting, running, count, hits, lookups = [], [], 0, 0, 0
+
+    def chunk(r, start):
+        n = rng.randint(1, min(r.num_tokens - start, 12))
+        if spec.get("aligned") and start + n < r.num_tokens and (start + n) % sbs:
+            end = (start + n) // sbs * sbs
+            n = end - start if end > start else min(sbs - start % sbs, r.num_tokens - start)
+        return n
+
+    for _ in range(steps):
+        op = rng.choices(["arrive", "admit", "step", "free", "misc"], [3, 4, 8, 2, 2])[0]
+        if op == "arrive" or (op == "admit" and not waiting):
+            count += 1
+            tokens = rng.choice(prefixes)[: rng.randint(1, 36)] + [rng.randrange(3) for _ in range(rng.randint(0, 4))]
+            salt = rng.choice([None, None, None, "s"])
+            waiting.append(h.request(f"r{count}", tokens, cache_salt=salt))
+        elif op == "admit":
+            r = waiting[rng.randrange(len(waiting))]
+            blocks, hit = h.lookup(r)
+            lookups += 1
+            hits += hit > 0
+            assert hit == oracle_hit_length(h.m.snapshot().pool, r, h.layout) or h.violations
+            ext = 0
+            if h.m.enable_caching and r.num_tokens - hit > sbs and rng.random() < 0.2:
+                ext = rng.randint(1, (r.num_tokens - hit - 1) // sbs) * sbs
+            n = chunk(r, hit + ext)
+            kw = dict(num_external_computed_tokens=ext, reserved_blocks=rng.choice([0, 0, 2]),
+                      full_sequence_must_fit=rng.random() < 0.3)
+            if spec.get("encoder"):
+                kw["num_encoder_tokens"] = 6
+            if h.allocate(r, n, hit, blocks, **kw).result is not None:
+                waiting.remove(r)
+                running.append(r)
+                if r.num_computed_tokens >= r.num_tokens:
+                    r.append_output_token_ids(rng.randrange(3))
+        elif op == "step" and running:
+            r = running[rng.randrange(len(running))]
+            if r.num_tokens > 56:
+                h.op("free", r)
+                running.remove(r)
+                continue
+            if r.num_computed_tokens < r.num_tokens - 1:
+                n, drafts = chunk(r, r.num_computed_tokens), None
+            elif not has_mamba and rng.random() < 0.3:
+                d = rng.randint(1, 3)
+                n, drafts = 1 + d, rng.randint(0, d)
+            else:
+                n, drafts = r.num_tokens - r.num_computed_tokens, None
+            look = rng.choice([0, 2]) if h.m.use_eagle else 0
+            step = h.allocate(r, n, accepted_drafts=drafts, num_lookahead_tokens=look)
+            if step.result is None:
+                h.op("free", r)
+                running.remove(r)
+                r.num_computed_tokens = 0
+                r.status = RequestStatus.PREEMPTED
+                waiting.append(r)
+            elif drafts is None and r.num_computed_tokens >= r.num_tokens:
+                r.append_output_token_ids(rng.randrange(3))
+        elif op == "free" and (running or waiting):
+            r = rng.choice(running + waiting)
+            h.op("free", r)
+            (running if r in running else waiting).remove(r)
+        elif op == "misc":
+            what = rng.choice(["new_step", "new_step", "evict", "reset", "common", "remove"])
+            if what == "new_step":
+                h.op("new_step_starts")
+            elif what == "evict":
+                h.op("evict_blocks", {rng.randrange(1, h.m.pool.num_blocks) for _ in range(2)})
+            elif what == "reset":
+                h.op("reset_prefix_cache")
+            elif running and what == "common":
+                h.op("get_num_common_prefix_blocks", rng.choice(running).request_id)
+            elif running and what == "remove":
+                r = rng.choice(running)
+                h.op("remove_skipped_blocks", r.request_id, r.num_computed_tokens)
+    for r in running + waiting:
+        h.op("free", r)
+    assert h.m.pool.get_num_free_blocks() == h.m.pool.num_blocks - 1
+    return h, lookups, hits
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_the_model_keeps_every_rule_and_the_oracle_agrees(name):
+    total_hits = 0
+    for seed in range(3):
+        h, lookups, hits = drive(name, seed, 250)
+        assert not h.violations, f"{name} seed {seed}: " + "\n".join(map(str, h.violations[:8]))
+        total_hits += hits
+    if LAYOUTS[name].get("caching", True) and LAYOUTS[name].get("hits", True):
+        assert total_hits > 0  # the runs do exercise the hit search
