@@ -1,0 +1,47 @@
+"""The ``kvspec`` command: exit codes, one-line errors, the table."""
+
+import subprocess
+import sys
+
+import pytest
+
+from kvspec.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["conform", "--target", "nope"], "unknown target 'nope'"),
+        (["conform", "--target", "no_such_module:make"], "cannot import target module 'no_such_module'"),
+        (["conform", "--target", "kvspec.cli:no_such_factory"], "has no callable 'no_such_factory'"),
+        (["conform", "--examples", "0"], "--examples must be positive"),
+        (["conform", "--layout", "no-such-layout"], "no layout named"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_conforming_target_exits_0(capsys):
+    code = main(["conform", "--profile", "quick", "--layout", "tiny-pool", "--layout", "full", "--examples", "5"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "pool     tiny-pool" in out and "manager  full" in out and "all layouts conform" in out
+
+
+def test_a_broken_pool_exits_1_naming_the_rule(capsys):
+    argv = ["conform", "--target", "broken_pools:StaleHash", "--level", "pool", "--layout", "tiny-pool",
+            "--profile", "quick", "--rules-only"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "hash-map-consistency" in out and "Falsifying example" in out
+
+
+def test_the_installed_command_runs():
+    done = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "conform", "--target", "nope"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
