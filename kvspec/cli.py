@@ -18,15 +18,45 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hypothesis import settings
+
 from kvspec.conformance.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.manager_machine import manager_machine
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.pool_machine import LAYOUTS, ConformanceError, pool_machine
-from kvspec.conformance.settings import PROFILES
+from kvspec.conformance.settings import PROFILES, manager_settings
 from kvspec.conformance.spec_manager_target import SpecManagerTarget
 from kvspec.conformance.targets import POOL_TARGETS, VllmApiPoolTarget
 
-MANAGER_TARGETS: dict[str, Callable[..., Any]] = {"impl": ImplManagerTarget, "spec": SpecManagerTarget}
+
+def _require_vllm() -> None:
+    try:
+        import vllm.v1.core.block_pool  # noqa: F401
+    except Exception as error:  # ImportError, or a broken install
+        raise UsageError(
+            f"the vllm target needs vLLM 0.25.1 importable in this Python ({type(error).__name__}: {error}); "
+            "install it with tools/install_vllm.sh and run kvspec from that environment"
+        ) from None
+
+
+def vllm_pool(num_blocks: int, enable_caching: bool, hash_block_size: int, events: bool) -> VllmApiPoolTarget:
+    from vllm.v1.core.block_pool import BlockPool
+
+    return VllmApiPoolTarget(BlockPool(num_blocks, enable_caching, hash_block_size, events))
+
+
+def vllm_manager(*args: Any) -> Any:
+    from kvspec.conformance.manager_targets import VllmManagerTarget
+
+    return VllmManagerTarget(*args)
+
+
+MANAGER_TARGETS: dict[str, Callable[..., Any]] = {
+    "impl": ImplManagerTarget,
+    "spec": SpecManagerTarget,
+    "vllm": vllm_manager,
+}
+POOL_TARGETS = {**POOL_TARGETS, "vllm": vllm_pool}
 
 
 class UsageError(Exception):
@@ -62,10 +92,9 @@ def resolve_target(name: str, known: dict[str, Callable[..., Any]]) -> Callable[
     return make
 
 
-def _run(machine: Any, profile: Any, overrides: dict[str, Any]) -> str:
+def _run(machine: Any, profile: settings, overrides: dict[str, Any]) -> str:
     """Run one machine; the verdict line (with the minimal failing sequence
     that Hypothesis attaches as notes, on failure)."""
-    from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
     try:
@@ -77,56 +106,72 @@ def _run(machine: Any, profile: Any, overrides: dict[str, Any]) -> str:
 
 
 def conform(args: argparse.Namespace) -> int:
+    if args.target == "vllm":
+        _require_vllm()
     if args.examples is not None and args.examples <= 0:
         raise UsageError(f"--examples must be positive, got {args.examples}")
-    levels = ["pool", "manager"] if args.level == "all" else [args.level]
-    plan = [(level, name) for level in levels for name in _layouts(level, args.layout)]
+    scopes = ["pool", "manager"] if args.scope == "all" else [args.scope]
+    plan = [(scope, name) for scope in scopes for name in _layouts(scope, args.layout)]
     if not plan:
-        raise UsageError(f"no layout named {args.layout} at level {args.level}")
-    machines = {level: _machine_factory(level, args) for level in levels}
-    profile = PROFILES[args.profile]
+        raise UsageError(f"no layout named {args.layout} in scope {args.scope}")
+    machines = {scope: _machine_factory(scope, args) for scope in scopes}
+    profiles = {"pool": PROFILES[args.profile], "manager": manager_settings(args.profile)}
     overrides = {"max_examples": args.examples} if args.examples else {}
-    logging.getLogger("kvspec").setLevel(logging.ERROR)
+    for noisy in ("kvspec", "vllm"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
 
-    print(f"kvspec conform: target={args.target} profile={args.profile}")
-    print(f"{'level':<8} {'layout':<24} {'operations':>10} {'seconds':>8}  result")
+    print(f"kvspec conform: target={args.target} level={args.level} profile={args.profile}")
+    print(f"{'scope':<8} {'layout':<24} {'operations':>10} {'seconds':>8}  result")
     failures = 0
-    for level, name in plan:
-        machine = machines[level](name)
+    for scope, name in plan:
+        machine = machines[scope](name)
         start = time.perf_counter()
-        verdict = _run(machine, profile, overrides)
+        verdict = _run(machine, profiles[scope], overrides)
         failures += verdict != "conforms"
-        print(f"{level:<8} {name:<24} {machine.steps_run:>10} {time.perf_counter() - start:>8.1f}  {verdict}")
+        print(f"{scope:<8} {name:<24} {machine.steps_run:>10} {time.perf_counter() - start:>8.1f}  {verdict}")
     print("all layouts conform" if not failures else f"{failures} layout(s) failed")
     return 1 if failures else 0
 
 
-def _layouts(level: str, wanted: list[str] | None) -> list[str]:
-    known = LAYOUTS if level == "pool" else MANAGER_LAYOUTS
+def _layouts(scope: str, wanted: list[str] | None) -> list[str]:
+    known = LAYOUTS if scope == "pool" else MANAGER_LAYOUTS
     if not wanted:
         return list(known)
     return [name for name in wanted if name in known]
 
 
-def _machine_factory(level: str, args: argparse.Namespace) -> Callable[[str], Any]:
-    """layout name -> a machine class checking the target at this level."""
-    lockstep = not args.rules_only
-    if level == "pool":
+LEVELS: dict[str, frozenset[str]] = {
+    # rules a level does not ask for; L3 also compares every observation with the spec
+    "L1": frozenset({"hit-optimality", "free-order"}),
+    "L2": frozenset({"free-order"}),
+    "L3": frozenset(),
+}
+
+
+def _machine_factory(scope: str, args: argparse.Namespace) -> Callable[[str], Any]:
+    """layout name -> a machine class checking the target in this scope."""
+    lockstep = args.level == "L3"
+    ignore = LEVELS[args.level]
+    if scope == "pool":
         factory = resolve_target(args.target, POOL_TARGETS)
-        return lambda name: pool_machine(factory, LAYOUTS[name], lockstep=lockstep)
+        return lambda name: pool_machine(factory, LAYOUTS[name], lockstep=lockstep, ignore_rules=ignore)
     factory = resolve_target(args.target, MANAGER_TARGETS)
     spec = SpecManagerTarget if lockstep else None
-    return lambda name: manager_machine(factory, MANAGER_LAYOUTS[name], spec_factory=spec)
+    return lambda name: manager_machine(factory, MANAGER_LAYOUTS[name], spec_factory=spec, ignore_rules=ignore)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvspec", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("conform", help="check a target against the specification")
-    run.add_argument("--target", default="impl", help="impl, spec, or module:factory (default impl)")
+    run.add_argument("--target", default="impl", help="impl, spec, vllm, or module:factory (default impl)")
     run.add_argument(
-        "--level", default="all", choices=["pool", "manager", "all"],
+        "--scope", default="all", choices=["pool", "manager", "all"],
         help="pool: the block pool alone; manager: the KVCacheManager with a scheduler (default all)",
+    )
+    run.add_argument(
+        "--level", default="L3", choices=sorted(LEVELS),
+        help="L1 safety rules; L2 + optimal hits; L3 + identical observations to the spec (default L3)",
     )
     run.add_argument(
         "--layout", action="append",
@@ -134,10 +179,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="Hypothesis profile (default ci)")
     run.add_argument("--examples", type=int, help="examples per layout (overrides the profile)")
-    run.add_argument(
-        "--rules-only", action="store_true",
-        help="check the rules only, not equality with the spec (for pools with other policies)",
-    )
     run.set_defaults(func=conform)
     return parser
 

@@ -100,6 +100,7 @@ class Request:
         self.cache_salt = cache_salt
         self.mm_features = list(mm_features or [])
         self.prompt_token_ids = list(prompt_token_ids)
+        self.prompt_embeds = None  # token ids only; vLLM's hashing reads the attribute
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self._all_token_ids = list(prompt_token_ids)
         self._output_token_ids: list[int] = []

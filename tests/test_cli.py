@@ -33,8 +33,8 @@ def test_a_conforming_target_exits_0(capsys):
 
 
 def test_a_broken_pool_exits_1_naming_the_rule(capsys):
-    argv = ["conform", "--target", "broken_pools:StaleHash", "--level", "pool", "--layout", "tiny-pool",
-            "--profile", "quick", "--rules-only"]
+    argv = ["conform", "--target", "broken_pools:StaleHash", "--scope", "pool", "--layout", "tiny-pool",
+            "--profile", "quick", "--level", "L1"]
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "hash-map-consistency" in out and "Falsifying example" in out
@@ -45,3 +45,25 @@ def test_the_installed_command_runs():
         [sys.executable, "-m", "kvspec.cli", "conform", "--target", "nope"], capture_output=True, text=True
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def test_vllm_target_without_vllm_is_a_usage_error(capsys):
+    pytest.importorskip("kvspec")  # always there; vLLM is what must be missing
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vLLM is installed here")
+    except ImportError:
+        pass
+    assert main(["conform", "--target", "vllm"]) == 2
+    assert "install it with tools/install_vllm.sh" in capsys.readouterr().err
+
+
+def test_another_policy_conforms_at_l1_and_fails_l3(capsys):
+    base = ["conform", "--target", "examples.mru_pool:make", "--scope", "pool", "--layout", "two-groups",
+            "--profile", "quick"]
+    assert main([*base, "--level", "L1"]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    assert main([*base, "--level", "L3"]) == 1
+    out = capsys.readouterr().out
+    assert "free-order" in out or "divergence from the spec" in out

@@ -3,13 +3,12 @@ by side over every layout -- every result, block table, pool state and event
 equal, every rule kept after every operation."""
 
 import pytest
-from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.conformance.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.manager_machine import manager_machine
 from kvspec.conformance.manager_targets import ImplManagerTarget
-from kvspec.conformance.settings import load_profile
+from kvspec.conformance.settings import load_profile, manager_settings
 from kvspec.conformance.spec_manager_target import SpecManagerTarget
 
 STEPS: dict[str, int] = {}
@@ -18,7 +17,7 @@ STEPS: dict[str, int] = {}
 @pytest.mark.parametrize("name", MANAGER_LAYOUTS)
 def test_impl_matches_spec(name):
     machine = manager_machine(ImplManagerTarget, MANAGER_LAYOUTS[name], spec_factory=SpecManagerTarget)
-    run_state_machine_as_test(machine, settings=settings(load_profile()))
+    run_state_machine_as_test(machine, settings=manager_settings())
     STEPS[name] = machine.steps_run
     if load_profile().max_examples >= 250:  # the ci and long profiles
         assert machine.steps_run >= 20_000, f"{name}: only {machine.steps_run} operations"

@@ -38,6 +38,18 @@ for _name, _profile in PROFILES.items():
     settings.register_profile(_name, _profile)
 
 
+# Examples per layout for each machine: a manager-machine example runs about
+# four times as many operations as a pool-machine one (each scheduler step
+# touches several requests), so it needs fewer for the same coverage.
+MANAGER_EXAMPLES = {"ci": 100, "long": 2000, "quick": 10}
+
+
+def manager_settings(name: str | None = None) -> settings:
+    """The profile ``name`` sized for the request-level machine."""
+    name = name or os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    return settings(load_profile(name), max_examples=MANAGER_EXAMPLES[name])
+
+
 def load_profile(name: str | None = None) -> settings:
     """Load profile ``name`` (default: ``$HYPOTHESIS_PROFILE`` or ``ci``)."""
     name = name or os.environ.get("HYPOTHESIS_PROFILE", "ci")
