@@ -41,7 +41,7 @@ for _name, _profile in PROFILES.items():
 # Examples per layout for each machine: a manager-machine example runs about
 # four times as many operations as a pool-machine one (each scheduler step
 # touches several requests), so it needs fewer for the same coverage.
-MANAGER_EXAMPLES = {"ci": 100, "long": 2000, "quick": 10}
+MANAGER_EXAMPLES = {"ci": 200, "long": 2000, "quick": 10}
 
 
 def manager_settings(name: str | None = None) -> settings:
