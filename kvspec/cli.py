@@ -21,9 +21,10 @@ from typing import Any
 from hypothesis import settings
 
 from kvspec.conformance.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.machinery import ConformanceError
 from kvspec.conformance.manager_machine import manager_machine
 from kvspec.conformance.manager_targets import ImplManagerTarget
-from kvspec.conformance.pool_machine import LAYOUTS, ConformanceError, pool_machine
+from kvspec.conformance.pool_machine import LAYOUTS, pool_machine
 from kvspec.conformance.settings import PROFILES, manager_settings
 from kvspec.conformance.spec_manager_target import SpecManagerTarget
 from kvspec.conformance.targets import POOL_TARGETS, VllmApiPoolTarget

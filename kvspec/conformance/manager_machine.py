@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvspec.conformance.layouts import ManagerLayout
-from kvspec.conformance.pool_machine import ConformanceError
+from kvspec.conformance.machinery import CheckingMachine, Refused, call
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import LoRARequest, Request, RequestStatus
 from kvspec.spec.interface import ManagerTarget
@@ -52,8 +52,11 @@ def manager_machine(
         layout.kv_cache_config(), sbs, layout.hash_block_size, layout.enable_caching, layout.use_eagle
     )
 
-    class ManagerMachine(RuleBasedStateMachine):
+    ignored = frozenset(ignore_rules)
+
+    class ManagerMachine(CheckingMachine):
         steps_run = 0
+        ignore_rules = ignored
 
         def __init__(self) -> None:
             super().__init__()
@@ -64,19 +67,9 @@ def manager_machine(
             self.running: list[Request] = []
             self.next_id = 0
             self.mirror = EventMirror()
-            self.failed = False
             self.requests: dict[str, Request] = {}
             self.shadow = Shadow(rules_layout)
             self.ctx = RequestContext(layout=rules_layout, requests=self.requests, shadow=self.shadow)
-
-        def fail(self, violations: list[Violation] | None = None, divergence: str | None = None) -> None:
-            """Report a failure -- unless every violation is of a rule this
-            run's conformance level does not ask for."""
-            violations = [v for v in violations or [] if v.rule not in ignore_rules]
-            if not violations and divergence is None:
-                return
-            self.failed = True
-            raise ConformanceError(violations, divergence)
 
         # --- one operation: apply, compare, check -----------------------------------
 
@@ -100,11 +93,11 @@ def manager_machine(
             if problems:
                 self.fail(problems)
             if step.error is not None:
-                raise _Refused(step.error)
+                raise Refused(step.error)
             return step.result
 
         def compare(self, op, args, kwargs, result, error, snap, events) -> None:
-            spec_result, spec_error = _call(getattr(self.spec, op), args, kwargs)
+            spec_result, spec_error = call(getattr(self.spec, op), args, kwargs)
             where = f"{op}({_describe(args, kwargs)})"
             if (error is None) != (spec_error is None):
                 self.fail(divergence=f"{where}: target {'refused ' + repr(error) if error else 'accepted'}, "
@@ -126,7 +119,7 @@ def manager_machine(
             """Apply an operation that both sides must accept."""
             try:
                 return self.apply(op, *args, **kwargs)
-            except _Refused as refused:
+            except Refused as refused:
                 self.fail(divergence=f"{op} refused: {refused.error!r}")
 
         # --- requests ------------------------------------------------------------------------
@@ -199,7 +192,7 @@ def manager_machine(
                     full_sequence_must_fit=data.draw(st.booleans(), label="must fit?"),
                     on_success=run_first_chunk,
                 )
-            except _Refused:
+            except Refused:
                 return
             if new is None:
                 return  # not enough blocks: stays waiting, nothing changed
@@ -259,7 +252,7 @@ def manager_machine(
                 new = self.apply(
                     "allocate_slots", request, num_new, num_lookahead_tokens=lookahead, on_success=run_step
                 )
-            except _Refused:
+            except Refused:
                 return
             if new is None:
                 self.preempt_request(request)
@@ -298,7 +291,7 @@ def manager_machine(
             num_new = 0 if kind == "no tokens" else -1
             try:
                 self.apply("allocate_slots", request, num_new)
-            except _Refused:
+            except Refused:
                 return
             self.fail(divergence=f"allocate_slots({num_new}) with no tokens was accepted")
 
@@ -312,19 +305,6 @@ def manager_machine(
                 self.fail([Violation("ref-conservation", f"{free} of {layout.num_blocks - 1} blocks free at the end")])
 
     return ManagerMachine
-
-
-class _Refused(Exception):
-    def __init__(self, error: BaseException):
-        super().__init__(repr(error))
-        self.error = error
-
-
-def _call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, Exception | None]:
-    try:
-        return fn(*args, **kwargs), None
-    except Exception as error:  # judged by the caller
-        return None, error
 
 
 def _describe(args: tuple, kwargs: dict) -> str:

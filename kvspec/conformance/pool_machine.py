@@ -33,23 +33,14 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from kvspec.conformance.machinery import CheckingMachine, ConformanceError, Refused, call
 from kvspec.hashing import block_hashes_for_size, get_request_block_hasher
 from kvspec.request import LoRARequest, Request
 from kvspec.spec.interface import NULL_BLOCK_ID, PoolTarget
 from kvspec.spec.pool import SpecBlockPool
 from kvspec.spec.rules import EventMirror, Step, Violation, check_events, check_state, check_step
 
-
-class ConformanceError(AssertionError):  # noqa: N818 (it is an assertion failure)
-    """The target broke a rule or diverged from the spec."""
-
-    def __init__(self, violations: list[Violation] | None = None, divergence: str | None = None):
-        self.violations = violations or []
-        self.divergence = divergence
-        lines = [str(v) for v in self.violations]
-        if divergence:
-            lines.append(f"divergence from the spec: {divergence}")
-        super().__init__("\n".join(lines))
+__all__ = ["LAYOUTS", "ConformanceError", "PoolLayout", "Refused", "pool_machine"]
 
 
 @dataclass
@@ -112,8 +103,11 @@ def pool_machine(
     """
     layout = layout or PoolLayout()
 
-    class PoolMachine(RuleBasedStateMachine):
+    ignored = frozenset(ignore_rules)
+
+    class PoolMachine(CheckingMachine):
         steps_run = 0
+        ignore_rules = ignored
 
         def __init__(self) -> None:
             super().__init__()
@@ -124,20 +118,10 @@ def pool_machine(
             self.shadow: dict[int, tuple[Any, ...]] = {}
             self.mirror = EventMirror()
             self.hasher = get_request_block_hasher(layout.hash_block_size)
-            self.failed = False  # once a step fails, teardown must not mask it
             self.next_id = 0
             # Who holds what, by the interface's own accounting: an allocation
             # or a touch adds a hold, a free removes one.
             self.ledger: Counter[int] = Counter()
-
-        def fail(self, violations: list[Violation] | None = None, divergence: str | None = None) -> None:
-            """Report a failure -- unless every violation is of a rule this
-            run's conformance level does not ask for."""
-            violations = [v for v in violations or [] if v.rule not in ignore_rules]
-            if not violations and divergence is None:
-                return
-            self.failed = True
-            raise ConformanceError(violations, divergence)
 
         # --- the step: apply, compare, check ---------------------------------
 
@@ -147,7 +131,7 @@ def pool_machine(
             ``Refused``)."""
             type(self).steps_run += 1
             before = self.target.snapshot()
-            result, error = _call(getattr(self.target, op), args)
+            result, error = call(getattr(self.target, op), args)
             if error is not None and not isinstance(error, (ValueError, TypeError)):
                 self.fail(divergence=f"{op}{args} crashed with {error!r}; a refusal must raise ValueError or TypeError")
             after = self.target.snapshot()
@@ -168,7 +152,7 @@ def pool_machine(
             return result
 
         def _compare_with_spec(self, op, args, result, error, after, events) -> None:
-            spec_result, spec_error = _call(getattr(self.spec, op), args)
+            spec_result, spec_error = call(getattr(self.spec, op), args)
             if (error is None) != (spec_error is None):
                 self.fail(
                     divergence=f"{op}{args}: target {'refused: ' + repr(error) if error else 'accepted'}, "
@@ -384,18 +368,3 @@ def _holds_delta(op: str, args: tuple[Any, ...], result: Any) -> Counter[int]:
     if op == "free_blocks":
         return Counter({b: -n for b, n in Counter(args[0]).items() if b != NULL_BLOCK_ID})
     return Counter()
-
-
-class Refused(Exception):
-    """The target refused an operation (with ``ValueError``/``TypeError``)."""
-
-    def __init__(self, error: BaseException):
-        super().__init__(repr(error))
-        self.error = error
-
-
-def _call(fn: Call, args: tuple[Any, ...]) -> tuple[Any, Exception | None]:
-    try:
-        return fn(*args), None
-    except Exception as error:  # judged by the caller: only refusals are fine
-        return None, error
