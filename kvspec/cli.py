@@ -25,6 +25,7 @@ from kvspec.conformance.machinery import ConformanceError
 from kvspec.conformance.manager_machine import manager_machine
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.pool_machine import LAYOUTS, pool_machine
+from kvspec.conformance.report import LayoutResult, RunReport, write_reports
 from kvspec.conformance.settings import PROFILES, manager_settings
 from kvspec.conformance.spec_manager_target import SpecManagerTarget
 from kvspec.conformance.targets import POOL_TARGETS, VllmApiPoolTarget
@@ -93,17 +94,21 @@ def resolve_target(name: str, known: dict[str, Callable[..., Any]]) -> Callable[
     return make
 
 
-def _run(machine: Any, profile: settings, overrides: dict[str, Any]) -> str:
-    """Run one machine; the verdict line (with the minimal failing sequence
-    that Hypothesis attaches as notes, on failure)."""
+def _run(scope: str, name: str, machine: Any, profile: settings, overrides: dict[str, Any]) -> LayoutResult:
+    """Run one machine; on failure keep the broken rules, the divergence and
+    the minimal failing sequence Hypothesis attaches as notes."""
     from hypothesis.stateful import run_state_machine_as_test
 
+    start = time.perf_counter()
     try:
         run_state_machine_as_test(machine, settings=settings(profile, **overrides))
-        return "conforms"
+        rules: list[str] = []
+        details: list[str] = []
     except ConformanceError as error:
-        lines = str(error).splitlines() + list(getattr(error, "__notes__", []))
-        return "FAILED\n" + "\n".join("    " + line for line in lines)
+        rules = sorted({v.rule for v in error.violations})
+        details = str(error).splitlines() + list(getattr(error, "__notes__", []))
+    seconds = time.perf_counter() - start
+    return LayoutResult(scope, name, machine.steps_run, seconds, not details, rules, details)
 
 
 def conform(args: argparse.Namespace) -> int:
@@ -123,14 +128,17 @@ def conform(args: argparse.Namespace) -> int:
 
     print(f"kvspec conform: target={args.target} level={args.level} profile={args.profile}")
     print(f"{'scope':<8} {'layout':<24} {'operations':>10} {'seconds':>8}  result")
-    failures = 0
+    report = RunReport(args.target, args.level, args.profile)
     for scope, name in plan:
-        machine = machines[scope](name)
-        start = time.perf_counter()
-        verdict = _run(machine, profiles[scope], overrides)
-        failures += verdict != "conforms"
-        print(f"{scope:<8} {name:<24} {machine.steps_run:>10} {time.perf_counter() - start:>8.1f}  {verdict}")
+        r = _run(scope, name, machines[scope](name), profiles[scope], overrides)
+        report.results.append(r)
+        verdict = "conforms" if r.conforms else "FAILED\n" + "\n".join("    " + line for line in r.details)
+        print(f"{scope:<8} {name:<24} {r.operations:>10} {r.seconds:>8.1f}  {verdict}", flush=True)
+    failures = sum(not r.conforms for r in report.results)
     print("all layouts conform" if not failures else f"{failures} layout(s) failed")
+    if args.report_dir:
+        for path in write_reports(report, args.report_dir):
+            print(f"wrote {path}")
     return 1 if failures else 0
 
 
@@ -180,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="Hypothesis profile (default ci)")
     run.add_argument("--examples", type=int, help="examples per layout (overrides the profile)")
+    run.add_argument("--report-dir", help="write report.json, report.md and junit.xml here")
     run.set_defaults(func=conform)
     return parser
 

@@ -67,3 +67,20 @@ def test_another_policy_conforms_at_l1_and_fails_l3(capsys):
     assert main([*base, "--level", "L3"]) == 1
     out = capsys.readouterr().out
     assert "free-order" in out or "divergence from the spec" in out
+
+
+def test_reports_are_written(tmp_path, capsys):
+    import json
+    import xml.etree.ElementTree as ET
+
+    argv = ["conform", "--target", "broken_pools:StaleHash", "--scope", "pool", "--layout", "tiny-pool",
+            "--layout", "two-groups", "--profile", "quick", "--level", "L1", "--report-dir", str(tmp_path)]
+    assert main(argv) == 1
+    capsys.readouterr()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["conforms"] is False and report["level"] == "L1"
+    assert {r["layout"] for r in report["results"]} == {"tiny-pool", "two-groups"}
+    assert any("hash-map-consistency" in r["rules"] for r in report["results"])
+    suite = ET.fromstring((tmp_path / "junit.xml").read_text())
+    assert suite.get("tests") == "2" and int(suite.get("failures")) >= 1
+    assert "does NOT conform at L1" in (tmp_path / "report.md").read_text()
