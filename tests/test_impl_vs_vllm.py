@@ -39,6 +39,7 @@ except Exception as error:  # noqa: BLE001 (any failure to import means: no refe
     pytest.skip(f"vLLM is not importable: {error!r}", allow_module_level=True)
 
 from kvspec import hashing
+from kvspec.conformance.machinery import describe_call
 from kvspec.conformance.manager_targets import ImplManagerTarget, VllmManagerTarget
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -197,7 +198,7 @@ class Lockstep:
 
     def both(self, op: str, *args: Any, **kwargs: Any) -> Any:
         self.counts.operations += 1
-        self.log.append(f"{op}{_describe(args, kwargs)}")
+        self.log.append(describe_call(op, args, kwargs))
         mine = _call(getattr(self.impl, op), args, kwargs)
         theirs = _call(getattr(self.vllm, op), args, kwargs)
         if mine != theirs:
@@ -211,7 +212,7 @@ class Lockstep:
         """``allocate_slots`` on both; after a refusal kvspec must be unchanged
         and may lag vLLM by exactly the out-of-window release."""
         self.counts.operations += 1
-        self.log.append(f"allocate_slots{_describe((request, num_new_tokens, *args), kwargs)}")
+        self.log.append(describe_call("allocate_slots", (request, num_new_tokens, *args), kwargs))
         before = (self.impl.snapshot(), self.impl.bookkeeping())
         total = min(request.num_computed_tokens + (args[0] if args else kwargs.get("num_new_computed_tokens", 0))
                     + kwargs.get("num_external_computed_tokens", 0), self.impl.manager.max_model_len)
@@ -600,9 +601,3 @@ def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
         return fn(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 (compared by the caller)
         return Raised(error)
-
-
-def _describe(args: tuple, kwargs: dict) -> str:
-    parts = [a.request_id if isinstance(a, Request) else repr(a) for a in args]
-    parts += [f"{k}={v!r}" for k, v in kwargs.items() if v]
-    return f"({', '.join(parts)})"

@@ -8,6 +8,7 @@ from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine
 
+from kvspec.request import Request
 from kvspec.spec.rules import Violation
 
 
@@ -40,6 +41,14 @@ def call(
         return fn(*args, **(kwargs or {})), None
     except Exception as error:
         return None, error
+
+
+def describe_call(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``op(arg, ...)`` for a report: requests by id, keyword arguments only
+    when set."""
+    parts = [a.request_id if isinstance(a, Request) else repr(a) for a in args]
+    parts += [f"{k}={v!r}" for k, v in kwargs.items() if v]
+    return f"{op}({', '.join(parts)})"
 
 
 class CheckingMachine(RuleBasedStateMachine):

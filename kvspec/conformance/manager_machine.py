@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvspec.conformance.layouts import ManagerLayout
-from kvspec.conformance.machinery import CheckingMachine, Refused, call
+from kvspec.conformance.machinery import CheckingMachine, Refused, call, describe_call
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import LoRARequest, Request, RequestStatus
 from kvspec.spec.interface import ManagerTarget
@@ -98,7 +98,7 @@ def manager_machine(
 
         def compare(self, op, args, kwargs, result, error, snap, events) -> None:
             spec_result, spec_error = call(getattr(self.spec, op), args, kwargs)
-            where = f"{op}({_describe(args, kwargs)})"
+            where = describe_call(op, args, kwargs)
             if (error is None) != (spec_error is None):
                 self.fail(divergence=f"{where}: target {'refused ' + repr(error) if error else 'accepted'}, "
                           f"spec {'refused ' + repr(spec_error) if spec_error else 'accepted'}")
@@ -305,9 +305,3 @@ def manager_machine(
                 self.fail([Violation("ref-conservation", f"{free} of {layout.num_blocks - 1} blocks free at the end")])
 
     return ManagerMachine
-
-
-def _describe(args: tuple, kwargs: dict) -> str:
-    parts = [a.request_id if isinstance(a, Request) else repr(a) for a in args]
-    parts += [f"{k}={v!r}" for k, v in kwargs.items() if v]
-    return ", ".join(parts)
