@@ -2,138 +2,87 @@
 
 ``kvspec conform --target impl`` runs the conformance machines against a
 target -- the pool machine over several pool layouts, the scheduler-like
-manager machine over model layouts -- and prints one line per layout.  Exit codes:
-0 conforms, 1 a rule was broken (or the target diverged from the spec),
-2 usage or environment error (one line, no traceback).
+manager machine over model layouts -- and prints one line per layout; a
+failing layout's minimal run is printed step by step and saved as a trace.
+``kvspec replay TRACE.json`` runs a saved trace again, against the target
+that produced it or another, and shows the step where it diverges.
+
+Exit codes: 0 conforms, 1 a rule was broken (or the target diverged from
+the spec), 2 usage or environment error (one line, no traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-import os
+import re
 import sys
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from pathlib import Path
 
-from hypothesis import settings
-
-from kvspec.conformance.layouts import MANAGER_LAYOUTS
-from kvspec.conformance.machinery import ConformanceError
-from kvspec.conformance.manager_machine import manager_machine
-from kvspec.conformance.manager_targets import ImplManagerTarget
-from kvspec.conformance.pool_machine import LAYOUTS, pool_machine
-from kvspec.conformance.report import LayoutResult, RunReport, write_reports
+from kvspec.conformance.findings import AVOIDABLE, known_findings
+from kvspec.conformance.runner import (
+    LEVELS,
+    SCOPES,
+    Progress,
+    Search,
+    SetupError,
+    layout_names,
+    machine_for,
+    replay,
+    resolve_target,
+    run_layout,
+)
 from kvspec.conformance.settings import PROFILES, manager_settings
-from kvspec.conformance.spec_manager_target import SpecManagerTarget
-from kvspec.conformance.targets import POOL_TARGETS, VllmApiPoolTarget
+from kvspec.conformance.trace import Trace, TraceError
 
-
-def _require_vllm() -> None:
-    try:
-        import vllm.v1.core.block_pool  # noqa: F401
-    except Exception as error:  # ImportError, or a broken install
-        raise UsageError(
-            f"the vllm target needs vLLM 0.25.1 importable in this Python ({type(error).__name__}: {error}); "
-            "install it with tools/install_vllm.sh and run kvspec from that environment"
-        ) from None
-
-
-def vllm_pool(num_blocks: int, enable_caching: bool, hash_block_size: int, events: bool) -> VllmApiPoolTarget:
-    from vllm.v1.core.block_pool import BlockPool
-
-    return VllmApiPoolTarget(BlockPool(num_blocks, enable_caching, hash_block_size, events))
-
-
-def vllm_manager(*args: Any) -> Any:
-    from kvspec.conformance.manager_targets import VllmManagerTarget
-
-    return VllmManagerTarget(*args)
-
-
-MANAGER_TARGETS: dict[str, Callable[..., Any]] = {
-    "impl": ImplManagerTarget,
-    "spec": SpecManagerTarget,
-    "vllm": vllm_manager,
-}
-POOL_TARGETS = {**POOL_TARGETS, "vllm": vllm_pool}
-
-
-class UsageError(Exception):
-    """A mistake in the command line or the environment (exit 2)."""
-
-
-def resolve_target(name: str, known: dict[str, Callable[..., Any]]) -> Callable[..., Any]:
-    """``impl``, ``spec``, or ``module:factory``.  At pool level the factory
-    takes ``(num_blocks, enable_caching, hash_block_size,
-    enable_kv_cache_events)`` and returns a :class:`PoolTarget` or a pool with
-    vLLM's BlockPool API; at manager level it takes a layout's
-    ``target_args()`` and returns a :class:`ManagerTarget`."""
-    if name in known:
-        return known[name]
-    if ":" not in name:
-        raise UsageError(f"unknown target {name!r}: use one of {sorted(known)} or module:factory")
-    module_name, _, attr = name.partition(":")
-    if os.getcwd() not in sys.path:  # like `python -m`: modules next to the user resolve
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise UsageError(f"cannot import target module {module_name!r}: {error}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise UsageError(f"module {module_name!r} has no callable {attr!r}")
-
-    def make(*args: Any) -> Any:
-        target = factory(*args)
-        return target if hasattr(target, "snapshot") else VllmApiPoolTarget(target)
-
-    make.__name__ = attr
-    return make
-
-
-def _run(scope: str, name: str, machine: Any, profile: settings, overrides: dict[str, Any]) -> LayoutResult:
-    """Run one machine; on failure keep the broken rules, the divergence and
-    the minimal failing sequence Hypothesis attaches as notes."""
-    from hypothesis.stateful import run_state_machine_as_test
-
-    start = time.perf_counter()
-    try:
-        run_state_machine_as_test(machine, settings=settings(profile, **overrides))
-        rules: list[str] = []
-        details: list[str] = []
-    except ConformanceError as error:
-        rules = sorted({v.rule for v in error.violations})
-        details = str(error).splitlines() + list(getattr(error, "__notes__", []))
-    seconds = time.perf_counter() - start
-    return LayoutResult(scope, name, machine.steps_run, seconds, not details, rules, details)
+UsageError = SetupError  # what the command reports in one line, exit 2
 
 
 def conform(args: argparse.Namespace) -> int:
-    if args.target == "vllm":
-        _require_vllm()
     if args.examples is not None and args.examples <= 0:
         raise UsageError(f"--examples must be positive, got {args.examples}")
-    scopes = ["pool", "manager"] if args.scope == "all" else [args.scope]
+    if args.budget is not None and args.budget <= 0:
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
+    for name in args.avoid or ():
+        if name not in AVOIDABLE:
+            raise UsageError(f"--avoid {name!r}: not an input the machines know; choose from {sorted(AVOIDABLE)}")
+    scopes = list(SCOPES) if args.scope == "all" else [args.scope]
     plan = [(scope, name) for scope in scopes for name in _layouts(scope, args.layout)]
     if not plan:
-        raise UsageError(f"no layout named {args.layout} in scope {args.scope}")
-    machines = {scope: _machine_factory(scope, args) for scope in scopes}
+        raise UsageError(f"no layout named {', '.join(args.layout)} in scope {args.scope}")
+    for scope in scopes:
+        resolve_target(args.target, scope)  # an unusable target stops the run before it starts
+    _quiet_loggers()
     profiles = {"pool": PROFILES[args.profile], "manager": manager_settings(args.profile)}
-    overrides = {"max_examples": args.examples} if args.examples else {}
-    for noisy in ("kvspec", "vllm"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
+    per_layout = args.budget / len(plan) if args.budget else None
+    progress = Progress() if _show_progress(args) else None
+    steered = known_findings(args.target) if args.known_findings else ()
+    avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(args.avoid or ())
 
-    print(f"kvspec conform: target={args.target} level={args.level} profile={args.profile}")
-    print(f"{'scope':<8} {'layout':<24} {'operations':>10} {'seconds':>8}  result")
-    report = RunReport(args.target, args.level, args.profile)
+    from kvspec.conformance.report import RunReport, write_reports
+
+    report = RunReport(args.target, args.level, args.profile, seed=args.seed,
+                       steered_around=[f"{f.id}: {f.title}" for f in steered])
+    header = f"kvspec conform: target={args.target} level={args.level} profile={args.profile}"
+    if args.budget:
+        header += f" budget={args.budget:g}s"
+    print(header + (f" seed={args.seed}" if args.seed is not None else ""))
+    if steered:
+        print(f"steering around known findings {', '.join(f.id for f in steered)} (docs/findings.md)")
+    if avoid:
+        print(f"the machines do not send: {'; '.join(sorted(avoid))}")
+    print(f"{'scope':<8} {'layout':<24} {'operations':>10} {'seconds':>8}  result", flush=True)
     for scope, name in plan:
-        r = _run(scope, name, machines[scope](name), profiles[scope], overrides)
+        search = Search(profiles[scope], examples=args.examples, seconds=per_layout, seed=args.seed,
+                        batch=25 if scope == "pool" else 10)
+        r = run_layout(machine_for(scope, name, args.target, args.level, avoid), search, progress)
+        r.seed = search.seed
         report.results.append(r)
-        verdict = "conforms" if r.conforms else "FAILED\n" + "\n".join("    " + line for line in r.details)
-        print(f"{scope:<8} {name:<24} {r.operations:>10} {r.seconds:>8.1f}  {verdict}", flush=True)
+        if r.trace is not None:
+            r.trace.target, r.trace.level = args.target, args.level
+            r.trace_file = str(r.trace.save(Path(args.trace_dir) / f"{scope}-{_slug(name)}.json"))
+        print(f"{scope:<8} {name:<24} {r.operations:>10} {r.seconds:>8.1f}  {_verdict(r)}", flush=True)
     failures = sum(not r.conforms for r in report.results)
     print("all layouts conform" if not failures else f"{failures} layout(s) failed")
     if args.report_dir:
@@ -142,31 +91,76 @@ def conform(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _verdict(r) -> str:
+    if r.conforms:
+        return "conforms"
+    lines = ["FAILED", *("    " + line for line in r.details)]
+    if r.trace is not None:
+        lines += ["    minimal failing run:", *("      " + line for line in r.trace.readable())]
+        lines += [f"    saved: {r.trace_file}  (kvspec replay {r.trace_file})"]
+    if r.seed is not None:
+        lines += [f"    seed: {r.seed}"]
+    return "\n".join(lines)
+
+
 def _layouts(scope: str, wanted: list[str] | None) -> list[str]:
-    known = LAYOUTS if scope == "pool" else MANAGER_LAYOUTS
-    if not wanted:
-        return list(known)
-    return [name for name in wanted if name in known]
+    known = layout_names(scope)
+    return known if not wanted else [name for name in wanted if name in known]
 
 
-LEVELS: dict[str, frozenset[str]] = {
-    # rules a level does not ask for; L3 also compares every observation with the spec
-    "L1": frozenset({"hit-optimality", "free-order"}),
-    "L2": frozenset({"free-order"}),
-    "L3": frozenset(),
-}
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def _machine_factory(scope: str, args: argparse.Namespace) -> Callable[[str], Any]:
-    """layout name -> a machine class checking the target in this scope."""
-    lockstep = args.level == "L3"
-    ignore = LEVELS[args.level]
-    if scope == "pool":
-        factory = resolve_target(args.target, POOL_TARGETS)
-        return lambda name: pool_machine(factory, LAYOUTS[name], lockstep=lockstep, ignore_rules=ignore)
-    factory = resolve_target(args.target, MANAGER_TARGETS)
-    spec = SpecManagerTarget if lockstep else None
-    return lambda name: manager_machine(factory, MANAGER_LAYOUTS[name], spec_factory=spec, ignore_rules=ignore)
+def _show_progress(args: argparse.Namespace) -> bool:
+    return args.progress if args.progress is not None else sys.stderr.isatty()
+
+
+def _quiet_loggers() -> None:
+    for noisy in ("kvspec", "vllm"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    try:
+        trace = Trace.load(args.trace)
+    except TraceError as error:
+        raise UsageError(str(error)) from None
+    target = args.target or trace.target
+    if not target:
+        raise UsageError(f"trace {args.trace} names no target; give one with --target")
+    level = args.level or trace.level
+    _quiet_loggers()
+    recorded = ""
+    if trace.failure:
+        recorded = f"; recorded failure at step {trace.failure.get('step')}: " + (
+            ", ".join(trace.failure.get("rules") or []) or "divergence from the spec")
+    print(f"kvspec replay: {args.trace}: {trace.scope} layout {trace.layout}, {len(trace.steps)} steps, "
+          f"recorded against {trace.target or '?'} at {trace.level}{recorded}")
+    print(f"replaying against target={target} level={level}")
+    machine_for(trace.scope, trace.layout, target, level)  # usage errors before any step runs
+
+    def show(i: int, step) -> None:
+        if not args.quiet:
+            print(f"step {i} {step.rule}: ok")
+            for op in step.operations:
+                print(f"    {op}")
+
+    try:
+        outcome = replay(trace, target, level, on_step=show)
+    except TraceError as error:
+        raise UsageError(f"trace {args.trace} does not fit the {trace.scope} machine: {error}") from None
+    if outcome.conforms:
+        print(f"{target} conforms at {level}: {outcome.message}")
+        return 0
+    steps = outcome.trace.steps
+    print(f"step {outcome.diverged_at} {steps[-1].rule if steps else '?'}: DIVERGED")
+    for op in steps[-1].operations if steps else []:
+        print(f"    {op}")
+    for line in outcome.message.splitlines():
+        print(f"  {line}")
+    print(f"{target} diverges at step {outcome.diverged_at} of {outcome.steps}")
+    return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,12 +178,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--layout", action="append",
-        help=f"pool: {', '.join(LAYOUTS)}; manager: {', '.join(MANAGER_LAYOUTS)} (repeatable; default all)",
+        help=f"pool: {', '.join(layout_names('pool'))}; manager: {', '.join(layout_names('manager'))} "
+        "(repeatable; default all)",
     )
     run.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="Hypothesis profile (default ci)")
-    run.add_argument("--examples", type=int, help="examples per layout (overrides the profile)")
+    size = run.add_mutually_exclusive_group()
+    size.add_argument("--examples", type=int, help="examples per layout (overrides the profile)")
+    size.add_argument("--budget", type=float, metavar="SECONDS",
+                      help="search for this many seconds in all, shared evenly by the layouts")
+    run.add_argument("--seed", type=int, help="make the search repeatable (a budgeted run prints its seed)")
+    run.add_argument("--known-findings", action="store_true",
+                     help="steer around the inputs of the target's known findings (docs/findings.md) "
+                     "and search the rest")
+    run.add_argument("--avoid", action="append", metavar="INPUT",
+                     help="an input the machines must not send (repeatable): " + "; ".join(
+                         f"{name} ({what})" for name, what in AVOIDABLE.items()))
     run.add_argument("--report-dir", help="write report.json, report.md and junit.xml here")
+    run.add_argument("--trace-dir", default="kvspec-traces",
+                     help="save each failing layout's minimal run here (default kvspec-traces)")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="a progress bar on stderr (default: when stderr is a terminal)")
     run.set_defaults(func=conform)
+
+    rep = sub.add_parser("replay", help="replay a saved trace and show where a target diverges")
+    rep.add_argument("trace", help="a trace file saved by kvspec conform")
+    rep.add_argument("--target", help="impl, spec, vllm, or module:factory (default: the trace's target)")
+    rep.add_argument("--level", choices=sorted(LEVELS), help="default: the trace's level")
+    rep.add_argument("--quiet", action="store_true", help="print only the diverging step and the verdict")
+    rep.set_defaults(func=replay_command)
     return parser
 
 

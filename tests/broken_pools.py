@@ -71,6 +71,8 @@ class SilentEviction(BlockPool):
     """Evicts by id without telling event consumers."""
 
     def evict_blocks(self, block_ids):
+        if any(not 0 <= b < len(self.blocks) for b in block_ids):
+            raise ValueError(f"no such block among {sorted(block_ids)}")  # the bug is elsewhere
         for block_id in block_ids:
             block = self.blocks[block_id]
             if block.block_hash is not None:

@@ -32,12 +32,12 @@ def test_a_conforming_target_exits_0(capsys):
     assert "pool     tiny-pool" in out and "manager  full" in out and "all layouts conform" in out
 
 
-def test_a_broken_pool_exits_1_naming_the_rule(capsys):
+def test_a_broken_pool_exits_1_naming_the_rule(tmp_path, capsys):
     argv = ["conform", "--target", "broken_pools:StaleHash", "--scope", "pool", "--layout", "tiny-pool",
-            "--profile", "quick", "--level", "L1"]
+            "--profile", "quick", "--level", "L1", "--trace-dir", str(tmp_path)]
     assert main(argv) == 1
     out = capsys.readouterr().out
-    assert "hash-map-consistency" in out and "Falsifying example" in out
+    assert "hash-map-consistency" in out and "minimal failing run:" in out and "get_new_blocks(" in out
 
 
 def test_the_installed_command_runs():
@@ -58,9 +58,9 @@ def test_vllm_target_without_vllm_is_a_usage_error(capsys):
     assert "install it with tools/install_vllm.sh" in capsys.readouterr().err
 
 
-def test_another_policy_conforms_at_l1_and_fails_l3(capsys):
+def test_another_policy_conforms_at_l1_and_fails_l3(tmp_path, capsys):
     base = ["conform", "--target", "examples.mru_pool:make", "--scope", "pool", "--layout", "two-groups",
-            "--profile", "quick"]
+            "--profile", "quick", "--trace-dir", str(tmp_path)]
     assert main([*base, "--level", "L1"]) == 0, capsys.readouterr().out
     capsys.readouterr()
     assert main([*base, "--level", "L3"]) == 1
@@ -73,7 +73,8 @@ def test_reports_are_written(tmp_path, capsys):
     import xml.etree.ElementTree as ET
 
     argv = ["conform", "--target", "broken_pools:StaleHash", "--scope", "pool", "--layout", "tiny-pool",
-            "--layout", "two-groups", "--profile", "quick", "--level", "L1", "--report-dir", str(tmp_path)]
+            "--layout", "two-groups", "--profile", "quick", "--level", "L1", "--report-dir", str(tmp_path),
+            "--trace-dir", str(tmp_path / "traces")]
     assert main(argv) == 1
     capsys.readouterr()
     report = json.loads((tmp_path / "report.json").read_text())
@@ -83,3 +84,119 @@ def test_reports_are_written(tmp_path, capsys):
     suite = ET.fromstring((tmp_path / "junit.xml").read_text())
     assert suite.get("tests") == "2" and int(suite.get("failures")) >= 1
     assert "does NOT conform at L1" in (tmp_path / "report.md").read_text()
+
+
+# --- traces and replay -------------------------------------------------------------------
+
+
+def _trace_of_failing_run(tmp_path, capsys, target, scope, layout):
+    argv = ["conform", "--target", target, "--scope", scope, "--layout", layout, "--profile", "quick",
+            "--level", "L1", "--trace-dir", str(tmp_path)]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    (path,) = tmp_path.glob("*.json")
+    assert f"kvspec replay {path}" in out and "minimal failing run:" in out
+    return path, out
+
+
+def test_a_failing_pool_run_saves_a_trace_that_replays_to_the_same_step(tmp_path, capsys):
+    import json
+
+    path, _ = _trace_of_failing_run(tmp_path, capsys, "broken_pools:StaleHash", "pool", "tiny-pool")
+    saved = json.loads(path.read_text())
+    assert saved["target"] == "broken_pools:StaleHash" and saved["failure"]["rules"] == ["hash-map-consistency"]
+    failed_at = saved["failure"]["step"]
+
+    assert main(["replay", str(path)]) == 1
+    first = capsys.readouterr().out
+    assert f"step {failed_at} " in first and "DIVERGED" in first and "hash-map-consistency" in first
+    assert f"diverges at step {failed_at} of" in first
+    assert main(["replay", str(path)]) == 1
+    assert capsys.readouterr().out == first, "a replay is deterministic"
+
+    assert main(["replay", str(path), "--target", "impl", "--level", "L3"]) == 0
+    assert "impl conforms at L3" in capsys.readouterr().out
+
+
+def test_a_failing_manager_run_saves_a_trace_that_replays(tmp_path, capsys):
+    path, out = _trace_of_failing_run(tmp_path, capsys, "broken_managers:IgnoresTenant", "manager", "full")
+    assert "tenant-isolation" in out and "allocate_slots(" in out
+    assert main(["replay", str(path), "--quiet"]) == 1
+    replayed = capsys.readouterr().out
+    assert "DIVERGED" in replayed and "tenant-isolation" in replayed
+    assert main(["replay", str(path), "--target", "spec"]) == 0
+    capsys.readouterr()
+
+
+def test_trace_values_survive_json():
+    from kvspec.conformance.trace import decode, encode
+    from kvspec.request import LoRARequest
+
+    for value in [None, 3, True, "x", [1, [2]], {4, 1}, (1, "a"), LoRARequest("adapter-a", 1)]:
+        assert decode(encode(value)) == value
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "is not JSON"),
+        ('{"kvspec_trace": 99, "steps": []}', "not a kvspec trace"),
+        ('{"kvspec_trace": 1, "scope": "pool", "layout": "tiny-pool"}', "missing the list of steps"),
+        ('{"kvspec_trace": 1, "scope": "pool", "layout": "tiny-pool", "target": "impl", "steps": [7]}',
+         "a step must be an object"),
+        ('{"kvspec_trace": 1, "scope": "pool", "layout": "no-such", "target": "impl", "steps": []}',
+         "no pool layout named 'no-such'"),
+        ('{"kvspec_trace": 1, "scope": "pool", "layout": "tiny-pool", "target": "impl", '
+         '"steps": [{"rule": "fly", "draws": []}]}', "has no rule 'fly'"),
+        ('{"kvspec_trace": 1, "scope": "pool", "layout": "tiny-pool", "steps": []}', "names no target"),
+    ],
+)
+def test_malformed_traces_are_one_line_and_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "trace.json"
+    path.write_text(content)
+    assert main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_missing_trace_file_is_exit_2(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "nope.json")]) == 2
+    assert "cannot read trace" in capsys.readouterr().err
+
+
+# --- budget, seed, progress ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", ["0", "-3"])
+def test_a_budget_that_is_not_positive_is_exit_2(budget, capsys):
+    assert main(["conform", "--budget", budget]) == 2
+    assert "--budget must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_a_budgeted_run_stops_in_time_and_prints_its_seed(capsys):
+    import time
+
+    start = time.perf_counter()
+    assert main(["conform", "--scope", "pool", "--layout", "tiny-pool", "--layout", "two-groups",
+                 "--budget", "2", "--seed", "7"]) == 0
+    assert time.perf_counter() - start < 30
+    out = capsys.readouterr().out
+    assert "budget=2s seed=7" in out and "all layouts conform" in out
+
+
+def test_a_seeded_run_repeats(capsys):
+    argv = ["conform", "--scope", "manager", "--layout", "full+swa", "--examples", "5", "--seed", "11"]
+    def operations(out: str) -> str:
+        (line,) = [line for line in out.splitlines() if line.startswith("manager  full+swa")]
+        return line.split()[2]
+
+    assert main(argv) == 0
+    first = operations(capsys.readouterr().out)
+    assert main(argv) == 0
+    assert operations(capsys.readouterr().out) == first
+
+
+def test_the_progress_bar_is_drawn_on_request(capsys):
+    assert main(["conform", "--scope", "pool", "--layout", "tiny-pool", "--budget", "1.5", "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert "tiny-pool" in err and "[" in err and "ops" in err

@@ -24,7 +24,9 @@ def violated_rules(pool_cls) -> set[str]:
     with pytest.raises((ConformanceError, BaseExceptionGroup)) as caught:
         # The ci profile's shape whatever HYPOTHESIS_PROFILE says: this checks
         # that the rule catches the bug, not how long a profile searches.
-        run_state_machine_as_test(machine, settings=settings(PROFILES["ci"], max_examples=300))
+        run_state_machine_as_test(
+            machine, settings=settings(PROFILES["ci"], max_examples=300, report_multiple_bugs=True)
+        )
     errors = caught.value.exceptions if isinstance(caught.value, BaseExceptionGroup) else [caught.value]
     assert all(isinstance(e, ConformanceError) for e in errors), errors
     return {v.rule for e in errors for v in e.violations}

@@ -7,7 +7,8 @@
 #         PYTHON (env) chooses the interpreter that creates the venv
 #         (default: python3; vLLM 0.25.1 needs Python >= 3.10).
 #
-# Afterwards `VENV_DIR/bin/python` can import kvspec and
+# Afterwards `VENV_DIR/bin/kvspec conform --target vllm` runs (with
+# PYTHONHASHSEED set), and `VENV_DIR/bin/python` can import kvspec and
 # vllm.v1.core.{block_pool,kv_cache_manager}, vllm.v1.request with no GPU and
 # no environment variables (set PYTHONHASHSEED yourself when hashes must be
 # reproducible).  Running the script again re-uses the venv and only installs
@@ -109,9 +110,10 @@ log "installing import-time dependencies"
 pip_install "$TORCH_SPEC" "${IMPORT_DEPS[@]}"
 pip_install --no-deps "$XGRAMMAR_SPEC"
 
-# 6. kvspec itself, editable, so both import in one interpreter.
-log "installing kvspec (editable) from $REPO_ROOT"
-pip_install -e "$REPO_ROOT"
+# 6. kvspec itself, editable, so both import in one interpreter; pytest for
+#    the tests that need vLLM (tests/test_impl_vs_vllm.py, tests/test_findings.py).
+log "installing kvspec (editable) from $REPO_ROOT, and pytest"
+pip_install -e "$REPO_ROOT" pytest
 
 # 7. Check: the modules kvspec drives import with no GPU.
 log "checking imports"

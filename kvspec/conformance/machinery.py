@@ -8,6 +8,7 @@ from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine
 
+from kvspec.conformance.trace import Trace
 from kvspec.request import Request
 from kvspec.spec.rules import Violation
 
@@ -43,12 +44,31 @@ def call(
         return None, error
 
 
-def describe_call(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """``op(arg, ...)`` for a report: requests by id, keyword arguments only
-    when set."""
-    parts = [a.request_id if isinstance(a, Request) else repr(a) for a in args]
-    parts += [f"{k}={v!r}" for k, v in kwargs.items() if v]
+def describe(value: Any) -> str:
+    """A value as a report shows it: a request by its id, a block hash by
+    its first four bytes (``#1a2b3c4d``), containers element by element."""
+    if isinstance(value, Request):
+        return value.request_id
+    if isinstance(value, bytes):
+        return "#" + value[:4].hex()
+    if isinstance(value, list):
+        return "[" + ", ".join(map(describe, value)) + "]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(describe, value)) + ("," if len(value) == 1 else "") + ")"
+    return repr(value)
+
+
+def describe_call(op: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> str:
+    """``op(arg, ...)`` for a report: keyword arguments only when set."""
+    parts = [describe(a) for a in args]
+    parts += [f"{k}={describe(v)}" for k, v in (kwargs or {}).items() if v]
     return f"{op}({', '.join(parts)})"
+
+
+def describe_outcome(result: Any, error: BaseException | None, limit: int = 160) -> str:
+    """What an operation returned, or how it was refused, cut to ``limit``."""
+    text = f"refused {type(error).__name__}: {error}" if error is not None else describe(result)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class CheckingMachine(RuleBasedStateMachine):
@@ -56,17 +76,38 @@ class CheckingMachine(RuleBasedStateMachine):
 
     ``ignore_rules`` are the rules the run's conformance level does not ask
     for; once a failure is raised, ``failed`` keeps teardown from masking it.
+
+    Each run (one Hypothesis example) records its decisions in ``trace``;
+    the class keeps the latest in ``last_trace`` -- after a failed search
+    that is Hypothesis's final, shrunk reproduction.  ``steps_run`` counts
+    operations and ``examples_run`` runs, over the class's life.
     """
 
     ignore_rules: frozenset[str] = frozenset()
+    avoid: frozenset[str] = frozenset()  # inputs this machine does not send
+    scope = ""
+    layout_name = ""
+    steps_run = 0
+    examples_run = 0
+    last_trace: Trace | None = None
 
     def __init__(self) -> None:
         super().__init__()
         self.failed = False
+        self.trace = Trace(self.scope, self.layout_name)
+        type(self).last_trace = self.trace
+        type(self).examples_run += 1
 
     def fail(self, violations: list[Violation] | None = None, divergence: str | None = None) -> None:
         violations = [v for v in violations or [] if v.rule not in self.ignore_rules]
         if not violations and divergence is None:
             return
         self.failed = True
-        raise ConformanceError(violations, divergence)
+        error = ConformanceError(violations, divergence)
+        self.trace.record_failure(sorted({v.rule for v in violations}), str(error))
+        raise error
+
+    def record(self, description: str, outcome: str) -> None:
+        """One operation sent to the target, for the trace's reader."""
+        type(self).steps_run += 1
+        self.trace.operation(f"{description} -> {outcome}")

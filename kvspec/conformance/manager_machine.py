@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvspec.conformance.layouts import ManagerLayout
-from kvspec.conformance.machinery import CheckingMachine, Refused, call, describe_call
+from kvspec.conformance.machinery import CheckingMachine, Refused, call, describe_call, describe_outcome
+from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import LoRARequest, Request, RequestStatus
 from kvspec.spec.interface import ManagerTarget
@@ -41,11 +42,15 @@ def manager_machine(
     *,
     spec_factory: Callable[..., ManagerTarget] | None = None,
     ignore_rules: frozenset[str] = frozenset(),
+    avoid: frozenset[str] = frozenset(),
 ) -> type[RuleBasedStateMachine]:
     """A state-machine class checking managers made by ``target_factory``
     (called with ``layout.target_args()``) against every rule of
     :mod:`kvspec.spec.rules` and :mod:`kvspec.spec.request_rules` -- and,
-    when ``spec_factory`` is given, against the spec model in lockstep."""
+    when ``spec_factory`` is given, against the spec model in lockstep.
+    ``avoid`` names inputs the machine does not send (see
+    :mod:`kvspec.conformance.findings`): ``"bad-input:negative"``,
+    ``"bad-input:no_tokens"``, ``"mamba-align-external"``."""
 
     sbs = layout.scheduler_block_size
     rules_layout = RulesLayout.from_config(
@@ -55,7 +60,7 @@ def manager_machine(
     ignored = frozenset(ignore_rules)
 
     class ManagerMachine(CheckingMachine):
-        steps_run = 0
+        scope = "manager"
         ignore_rules = ignored
 
         def __init__(self) -> None:
@@ -77,11 +82,13 @@ def manager_machine(
             """Apply ``op`` to the target (and the spec); on success let the
             caller play the model runner (``on_success(result)`` writes the
             shadow and advances the request); then check every rule."""
-            type(self).steps_run += 1
+            where = describe_call(op, args, kwargs)
             try:
                 step = observe(self.target, op, *args, **kwargs)
             except Exception as error:  # anything but a clean refusal
-                self.fail(divergence=f"{op} crashed with {error!r}; a refusal must raise ValueError or TypeError")
+                self.record(where, f"crashed {type(error).__name__}: {error}")
+                self.fail(divergence=f"{where} crashed with {error!r}; a refusal must raise ValueError or TypeError")
+            self.record(where, describe_outcome(step.result, step.error))
             events = self.target.take_events()
             self.mirror.apply(events)
             if self.spec is not None:
@@ -125,6 +132,7 @@ def manager_machine(
         # --- requests ------------------------------------------------------------------------
 
         @rule(data=st.data())
+        @recorded
         def schedule(self, data: st.DataObject) -> None:
             """One scheduler step: the step starts, then a few requests arrive,
             are admitted, compute, are preempted or finish."""
@@ -136,6 +144,7 @@ def manager_machine(
                 getattr(self, data.draw(st.sampled_from(actions), label="action"))(data)
 
         @rule(data=st.data())
+        @recorded
         def maintain(self, data: st.DataObject) -> None:
             """Outside the step loop: evictions by id, a cache reset, dropping
             out-of-window blocks, bad input."""
@@ -147,7 +156,9 @@ def manager_machine(
             elif kind == "drop" and self.running:
                 self.drop_out_of_window(data)
             elif kind == "bad":
-                self.bad_allocation(data.draw(st.sampled_from(["no tokens", "negative"])))
+                kinds = [k for k in ("no_tokens", "negative") if f"bad-input:{k}" not in avoid]
+                if kinds:
+                    self.bad_allocation(data.draw(st.sampled_from(kinds), label="bad input"))
 
         def arrive(self, data: st.DataObject) -> None:
             """A request arrives with a short prompt."""
@@ -169,7 +180,8 @@ def manager_machine(
             blocks, hit = self.each("get_computed_blocks", request)
             room = request.num_tokens - hit
             external = 0
-            if room > sbs and data.draw(st.booleans(), label="external?"):
+            connector = not (layout.has_mamba_align and "mamba-align-external" in avoid)
+            if connector and room > sbs and data.draw(st.booleans(), label="external?"):
                 external = data.draw(st.integers(1, (room - 1) // sbs), label="external blocks") * sbs
             num_new = self.chunk(data, hit + external, request.num_tokens)
             lookahead = data.draw(st.integers(0, 2), label="lookahead") if layout.use_eagle else 0
@@ -288,7 +300,7 @@ def manager_machine(
         def bad_allocation(self, kind: str) -> None:
             """Impossible requests are refused and change nothing."""
             request = Request("bad", [0, 1], block_hasher=self.hasher)
-            num_new = 0 if kind == "no tokens" else -1
+            num_new = 0 if kind == "no_tokens" else -1
             try:
                 self.apply("allocate_slots", request, num_new)
             except Refused:
@@ -298,6 +310,7 @@ def manager_machine(
         def teardown(self) -> None:
             if self.failed:
                 return
+            self.trace.begin("teardown", {})
             for request in self.running + self.waiting:
                 self.each("free", request)
             free = self.target.snapshot().pool.num_free

@@ -390,7 +390,8 @@ def _vllm_lora(lora: Any) -> Any:
         return None
     from vllm.lora.request import LoRARequest
 
-    return LoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path)
+    # vLLM insists on a path; it never enters a block hash (the name does).
+    return LoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path or f"/kvspec/lora/{lora.lora_name}")
 
 
 def _vllm_mm_feature(feature: Any) -> Any:
@@ -403,9 +404,3 @@ def _vllm_mm_feature(feature: Any) -> Any:
         identifier=feature.identifier,
         mm_position=PlaceholderRange(offset=position.offset, length=position.length),
     )
-
-
-MANAGER_TARGETS = {
-    "impl": ImplManagerTarget,
-    "vllm": VllmManagerTarget,
-}

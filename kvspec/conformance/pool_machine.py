@@ -33,7 +33,15 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvspec.conformance.machinery import CheckingMachine, ConformanceError, Refused, call
+from kvspec.conformance.machinery import (
+    CheckingMachine,
+    ConformanceError,
+    Refused,
+    call,
+    describe_call,
+    describe_outcome,
+)
+from kvspec.conformance.trace import recorded
 from kvspec.hashing import block_hashes_for_size, get_request_block_hasher
 from kvspec.request import LoRARequest, Request
 from kvspec.spec.interface import NULL_BLOCK_ID, PoolTarget
@@ -95,18 +103,22 @@ def pool_machine(
     *,
     lockstep: bool = True,
     ignore_rules: frozenset[str] = frozenset(),
+    avoid: frozenset[str] = frozenset(),
 ) -> type[RuleBasedStateMachine]:
     """A state-machine class checking pools made by ``target_factory``.
 
     ``target_factory(num_blocks, enable_caching, hash_block_size,
-    enable_kv_cache_events)`` must return a :class:`PoolTarget`.
+    enable_kv_cache_events)`` must return a :class:`PoolTarget`.  ``avoid``
+    names inputs the machine does not send (see
+    :mod:`kvspec.conformance.findings`): ``"bad-input:KIND"`` for a kind
+    of :meth:`bad_input`.
     """
     layout = layout or PoolLayout()
 
     ignored = frozenset(ignore_rules)
 
     class PoolMachine(CheckingMachine):
-        steps_run = 0
+        scope = "pool"
         ignore_rules = ignored
 
         def __init__(self) -> None:
@@ -129,11 +141,12 @@ def pool_machine(
             """Apply ``op(*args)`` to the target (and the spec), check every
             rule, and return the target's result (or raise its refusal as
             ``Refused``)."""
-            type(self).steps_run += 1
             before = self.target.snapshot()
             result, error = call(getattr(self.target, op), args)
+            where = describe_call(op, args)
+            self.record(where, describe_outcome(result, error))
             if error is not None and not isinstance(error, (ValueError, TypeError)):
-                self.fail(divergence=f"{op}{args} crashed with {error!r}; a refusal must raise ValueError or TypeError")
+                self.fail(divergence=f"{where} crashed with {error!r}; a refusal must raise ValueError or TypeError")
             after = self.target.snapshot()
             step = Step(op, args, before, after, result, error)
             if error is None:
@@ -146,29 +159,29 @@ def pool_machine(
             if problems:
                 self.fail(problems)
             if self.spec is not None:
-                self._compare_with_spec(op, args, result, error, after, events)
+                self._compare_with_spec(where, op, args, result, error, after, events)
             if error is not None:
                 raise Refused(error)
             return result
 
-        def _compare_with_spec(self, op, args, result, error, after, events) -> None:
+        def _compare_with_spec(self, where, op, args, result, error, after, events) -> None:
             spec_result, spec_error = call(getattr(self.spec, op), args)
             if (error is None) != (spec_error is None):
                 self.fail(
-                    divergence=f"{op}{args}: target {'refused: ' + repr(error) if error else 'accepted'}, "
+                    divergence=f"{where}: target {'refused: ' + repr(error) if error else 'accepted'}, "
                     f"spec {'refused: ' + repr(spec_error) if spec_error else 'accepted'}"
                 )
             same_kind = isinstance(error, type(spec_error)) or isinstance(spec_error, type(error))
             if error is not None and not same_kind:
-                self.fail(divergence=f"{op}{args}: target raised {error!r}, spec {spec_error!r}")
+                self.fail(divergence=f"{where}: target raised {error!r}, spec {spec_error!r}")
             if error is None and result != spec_result:
-                self.fail(divergence=f"{op}{args}: target returned {result!r}, spec {spec_result!r}")
+                self.fail(divergence=f"{where}: target returned {result!r}, spec {spec_result!r}")
             spec_after = self.spec.snapshot()
             if after.without_null_ref() != spec_after.without_null_ref():
-                self.fail(divergence=f"{op}{args}: state differs\n  target {after}\n  spec   {spec_after}")
+                self.fail(divergence=f"{where}: state differs\n  target {after}\n  spec   {spec_after}")
             spec_events = self.spec.take_events()
             if events != spec_events:
-                self.fail(divergence=f"{op}{args}: events differ\n  target {events}\n  spec   {spec_events}")
+                self.fail(divergence=f"{where}: events differ\n  target {events}\n  spec   {spec_events}")
 
         def holders(self) -> Counter[int]:
             """What the owners hold -- must always equal the ledger."""
@@ -183,6 +196,7 @@ def pool_machine(
             return block_hashes_for_size(owner.request.block_hashes, layout.hash_block_size, owner.block_size)
 
         @rule(data=st.data())
+        @recorded
         def admit(self, data: st.DataObject) -> None:
             """A request arrives in some group -- tokens from a tiny alphabet so
             prefixes are shared, sometimes a salt or a LoRA.  It takes every
@@ -250,6 +264,7 @@ def pool_machine(
 
         @precondition(lambda self: self.owners)
         @rule(data=st.data())
+        @recorded
         def decode(self, data: st.DataObject) -> None:
             """An owner appends tokens; a new block when the last is full; the
             blocks that filled up are cached (their parent is the last cached)."""
@@ -268,6 +283,7 @@ def pool_machine(
 
         @precondition(lambda self: any(b != NULL_BLOCK_ID for o in self.owners for b in o.blocks))
         @rule(data=st.data())
+        @recorded
         def null_out(self, data: st.DataObject) -> None:
             """An owner's oldest real block leaves its window: it is freed and
             the slot keeps the null placeholder."""
@@ -280,6 +296,7 @@ def pool_machine(
 
         @precondition(lambda self: self.owners)
         @rule(data=st.data(), reverse=st.booleans())
+        @recorded
         def finish(self, data: st.DataObject, reverse: bool) -> None:
             """An owner frees all its slots, tail first (as managers do) or in order."""
             owner = self.pick(data)
@@ -290,6 +307,7 @@ def pool_machine(
         # --- the pool's own operations --------------------------------------------------
 
         @rule(ids=st.sets(st.integers(0, layout.num_blocks - 1), max_size=3), reset=st.integers(0, 3))
+        @recorded
         def evict(self, ids: set[int], reset: int) -> None:
             """A connector reports blocks stale: their hashes go.  Now and then
             the whole prefix cache is reset instead (refused while in use)."""
@@ -300,21 +318,26 @@ def pool_machine(
 
         @precondition(lambda self: layout.enable_caching)
         @rule(data=st.data())
+        @recorded
         def lookup_across_groups(self, data: st.DataObject) -> None:
             """A lookup in every group at once hits only if all groups hit."""
             if not self.owners:
                 return
             owner = self.pick(data)
-            if owner.request.block_hashes:
-                h = data.draw(st.sampled_from(owner.request.block_hashes), label="hash")
-                self.apply("get_cached_block", h, list(range(len(layout.group_block_sizes))))
+            hashes = owner.request.block_hashes
+            if hashes:
+                i = data.draw(st.integers(0, len(hashes) - 1), label="block")
+                self.apply("get_cached_block", hashes[i], list(range(len(layout.group_block_sizes))))
 
         @rule(
             op=st.sampled_from(["too_many", "negative", "bad_free", "bad_evict", "bad_hash", "bool_count"]),
             k=st.integers(1, 3),
         )
+        @recorded
         def bad_input(self, op: str, k: int) -> None:
             """Impossible requests are refused and change nothing."""
+            if f"bad-input:{op}" in avoid:
+                return
             n = layout.num_blocks
             held = self.holders()
             unheld = [b for b in range(1, n) if held[b] == 0]
@@ -322,7 +345,7 @@ def pool_machine(
                 "too_many": ("get_new_blocks", self.target.get_num_free_blocks() + k),
                 "negative": ("get_new_blocks", -k),
                 "bool_count": ("get_new_blocks", True),
-                "bad_free": ("free_blocks", unheld[:1] * k) if unheld else ("get_new_blocks", -1),
+                "bad_free": ("free_blocks", unheld[:1] * k) if unheld else ("get_new_blocks", True),
                 "bad_evict": ("evict_blocks", [n - 1 + k]),
                 "bad_hash": ("get_cached_block", "not-bytes", [0]),
             }
@@ -345,6 +368,7 @@ def pool_machine(
             # Drain every owner; a correct pool ends with all blocks free.
             if self.failed:
                 return
+            self.trace.begin("teardown", {})
             for owner in list(self.owners):
                 self.owners.remove(owner)
                 try:

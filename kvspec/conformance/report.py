@@ -13,6 +13,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kvspec.conformance.trace import Trace
+
 
 @dataclass
 class LayoutResult:
@@ -22,7 +24,17 @@ class LayoutResult:
     seconds: float
     conforms: bool
     rules: list[str] = field(default_factory=list)  # the rules broken, by name
-    details: list[str] = field(default_factory=list)  # violations, divergence, the minimal failing sequence
+    details: list[str] = field(default_factory=list)  # the violations or the divergence
+    examples: int = 0  # machine runs, shrinking included
+    seed: int | None = None
+    trace: Trace | None = field(default=None, repr=False)  # the minimal failing run
+    trace_file: str | None = None  # where that trace was saved
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out.pop("trace")
+        out["steps"] = self.trace.readable() if self.trace else []
+        return out
 
 
 @dataclass
@@ -30,6 +42,8 @@ class RunReport:
     target: str
     level: str
     profile: str
+    seed: int | None = None
+    steered_around: list[str] = field(default_factory=list)  # known findings whose inputs were not sent
     results: list[LayoutResult] = field(default_factory=list)
 
     @property
@@ -43,6 +57,8 @@ class RunReport:
             "",
             f"Profile `{self.profile}`; {sum(r.operations for r in self.results)} operations checked.",
             "",
+            *([f"Steered around known findings (docs/findings.md): {'; '.join(self.steered_around)}.", ""]
+              if self.steered_around else []),
             "| scope | layout | operations | seconds | result |",
             "|---|---|---:|---:|---|",
         ]
@@ -52,6 +68,9 @@ class RunReport:
         for r in self.results:
             if not r.conforms:
                 lines += ["", f"## {r.scope} / {r.layout}", "", "```", *r.details, "```"]
+                if r.trace:
+                    replay = f"`kvspec replay {r.trace_file}`" if r.trace_file else "the saved trace"
+                    lines += ["", f"Minimal failing run ({replay}):", "", "```", *r.trace.readable(), "```"]
         return "\n".join(lines) + "\n"
 
     def to_junit(self) -> str:
@@ -67,7 +86,7 @@ class RunReport:
             )
             if not r.conforms:
                 failure = ET.SubElement(case, "failure", message=", ".join(r.rules) or "divergence from the spec")
-                failure.text = "\n".join(r.details)
+                failure.text = "\n".join(r.details + (r.trace.readable() if r.trace else []))
         return ET.tostring(suite, encoding="unicode")
 
 
@@ -76,7 +95,14 @@ def write_reports(report: RunReport, directory: str | Path) -> list[Path]:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     files = {
-        "report.json": json.dumps({**asdict(report), "conforms": report.conforms}, indent=2),
+        "report.json": json.dumps(
+            {
+                "target": report.target, "level": report.level, "profile": report.profile, "seed": report.seed,
+                "steered_around": report.steered_around,
+                "conforms": report.conforms, "results": [r.to_json() for r in report.results],
+            },
+            indent=2,
+        ),
         "report.md": report.to_markdown(),
         "junit.xml": report.to_junit(),
     }

@@ -20,6 +20,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 _COMMON = dict(
     deadline=None,
     print_blob=True,
+    report_multiple_bugs=False,  # one failure per layout: the first found, shrunk
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
 

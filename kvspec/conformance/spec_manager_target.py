@@ -19,31 +19,18 @@ replacements), so that their observations compare with the spec's:
 - ``snapshot().tables`` lists the requests that hold a non-empty table in some
   group (vLLM also keeps empty tables for requests it has only looked at);
 - ``get_num_common_prefix_blocks`` is only asked about requests holding blocks;
-- a refused ``allocate_slots`` must change nothing (vLLM 0.25.1 frees blocks
-  that left the sliding window before refusing; call
-  ``remove_skipped_blocks(request_id, total_computed_tokens)`` on the spec to
-  bring it to vLLM's state after such a refusal).
+- a refused ``allocate_slots`` changes nothing, except that the request's
+  blocks that left the attention window are released first (as
+  ``remove_skipped_blocks(request_id, total_computed_tokens)`` would), whether
+  or not the allocation then fits -- vLLM 0.25.1's own order, so its state
+  after a refusal compares with the spec's as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-from kvspec.spec.interface import ManagerTarget
 from kvspec.spec.manager import SpecKVCacheManager
-
-ManagerFactory = Callable[..., ManagerTarget]
 
 
 class SpecManagerTarget(SpecKVCacheManager):
     """The specification itself, as a manager target."""
 
-
-def make_spec_manager(*args: Any, **kwargs: Any) -> SpecManagerTarget:
-    return SpecManagerTarget(*args, **kwargs)
-
-
-MANAGER_TARGETS: dict[str, ManagerFactory] = {"spec": SpecManagerTarget}
-
-__all__ = ["MANAGER_TARGETS", "ManagerFactory", "SpecManagerTarget", "make_spec_manager"]

@@ -10,13 +10,10 @@ drop-in replacements are checked.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from kvspec.spec.interface import Cleared, Event, PoolSnapshot, PoolTarget, Removed, Stored
+from kvspec.spec.interface import Cleared, Event, PoolSnapshot, Removed, Stored
 from kvspec.spec.pool import SpecBlockPool
-
-PoolFactory = Callable[..., PoolTarget]
 
 
 class SpecPoolTarget(SpecBlockPool):
@@ -128,6 +125,29 @@ class VllmApiPoolTarget:
         return out
 
 
+class VllmPoolTarget(VllmApiPoolTarget):
+    """vLLM 0.25.1's own ``BlockPool``.
+
+    One deliberate difference is translated here: vLLM refuses to evict a
+    block id it does not have with an ``AssertionError`` ("indicates a bug in
+    the KV connector"), having changed nothing; the interface's refusal is a
+    ``ValueError``.  (vLLM's null block keeps no ref count either; snapshots
+    are compared without it, see ``PoolSnapshot.without_null_ref``.)
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True, hash_block_size: int = 16,
+                 enable_kv_cache_events: bool = False):
+        from vllm.v1.core.block_pool import BlockPool
+
+        super().__init__(BlockPool(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events))
+
+    def evict_blocks(self, block_ids: Any) -> None:
+        try:
+            super().evict_blocks(block_ids)
+        except AssertionError as error:
+            raise ValueError(f"vLLM refused the eviction: {error}") from error
+
+
 class ImplPoolTarget(VllmApiPoolTarget):
     """kvspec's production pool as a target."""
 
@@ -137,8 +157,3 @@ class ImplPoolTarget(VllmApiPoolTarget):
 
         super().__init__(BlockPool(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events))
 
-
-POOL_TARGETS: dict[str, PoolFactory] = {
-    "spec": SpecPoolTarget,
-    "impl": ImplPoolTarget,
-}

@@ -1,0 +1,81 @@
+"""Known findings: where an implementation under test breaks a rule.
+
+Each finding has a saved, minimal trace under ``docs/findings/`` (replay it
+with ``kvspec replay``), the rules it breaks, the verdict -- which side is
+wrong and why -- in ``docs/findings.md``, and the input it needs, which a
+machine can be told to *avoid*.
+
+Why avoid: a search stops at its first failure, so one known finding (say,
+vLLM accepting a negative block count) would hide everything behind it on
+every layout.  ``kvspec conform --known-findings`` steers the machines away
+from the inputs of the target's known findings and searches the rest; the
+report names what it steered around.  That a finding still reproduces is
+checked separately, by replaying its trace (``tests/test_findings.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+FINDINGS_DIR = Path(__file__).resolve().parents[2] / "docs" / "findings"
+
+AVOIDABLE: dict[str, str] = {
+    "bad-input:too_many": "pool: get_new_blocks for more blocks than are free",
+    "bad-input:negative": "pool: get_new_blocks(-k); manager: allocate_slots with num_new_tokens=-1",
+    "bad-input:bool_count": "pool: get_new_blocks(True)",
+    "bad-input:bad_free": "pool: free_blocks of a block nobody holds",
+    "bad-input:bad_evict": "pool: evict_blocks of an id the pool does not have",
+    "bad-input:bad_hash": "pool: get_cached_block with a str for a hash",
+    "bad-input:no_tokens": "manager: allocate_slots with no tokens at all",
+    "mamba-align-external": "manager: external (connector) tokens where a Mamba group caches in align mode",
+}
+"""The inputs a machine can be told not to send (``--avoid``), and what each is."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    target: str  # the implementation it was found in
+    title: str
+    rules: tuple[str, ...]  # the rules broken ("" entries: a divergence from the spec)
+    avoid: str  # the machine input it needs (a knob of the machines), or "" if it cannot be steered around
+    trace: str  # file name under docs/findings/
+
+    @property
+    def trace_path(self) -> Path:
+        return FINDINGS_DIR / self.trace
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding(
+        "F1", "vllm", "BlockPool.get_new_blocks accepts a negative count (the free count grows)",
+        ("allocation-accounting",), "bad-input:negative", "F1-pool-negative-count.json",
+    ),
+    Finding(
+        "F2", "vllm", "BlockPool.free_blocks accepts a block nobody holds (its ref count goes negative)",
+        ("ref-conservation", "free-queue-consistency"), "bad-input:bad_free", "F2-pool-free-unheld.json",
+    ),
+    Finding(
+        "F3", "vllm", "BlockPool.get_new_blocks takes True for a count of one",
+        ("allocation-accounting",), "bad-input:bool_count", "F3-pool-bool-count.json",
+    ),
+    Finding(
+        "F4", "vllm", "KVCacheManager.allocate_slots accepts a negative num_new_tokens",
+        ("allocation-accounting",), "bad-input:negative", "F4-manager-negative-tokens.json",
+    ),
+    Finding(
+        "F5", "vllm", "Mamba align mode with external tokens: the block estimate misses a block and "
+        "allocate_slots fails half-way",
+        ("allocation-accounting",), "mamba-align-external", "F5-mamba-align-external.json",
+    ),
+)
+
+
+def known_findings(target: str) -> tuple[Finding, ...]:
+    return tuple(f for f in FINDINGS if f.target == target)
+
+
+def inputs_to_avoid(target: str) -> frozenset[str]:
+    """The machine knobs that steer around ``target``'s known findings."""
+    return frozenset(f.avoid for f in known_findings(target) if f.avoid)

@@ -1,0 +1,335 @@
+"""Running the conformance machines: targets by name, levels, searches
+sized by examples or by seconds, and replays of saved traces.
+
+This is the engine behind ``kvspec conform`` and ``kvspec replay``; it knows
+nothing of command lines.  Anything that stops a run before it starts (an
+unknown target, a module that does not import, vLLM missing) raises
+:class:`SetupError` with one sentence that says what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import seed as hypothesis_seed
+from hypothesis import settings
+from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
+
+from kvspec.conformance.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.machinery import CheckingMachine, ConformanceError
+from kvspec.conformance.manager_machine import manager_machine
+from kvspec.conformance.manager_targets import ImplManagerTarget
+from kvspec.conformance.pool_machine import LAYOUTS, pool_machine
+from kvspec.conformance.report import LayoutResult
+from kvspec.conformance.spec_manager_target import SpecManagerTarget
+from kvspec.conformance.targets import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget, VllmPoolTarget
+from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
+
+SCOPES = ("pool", "manager")
+
+LEVELS: dict[str, frozenset[str]] = {
+    # the rules a level does not ask for; L3 also compares every observation with the spec
+    "L1": frozenset({"hit-optimality", "free-order"}),
+    "L2": frozenset({"free-order"}),
+    "L3": frozenset(),
+}
+
+
+class SetupError(Exception):
+    """The run cannot start: a target, layout or file that is not usable."""
+
+
+# --- targets -------------------------------------------------------------------------------
+
+
+def require_vllm() -> None:
+    try:
+        import vllm.v1.core.block_pool  # noqa: F401
+    except Exception as error:  # ImportError, or a broken install
+        raise SetupError(
+            f"the vllm target needs vLLM 0.25.1 importable in this Python ({type(error).__name__}: {error}); "
+            "install it with tools/install_vllm.sh and run kvspec from that environment"
+        ) from None
+
+
+def vllm_manager(*args: Any) -> Any:
+    from kvspec.conformance.manager_targets import VllmManagerTarget
+
+    return VllmManagerTarget(*args)
+
+
+TARGETS: dict[str, dict[str, Callable[..., Any]]] = {
+    "pool": {"spec": SpecPoolTarget, "impl": ImplPoolTarget, "vllm": VllmPoolTarget},
+    "manager": {"spec": SpecManagerTarget, "impl": ImplManagerTarget, "vllm": vllm_manager},
+}
+"""The built-in targets per scope; anything else is ``module:factory``."""
+
+
+def resolve_target(name: str, scope: str) -> Callable[..., Any]:
+    """``impl``, ``spec``, ``vllm`` or ``module:factory``.  At pool scope the
+    factory takes ``(num_blocks, enable_caching, hash_block_size,
+    enable_kv_cache_events)`` and returns a :class:`PoolTarget` or a pool with
+    vLLM's BlockPool API; at manager scope it takes a layout's
+    ``target_args()`` and returns a :class:`ManagerTarget`."""
+    known = TARGETS[scope]
+    if name == "vllm":
+        require_vllm()
+    if name in known:
+        return known[name]
+    if ":" not in name:
+        raise SetupError(f"unknown target {name!r}: use one of {sorted(known)} or module:factory")
+    module_name, _, attr = name.partition(":")
+    if os.getcwd() not in sys.path:  # like `python -m`: modules next to the user resolve
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise SetupError(f"cannot import target module {module_name!r}: {error}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise SetupError(f"module {module_name!r} has no callable {attr!r}")
+
+    def make(*args: Any) -> Any:
+        target = factory(*args)
+        return target if hasattr(target, "snapshot") else VllmApiPoolTarget(target)
+
+    make.__name__ = attr
+    return make
+
+
+def layout_names(scope: str) -> list[str]:
+    return list(LAYOUTS if scope == "pool" else MANAGER_LAYOUTS)
+
+
+def machine_for(
+    scope: str, layout: str, target: str, level: str, avoid: frozenset[str] = frozenset()
+) -> type[CheckingMachine]:
+    """The machine class checking ``target`` over one layout at ``level``,
+    not sending the inputs named in ``avoid``."""
+    if scope not in SCOPES:
+        raise SetupError(f"unknown scope {scope!r}: use one of {SCOPES}")
+    if level not in LEVELS:
+        raise SetupError(f"unknown level {level!r}: use one of {sorted(LEVELS)}")
+    if layout not in layout_names(scope):
+        raise SetupError(f"no {scope} layout named {layout!r}: use one of {layout_names(scope)}")
+    factory = resolve_target(target, scope)
+    lockstep, ignore = level == "L3", LEVELS[level]
+    if scope == "pool":
+        machine = pool_machine(factory, LAYOUTS[layout], lockstep=lockstep, ignore_rules=ignore, avoid=avoid)
+    else:
+        spec = SpecManagerTarget if lockstep else None
+        machine = manager_machine(
+            factory, MANAGER_LAYOUTS[layout], spec_factory=spec, ignore_rules=ignore, avoid=avoid
+        )
+    machine.layout_name = layout
+    machine.avoid = frozenset(avoid)
+    return machine
+
+
+# --- searching -------------------------------------------------------------------------------
+
+
+@dataclass
+class Search:
+    """How long to search one layout: ``examples`` runs under ``profile``, or
+    batches of ``batch`` runs until ``seconds`` are spent.  ``seed`` makes a
+    search repeatable (otherwise the profile decides: ``ci`` is fixed)."""
+
+    profile: settings
+    examples: int | None = None
+    seconds: float | None = None
+    seed: int | None = None
+    batch: int = 10
+
+
+def run_layout(machine: type[CheckingMachine], search: Search, progress: Progress | None = None) -> LayoutResult:
+    """Search one layout for a failure; on one, keep the broken rules, the
+    divergence and the minimal failing trace."""
+    start = time.perf_counter()
+    if progress:
+        progress.begin(machine, search)
+    failure: ConformanceError | None = None
+    try:
+        with _shrinking_limited_to(max(30.0, search.seconds) if search.seconds else None):
+            for batch_settings, batch_seed in _batches(search, start):
+                if batch_seed is not None:
+                    hypothesis_seed(batch_seed)(machine)
+                run_state_machine_as_test(machine, settings=batch_settings)
+    except ConformanceError as error:
+        failure = error
+    finally:
+        if progress:
+            progress.end()
+    seconds = time.perf_counter() - start
+    result = LayoutResult(machine.scope, machine.layout_name, machine.steps_run, seconds, failure is None,
+                          examples=machine.examples_run)
+    if failure is not None:
+        result.rules = sorted({v.rule for v in failure.violations})
+        result.details = str(failure).splitlines()
+        result.trace = machine.last_trace
+        result.trace.avoid = sorted(machine.avoid)
+    return result
+
+
+@contextlib.contextmanager
+def _shrinking_limited_to(seconds: float | None) -> Iterator[None]:
+    """Bound the time Hypothesis spends shrinking a failure (it allows five
+    minutes, far past a budgeted run's share; a slow target, vLLM, can use
+    them all).  Hypothesis has no setting for this; its engine's module
+    constant is the only handle, and when a release renames it the default
+    simply stays."""
+    engine = importlib.import_module("hypothesis.internal.conjecture.engine")
+    default = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    if seconds is None or default is None:
+        yield
+        return
+    engine.MAX_SHRINKING_SECONDS = min(default, seconds)
+    try:
+        yield
+    finally:
+        engine.MAX_SHRINKING_SECONDS = default
+
+
+def _batches(search: Search, start: float):
+    """(settings, seed) for each Hypothesis run of a search."""
+    if search.seconds is None:
+        overrides = {"max_examples": search.examples} if search.examples else {}
+        yield settings(search.profile, **overrides), search.seed
+        return
+    base = search.seed if search.seed is not None else int.from_bytes(os.urandom(4), "big")
+    search.seed = base
+    batch = 0
+    while time.perf_counter() - start < search.seconds:
+        yield settings(search.profile, max_examples=search.batch, derandomize=False, database=None), base + batch
+        batch += 1
+
+
+class Progress:
+    """A one-line progress bar on a terminal: the layout, how far its search
+    is (examples or seconds), and operations so far."""
+
+    def __init__(self, stream: Any = None, interval: float = 0.5):
+        self.stream = stream or sys.stderr
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, machine: type[CheckingMachine], search: Search) -> None:
+        self.machine, self.search, self.start = machine, search, time.perf_counter()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _line(self) -> str:
+        m, s = self.machine, self.search
+        elapsed = time.perf_counter() - self.start
+        if s.seconds:
+            done = elapsed / s.seconds
+        else:
+            done = m.examples_run / (s.examples or s.profile.max_examples)
+        done = min(done, 1.0)
+        bar = "#" * int(done * 20) + "." * (20 - int(done * 20))
+        return f"\r  {m.scope:<8} {m.layout_name:<24} [{bar}] {m.steps_run:>8} ops {elapsed:6.1f} s"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.stream.write(self._line())
+            self.stream.flush()
+
+    def end(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        self.stream.write("\r" + " " * 80 + "\r")
+        self.stream.flush()
+
+
+# --- replaying ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayOutcome:
+    """How a replay ended: ``diverged_at`` is the 1-based step where the
+    target broke a rule, left the spec or stopped following the trace (None
+    when it conformed over the whole trace)."""
+
+    steps: int
+    diverged_at: int | None
+    message: str
+    rules: list[str]
+    trace: Trace  # this replay's own record: the operations this target saw
+
+    @property
+    def conforms(self) -> bool:
+        return self.diverged_at is None
+
+
+def replay(
+    trace: Trace, target: str, level: str, on_step: Callable[[int, Any], None] | None = None
+) -> ReplayOutcome:
+    """Replay ``trace``'s decisions against ``target`` at ``level``.
+    ``on_step(i, step)`` sees each step as this target ran it."""
+    machine = machine_for(trace.scope, trace.layout, target, level, frozenset(trace.avoid))()
+    steps = [s for s in trace.steps if s.rule != "teardown"]
+    invariants = [getattr(f, INVARIANT_MARKER) for _, f in inspect.getmembers(type(machine))
+                  if getattr(f, INVARIANT_MARKER, None) is not None]
+
+    def check_invariants() -> None:
+        for invariant in invariants:
+            if all(p(machine) for p in invariant.preconditions):
+                invariant.function(machine)
+
+    failed_at = (trace.failure or {}).get("step")
+    i = 0
+    try:
+        check_invariants()
+        for i, step in enumerate(steps, 1):
+            _replay_step(machine, i, step, failed_here=i == failed_at)
+            check_invariants()
+            if on_step:
+                on_step(i, machine.trace.steps[-1])
+        i = len(steps) + 1
+        machine.teardown()
+        if on_step and machine.trace.steps and machine.trace.steps[-1].rule == "teardown":
+            on_step(i, machine.trace.steps[-1])
+    except ConformanceError as error:
+        rules = sorted({v.rule for v in error.violations})
+        return ReplayOutcome(len(steps), i, str(error), rules, machine.trace)
+    except TraceMismatch as error:
+        return ReplayOutcome(len(steps), i, f"the target left the recorded path: {error}", [], machine.trace)
+    except TraceEnd:
+        if on_step:
+            on_step(i, machine.trace.steps[-1])
+        message = f"conforms up to the end of the trace (the recorded failure at step {i} did not happen)"
+        return ReplayOutcome(len(steps), None, message, [], machine.trace)
+    return ReplayOutcome(len(steps), None, "conforms over the whole trace", [], machine.trace)
+
+
+def _replay_step(machine: CheckingMachine, i: int, step: Any, *, failed_here: bool) -> None:
+    method = getattr(machine, step.rule, None)
+    rule = getattr(method, RULE_MARKER, None)
+    if rule is None:
+        raise TraceError(f"step {i}: the {machine.scope} machine has no rule {step.rule!r}")
+    if not all(p(machine) for p in rule.preconditions):
+        raise TraceMismatch(f"step {i}: rule {step.rule!r} cannot run in this state")
+    data = ReplayData(step.draws, f"step {i} ({step.rule})", failed_here=failed_here)
+    kwargs = dict(step.args)
+    if "data" in rule.arguments:
+        kwargs["data"] = data
+    try:
+        method(**kwargs)
+    except (ConformanceError, TraceMismatch, TraceEnd, TraceError):
+        raise
+    except (IndexError, KeyError) as error:  # a recorded index that this target's state does not have
+        mismatch = f"step {i} ({step.rule}): the recorded decisions do not fit this state ({error!r})"
+        raise TraceMismatch(mismatch) from None
+    data.finish()

@@ -1,0 +1,60 @@
+"""Every known finding (docs/findings.md) has a saved trace that replays:
+our implementation and the spec conform over it, and -- where vLLM 0.25.1 is
+installed -- vLLM still diverges at the recorded step, breaking the recorded
+rules.  When vLLM fixes one, the last test fails and the finding is retired."""
+
+import pytest
+
+from kvspec.cli import main
+from kvspec.conformance.findings import AVOIDABLE, FINDINGS
+from kvspec.conformance.runner import replay
+from kvspec.conformance.trace import Trace
+
+IDS = [f.id for f in FINDINGS]
+
+
+def test_findings_have_unique_ids_and_known_inputs():
+    assert len(set(IDS)) == len(IDS)
+    for finding in FINDINGS:
+        assert finding.avoid in AVOIDABLE, finding
+
+
+def test_every_finding_is_in_the_findings_page():
+    page = (FINDINGS[0].trace_path.parent.parent / "findings.md").read_text()
+    for finding in FINDINGS:
+        assert f"## {finding.id}:" in page and finding.trace in page, finding.id
+
+
+@pytest.mark.parametrize("finding", FINDINGS, ids=IDS)
+def test_the_trace_records_the_finding(finding):
+    trace = Trace.load(finding.trace_path)
+    assert trace.target == finding.target
+    assert trace.failure is not None
+    assert set(trace.failure["rules"]) == set(finding.rules), trace.failure
+
+
+@pytest.mark.parametrize("target", ["impl", "spec"])
+@pytest.mark.parametrize("finding", FINDINGS, ids=IDS)
+def test_the_reference_conforms_over_the_trace(finding, target):
+    trace = Trace.load(finding.trace_path)
+    outcome = replay(trace, target, trace.level)
+    assert outcome.conforms, outcome.message
+
+
+def _vllm_importable() -> bool:
+    try:
+        import vllm.v1.core.kv_cache_manager  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.25.1 is not installed (tools/install_vllm.sh)")
+@pytest.mark.parametrize("finding", FINDINGS, ids=IDS)
+def test_vllm_still_diverges_where_recorded(finding, capsys):
+    trace = Trace.load(finding.trace_path)
+    outcome = replay(trace, "vllm", trace.level)
+    assert outcome.diverged_at == trace.failure["step"], outcome.message
+    assert set(outcome.rules) == set(finding.rules), outcome.message
+    assert main(["replay", str(finding.trace_path), "--quiet"]) == 1
+    assert f"diverges at step {trace.failure['step']}" in capsys.readouterr().out
