@@ -31,6 +31,7 @@ from kvspec.conformance.runner import (
     machine_for,
     replay,
     resolve_target,
+    rules_checked,
     run_layout,
 )
 from kvspec.conformance.settings import PROFILES, manager_settings
@@ -63,7 +64,8 @@ def conform(args: argparse.Namespace) -> int:
     from kvspec.conformance.report import RunReport, write_reports
 
     report = RunReport(args.target, args.level, args.profile, seed=args.seed,
-                       steered_around=[f"{f.id}: {f.title}" for f in steered])
+                       steered_around=[f"{f.id}: {f.title}" for f in steered],
+                       checked={scope: rules_checked(scope, args.level) for scope in scopes})
     header = f"kvspec conform: target={args.target} level={args.level} profile={args.profile}"
     if args.budget:
         header += f" budget={args.budget:g}s"
@@ -84,6 +86,9 @@ def conform(args: argparse.Namespace) -> int:
             r.trace_file = str(r.trace.save(Path(args.trace_dir) / f"{scope}-{_slug(name)}.json"))
         print(f"{scope:<8} {name:<24} {r.operations:>10} {r.seconds:>8.1f}  {_verdict(r)}", flush=True)
     failures = sum(not r.conforms for r in report.results)
+    print()
+    print("\n".join(report.rule_table(report.checked)))
+    print()
     print("all layouts conform" if not failures else f"{failures} layout(s) failed")
     if args.report_dir:
         for path in write_reports(report, args.report_dir):

@@ -38,6 +38,10 @@ def test_a_broken_pool_exits_1_naming_the_rule(tmp_path, capsys):
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "hash-map-consistency" in out and "minimal failing run:" in out and "get_new_blocks(" in out
+    rule_rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line[:1].isalpha() and "  " in line}
+    assert rule_rows["hash-map-consistency"] == ["1", "pool/tiny-pool"]
+    assert rule_rows["ref-conservation"] == ["1", "-"]
+    assert "free-order" not in rule_rows and "hit-optimality" not in rule_rows  # not asked at L1
 
 
 def test_the_installed_command_runs():

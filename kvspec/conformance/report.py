@@ -44,11 +44,37 @@ class RunReport:
     profile: str
     seed: int | None = None
     steered_around: list[str] = field(default_factory=list)  # known findings whose inputs were not sent
+    checked: dict[str, list[str]] = field(default_factory=dict)  # scope -> the rules checked
     results: list[LayoutResult] = field(default_factory=list)
 
     @property
     def conforms(self) -> bool:
         return all(r.conforms for r in self.results)
+
+    def rule_summary(self, checked: dict[str, list[str]]) -> list[tuple[str, int, list[str]]]:
+        """Per rule: on how many layouts it was checked and where it broke.
+        ``checked`` maps a scope to its rules; a failure that names no rule
+        (a divergence) counts against ``spec-equivalence`` at L3, else
+        ``clean-refusal``."""
+        out = []
+        every = sorted({rule for rules in checked.values() for rule in rules})
+        for rule in every:
+            layouts = [r for r in self.results if rule in checked.get(r.scope, [])]
+            broken = [f"{r.scope}/{r.layout}" for r in layouts if rule in self._broken_rules(r)]
+            out.append((rule, len(layouts), broken))
+        return out
+
+    def _broken_rules(self, r: LayoutResult) -> list[str]:
+        if r.conforms or r.rules:
+            return r.rules
+        return ["spec-equivalence" if self.level == "L3" else "clean-refusal"]
+
+    def rule_table(self, checked: dict[str, list[str]]) -> list[str]:
+        """The rule x layout summary as text lines."""
+        lines = [f"{'rule':<24} {'layouts':>7}  broken in"]
+        for rule, n, broken in self.rule_summary(checked):
+            lines.append(f"{rule:<24} {n:>7}  {', '.join(broken) or '-'}")
+        return lines
 
     def to_markdown(self) -> str:
         verdict = "conforms" if self.conforms else "does NOT conform"
@@ -65,6 +91,10 @@ class RunReport:
         for r in self.results:
             result = "conforms" if r.conforms else "FAILED: " + (", ".join(r.rules) or "divergence from the spec")
             lines.append(f"| {r.scope} | {r.layout} | {r.operations} | {r.seconds:.1f} | {result} |")
+        if self.checked:
+            lines += ["", "| rule | layouts checked | broken in |", "|---|---:|---|"]
+            for rule, n, broken in self.rule_summary(self.checked):
+                lines.append(f"| {rule} | {n} | {', '.join(broken) or '-'} |")
         for r in self.results:
             if not r.conforms:
                 lines += ["", f"## {r.scope} / {r.layout}", "", "```", *r.details, "```"]
@@ -99,6 +129,8 @@ def write_reports(report: RunReport, directory: str | Path) -> list[Path]:
             {
                 "target": report.target, "level": report.level, "profile": report.profile, "seed": report.seed,
                 "steered_around": report.steered_around,
+                "rules": [{"rule": rule, "layouts_checked": n, "broken_in": broken}
+                          for rule, n, broken in report.rule_summary(report.checked)],
                 "conforms": report.conforms, "results": [r.to_json() for r in report.results],
             },
             indent=2,

@@ -44,6 +44,21 @@ LEVELS: dict[str, frozenset[str]] = {
 }
 
 
+def rules_checked(scope: str, level: str) -> list[str]:
+    """The rules a machine checks at ``scope`` and ``level``, by name
+    (``spec-equivalence`` stands for the lockstep comparison, ``clean-refusal``
+    for "a refusal raises ValueError/TypeError and nothing else")."""
+    from kvspec.spec import request_rules, rules
+
+    if scope == "pool":
+        names = set(rules.STATE_RULES) | set(rules.STEP_RULES) | {"content-soundness"}
+    else:
+        names = set(request_rules.REQUEST_STATE_RULES) | set(request_rules.REQUEST_STEP_RULES)
+        names.add("hash-map-consistency")  # the events must replay to the pool's table
+    names -= LEVELS[level]
+    return sorted(names) + ["clean-refusal"] + (["spec-equivalence"] if level == "L3" else [])
+
+
 class SetupError(Exception):
     """The run cannot start: a target, layout or file that is not usable."""
 
@@ -52,6 +67,9 @@ class SetupError(Exception):
 
 
 def require_vllm() -> None:
+    """vLLM must import, and its hash chains must share kvspec's root: both
+    derive it from ``PYTHONHASHSEED``; unset, it is set to ``0`` here (only
+    the chains' root depends on it, not Python's own ``hash``)."""
     try:
         import vllm.v1.core.block_pool  # noqa: F401
     except Exception as error:  # ImportError, or a broken install
@@ -59,6 +77,11 @@ def require_vllm() -> None:
             f"the vllm target needs vLLM 0.25.1 importable in this Python ({type(error).__name__}: {error}); "
             "install it with tools/install_vllm.sh and run kvspec from that environment"
         ) from None
+    if os.environ.get("PYTHONHASHSEED") is None:
+        from kvspec import hashing
+
+        os.environ["PYTHONHASHSEED"] = "0"
+        hashing.init_none_hash()
 
 
 def vllm_manager(*args: Any) -> Any:

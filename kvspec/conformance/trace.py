@@ -18,7 +18,7 @@ scheduler took another path) is the step where it diverges.
 The file format (JSON, ``"kvspec_trace": 1``)::
 
     {"kvspec_trace": 1, "scope": "manager", "layout": "full+swa",
-     "target": "vllm", "level": "L1",
+     "target": "vllm", "level": "L1", "avoid": ["bad-input:negative"],
      "failure": {"step": 3, "rules": ["allocation-accounting"], "message": "..."},
      "steps": [{"rule": "schedule", "args": {},
                 "draws": [["actions", 1], ["action", "arrive"], ...],
