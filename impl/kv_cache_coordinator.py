@@ -6,7 +6,10 @@ groups (vLLM 0.25.1's ``kv_cache_coordinator``).
 - ``UnitaryKVCacheCoordinator``: one group; hits at its block size.
 - ``HybridKVCacheCoordinator``: several kinds of attention.  A hit must be
   servable by every group at once, so the candidate length shrinks until all
-  agree (a fixed point), in multiples of the scheduler block size.
+  agree (a fixed point), in multiples of the scheduler block size.  Two
+  differences from vLLM, where vLLM breaks rule hit-soundness: every
+  full-attention spec group is cut to the final hit (vLLM cuts the first
+  only), and a Mamba group is never an EAGLE group (:func:`eagle_group_ids`).
 
 Allocation is two-phase: every group's hit blocks are touched before any
 group takes blocks for connector-held (external) tokens, so no group's
@@ -364,11 +367,6 @@ class KVCacheCoordinator(ABC):
         return plan
 
     @staticmethod
-    def num_blocks_freed_by(request_id: str, plan: SkipPlan) -> int:
-        """How many blocks carrying out ``plan`` returns to the free queue.  Pure."""
-        return sum(manager.num_blocks_freed_by(request_id, runs) for manager, runs in plan)
-
-    @staticmethod
     def release_skipped_blocks(request_id: str, plan: SkipPlan) -> None:
         """Carry out a ``skipped_block_plan`` made since the last change."""
         for manager, runs in plan:
@@ -496,10 +494,21 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
 def eagle_group_ids(kv_cache_config: KVCacheConfig, use_eagle: bool) -> set[int]:
     """Groups whose hits drop the EAGLE block: those marked as the drafter's,
-    or every group when EAGLE is on and none is marked."""
+    or every group when EAGLE is on and none is marked -- never a Mamba
+    group.
+
+    Draft models have no Mamba layers and a Mamba hit (one state block) has
+    nothing to drop; ``MambaManager.find_longest_cache_hit`` ignores
+    ``drop_eagle_block``.  vLLM 0.25.1 flags Mamba groups too, and its
+    hybrid search then looks one block *past* the candidate for them (for
+    the drop that never comes): the Mamba hit can outrun the candidate and
+    the full-attention blocks (rule hit-soundness).  Excluding them keeps
+    every other layout exactly as vLLM's."""
     groups = kv_cache_config.kv_cache_groups
     marked = {i for i, g in enumerate(groups) if g.is_eagle_group}
-    return marked if marked or not use_eagle else set(range(len(groups)))
+    if use_eagle and not marked:
+        marked = set(range(len(groups)))
+    return {i for i in marked if not isinstance(groups[i].kv_cache_spec, MambaSpec)}
 
 
 def _refuse_eagle_chunked(kv_cache_config: KVCacheConfig, use_eagle: bool, dropping: set[int]) -> None:
@@ -585,6 +594,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         for group in self.attention_groups:
             for gid in group.group_ids:
                 self.single_type_managers[gid].use_eagle = group.use_eagle
+        self._full_attention_groups = [g for g in self.attention_groups if isinstance(g.spec, FullAttentionSpec)]
         # One full-attention group plus one other: a single pass settles the hit.
         self._single_pass = len(self.attention_groups) == 2 and isinstance(
             self.attention_groups[0].spec, FullAttentionSpec
@@ -624,9 +634,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         Each pass asks every spec group in turn for its longest hit within
         the current candidate; a shorter answer becomes the candidate.  A
         pass that shrinks nothing ends the search.  Full attention is looked
-        up once (any prefix of its hit is a hit) and then only truncated.
-        An EAGLE group drops its lookahead block once per candidate: after a
-        shrink by a non-EAGLE group, it must drop again."""
+        up once (any prefix of its hit is a hit) and then only truncated --
+        every full-attention spec group, not just the first (vLLM 0.25.1
+        cuts only the first, so a second full-attention spec keeps blocks
+        past the hit and ``allocate_external_computed_blocks`` can ask the
+        pool for a negative count).  An EAGLE group drops its lookahead
+        block once per candidate: after a shrink by a non-EAGLE group, it
+        must drop again."""
         num_groups = len(self.kv_cache_config.kv_cache_groups)
         found: list[list[KVCacheBlock] | None] = [None] * num_groups
         settled = max_cache_hit_length
@@ -661,14 +675,14 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         return tuple(blocks if blocks is not None else [] for blocks in found), settled
 
     def _truncate_full_attention(self, found: list[list[KVCacheBlock] | None], hit_length: int) -> None:
-        first = self.attention_groups[0]
-        if not isinstance(first.spec, FullAttentionSpec):
-            return
-        keep = hit_length // first.spec.block_size
-        for gid in first.group_ids:
-            blocks = found[gid]
-            if blocks is not None:
-                del blocks[keep:]
+        """Cut every full-attention spec group's blocks to the hit (every
+        other group's last search returned exactly the hit)."""
+        for group in self._full_attention_groups:
+            keep = hit_length // group.spec.block_size
+            for gid in group.group_ids:
+                blocks = found[gid]
+                if blocks is not None:
+                    del blocks[keep:]
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: list[bytes], max_cache_hit_length: int

@@ -6,39 +6,27 @@ The scheduler asks for a request's prefix-cache hit
 preempted.  Blocks are handed back as :class:`KVCacheBlocks`, one list per
 KV-cache group.
 
-Two deliberate differences from vLLM, both about refusing cleanly:
+**A refused allocation changes nothing, except that the request's blocks
+that left the attention window are released first** (as
+``remove_skipped_blocks`` would), whether or not the allocation then fits.
+This is vLLM's order: ``allocate_slots`` calls ``remove_skipped_blocks``
+after the ``full_sequence_must_fit`` gate (a refusal there changes nothing)
+and *before* its capacity check -- "We can do this even if we cannot
+schedule this request due to insufficient free blocks".  The request never
+reads those blocks again, so releasing them loses nothing and lets other
+requests use them; the capacity check then sees them as free.  Every
+result, refusal included, is identical to vLLM's, block ids included.
 
-**1. A refused allocation changes nothing.**  vLLM's ``allocate_slots``
-releases the request's out-of-window blocks (``remove_skipped_blocks``)
-*before* it checks capacity, so an allocation that returns ``None`` can
-still have changed the state.  It does exactly when the refusal comes from
-the per-step capacity check (the ``full_sequence_must_fit`` gate runs before
-the release) and, at ``total = min(num_computed_tokens +
-num_new_computed_tokens + num_external_computed_tokens, max_model_len)``, a
-group of the request has something to release:
+Three deliberate differences from vLLM, where vLLM breaks a rule (see
+``docs/rules.md``).  Two are in the hit (``get_computed_blocks``, through the
+coordinator, :mod:`.kv_cache_coordinator`): every group's blocks cover
+exactly the hit -- vLLM cuts only the first full-attention spec group to the
+final length, so with two full-attention specs and connector tokens it calls
+``get_new_blocks(-1)`` -- and a Mamba group is never an EAGLE group (vLLM's
+hit can then outrun the full-attention blocks).  The third is about refusing
+cleanly:
 
-- with ``s`` the group's skipped tokens -- sliding window
-  ``max(0, total - sliding_window + 1)``; chunked local
-  ``total // attention_chunk_size * attention_chunk_size``; Mamba ``n - 1``
-  with ``n = max(0, total - num_speculative_blocks)`` -- the table slot
-  ``min(s // block_size, len(table)) - 1`` holds a real (non-null) block:
-  that block and the run of real blocks right before it are replaced by the
-  null block and lose a reference (returning to the free queue when nobody
-  else holds them);
-- or, Mamba in align mode, ``last_state_block_idx < ceil(n / block_size) - 1``
-  and that slot is not null: that block is released the same way.
-
-(vLLM also leaves empty ``req_to_blocks`` entries behind; nothing observes
-them.)  kvspec follows its rule *allocation-accounting* instead: the capacity
-check counts the blocks the release would return to the free queue
-(``KVCacheCoordinator.skipped_block_plan`` / ``num_blocks_freed_by``) and
-releases them only once the allocation proceeds.  Every accept/refuse
-decision and every successful allocation is identical to vLLM's, block ids
-included; after a refusal the two differ by exactly
-``remove_skipped_blocks(request_id, total)``, which a scheduler may call
-itself.
-
-**2. No half-done allocation where vLLM's estimate falls short.**  Mamba's
+**No half-done allocation where vLLM's estimate falls short.**  Mamba's
 align mode estimates ``1 + num_speculative_blocks`` blocks for a new
 request, but for connector (external) tokens the request also takes a block
 per slot up to ``total`` (``allocate_external_computed_blocks``), and a
@@ -48,8 +36,9 @@ long, offsetting other groups' needs.  vLLM then accepts, and its
 partly allocated.  kvspec keeps vLLM's estimate for every decision
 (``get_num_blocks_to_allocate`` returns vLLM's value) and, for Mamba align
 groups, also checks the exact count (``blocks_beyond_estimate``): where vLLM
-would raise, it returns ``None`` and changes nothing; everywhere else it
-behaves as vLLM.
+would raise, it returns ``None`` having changed nothing but the
+out-of-window release above (which vLLM has also done by then); everywhere
+else it behaves as vLLM.
 
 Bad arguments raise :class:`~kvspec.errors.RuleError` /
 :class:`~kvspec.errors.RuleTypeError` before anything changes.
@@ -285,13 +274,15 @@ class KVCacheManager:
         taking the new prefix hit and the connector's external tokens.
 
         Token layout: ``| computed | new hit | external | new | lookahead |``.
-        Returns the newly allocated blocks, or ``None`` -- with nothing
-        changed -- when the pool cannot supply them while keeping
-        ``reserved_blocks`` (and, for a waiting or preempted request while
-        others are scheduled, the watermark) free.  With
-        ``full_sequence_must_fit`` the whole request must fit first.  Full
-        blocks are cached unless ``delay_cache_blocks`` (a connector is
-        still loading them); draft tokens never are."""
+        Returns the newly allocated blocks, or ``None`` when the pool cannot
+        supply them while keeping ``reserved_blocks`` (and, for a waiting or
+        preempted request while others are scheduled, the watermark) free.
+        With ``full_sequence_must_fit`` the whole request must fit first
+        (refused there: nothing changes).  Past that gate, the request's
+        out-of-window blocks are released before the capacity check, so a
+        refusal leaves them released and nothing else changed.  Full blocks
+        are cached unless ``delay_cache_blocks`` (a connector is still
+        loading them); draft tokens never are."""
         no_hits = self.empty_kv_cache_blocks.blocks
         hits = no_hits if new_computed_blocks is None else new_computed_blocks.blocks
         if not (
@@ -314,6 +305,12 @@ class KVCacheManager:
             request, hits, num_encoder_tokens, total_computed, num_free - watermark
         ):
             return None
+        # As vLLM: release the out-of-window blocks before the capacity check,
+        # even if it refuses (the request never reads them again).
+        skipped = coordinator.skipped_block_plan(request_id, total_computed) if coordinator.releasing_managers else ()
+        if skipped:
+            coordinator.release_skipped_blocks(request_id, skipped)
+            num_free = self.block_pool.get_num_free_blocks()
         num_tokens_main_model = total_computed + num_new_tokens
         num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
         estimates = coordinator.blocks_to_allocate_per_group(
@@ -321,11 +318,6 @@ class KVCacheManager:
             num_local_computed + num_external_computed_tokens, num_tokens_main_model,
         )
         needed = sum(estimates)
-        # Out-of-window blocks are released before allocating (fewer evictions);
-        # count them as free, but release them only if the allocation proceeds.
-        skipped = coordinator.skipped_block_plan(request_id, total_computed) if coordinator.releasing_managers else ()
-        if skipped:
-            num_free += coordinator.num_blocks_freed_by(request_id, skipped)
         if needed + watermark > num_free - reserved_blocks:
             return None
         adds_computed = hits is not no_hits or num_external_computed_tokens > 0
@@ -335,8 +327,6 @@ class KVCacheManager:
         ):
             # vLLM's estimate fell short (Mamba align); vLLM would fail half-allocated.
             return None
-        if skipped:
-            coordinator.release_skipped_blocks(request_id, skipped)
         if adds_computed:
             coordinator.allocate_new_computed_blocks(
                 request_id, hits, num_local_computed, num_external_computed_tokens
@@ -353,7 +343,8 @@ class KVCacheManager:
         self, request: Any, hits: tuple, num_encoder_tokens: int, total_computed: int, num_free: int
     ) -> bool:
         """The admission gate: could the pool hold the whole request (out-of-window
-        blocks excluded, as they are released along the way)?"""
+        blocks excluded, as they are released along the way)?  Checked before
+        anything changes: a refusal here releases nothing."""
         full_num_tokens = min(request.num_tokens, self.max_model_len)
         needed = self.coordinator.get_num_blocks_to_allocate(
             request.request_id, full_num_tokens, hits, num_encoder_tokens, total_computed, full_num_tokens,

@@ -372,12 +372,6 @@ class SingleTypeKVCacheManager(ABC):
                 blocks[i] = null
             self.block_pool.free_blocks(freed)
 
-    def num_blocks_freed_by(self, request_id: str, runs: list[list[int]]) -> int:
-        """How many of the blocks at ``runs`` releasing returns to the free
-        queue: those nobody else holds.  Pure."""
-        blocks = self.req_to_blocks.get(request_id, ())
-        return sum(1 for run in runs for i in run if blocks[i].ref_cnt == 1)
-
     def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
         """Release blocks ``[first_block, last_block)`` tail first, stopping at
         a null block; their slots keep the null block."""

@@ -46,7 +46,8 @@ block size in hybrid models, ``B`` otherwise).
 
 **EAGLE**: a speculative-decoding draft head needs the hidden state of the last
 hit token, so an EAGLE group must recompute its last hit block: it looks for a
-hit one block longer and then drops that block ("the EAGLE drop").
+hit one block longer and then drops that block ("the EAGLE drop").  Draft
+models have no Mamba layers, so a Mamba group is never an EAGLE group.
 
 Each hit search below is written the way it is easiest to check -- "the
 longest length such that ..." -- and returns exactly what vLLM 0.25.1's
@@ -559,10 +560,12 @@ class Mamba(GroupManager):
         """The largest aligned ``n <= max_length // B`` whose position
         ``n - 1`` is cached: ``n - 1`` null entries and that state block.
 
-        There is no EAGLE drop (draft heads have no Mamba layers): with EAGLE
-        the coordinator searches one block further, so the hit can come back
-        longer than asked -- vLLM's behaviour, see
-        :class:`~kvspec.spec.coordinator.HybridCoordinator`.
+        There is no EAGLE drop (draft models have no Mamba layers), and a
+        Mamba group is never an EAGLE group
+        (:func:`~kvspec.spec.coordinator.eagle_group_ids`), so the search is
+        never widened past the candidate and the hit is never longer than
+        ``max_length``.  (vLLM 0.25.1 widens it by one block for EAGLE and
+        ignores ``drop_eagle`` here: its hit can outrun the candidate.)
         """
         block_size = spec.block_size
         for n in range(max_length // block_size, 0, -1):

@@ -20,7 +20,9 @@ Every coordinator also knows which groups are **EAGLE groups** (speculative
 decoding drafts from them, so their hits drop the last block, see
 :mod:`kvspec.spec.attention`): the groups the config flags with
 ``is_eagle_group``, or, when ``use_eagle`` is set and none is flagged, all of
-them.
+them -- Mamba groups excepted, always: draft models have no Mamba layers, so
+a Mamba hit has no block to drop (vLLM 0.25.1 makes a Mamba group an EAGLE
+group too; see :func:`eagle_group_ids`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec.hashing import block_hashes_for_size
-from kvspec.kv_cache_interface import FullAttentionSpec, KVCacheSpec
+from kvspec.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MambaSpec
 from kvspec.spec.attention import NULL, CrossAttention, GroupManager, HitPositions
 from kvspec.spec.pool import SpecBlockPool
 
@@ -42,11 +44,22 @@ RemovalPlan = list[tuple[int, list[list[int]]]]
 
 def eagle_group_ids(groups: list[Any], use_eagle: bool) -> set[int]:
     """The groups whose hits drop the EAGLE block: those flagged in the
-    config; if none is flagged and ``use_eagle`` is set, every group."""
+    config; if none is flagged and ``use_eagle`` is set, every group.  Never
+    a Mamba group: draft models have no Mamba layers (vLLM says so itself in
+    ``MambaManager.reachable_block_mask``), and a Mamba hit -- one state
+    block -- has nothing to drop.
+
+    (vLLM 0.25.1 flags Mamba too when it falls back to "every group"; its
+    ``HybridKVCacheCoordinator.find_longest_cache_hit`` then searches the
+    Mamba group one block *past* the candidate length, for a drop that
+    ``MambaManager.find_longest_cache_hit`` never makes, so the Mamba hit can
+    come back longer than the candidate -- the fixed point's lengths stop
+    decreasing, and the hit returned can outrun the full-attention blocks:
+    rule hit-soundness.)"""
     flagged = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
     if use_eagle and not flagged:
-        return set(range(len(groups)))
-    return flagged
+        flagged = set(range(len(groups)))
+    return {i for i in flagged if not isinstance(getattr(groups[i], "kv_cache_spec", None), MambaSpec)}
 
 
 class Coordinator:
@@ -263,7 +276,9 @@ class HybridCoordinator(Coordinator):
 
         - **full attention** is searched once: its hits are prefix-closed, so
           later passes just cut the candidate to its block size, and at the
-          end its blocks are cut to the final length;
+          end the blocks of *every* full-attention spec group are cut to the
+          final length (a model may have several full-attention specs, e.g.
+          two block or head sizes);
         - **simple hybrid** (two spec groups, full attention first): one pass
           suffices, because full attention serves every shorter aligned
           length;
@@ -274,10 +289,21 @@ class HybridCoordinator(Coordinator):
           through another EAGLE group's drop.  When a group without a pending
           drop shrinks the candidate, every verification is forgotten.
 
-        (vLLM's quirk: a Mamba group has no drop, so as an EAGLE group it can
-        come back *longer* than the candidate; the pass then ends with the
-        old candidate, and the blocks returned for other groups may not cover
-        the hit -- rule hit-soundness flags it.)
+        Every spec group's search returns at most the candidate it is given
+        (an EAGLE group's peek is dropped again), so the candidate never
+        grows; a Mamba group is never an EAGLE group
+        (:func:`eagle_group_ids`).  Every group's blocks then cover exactly
+        the hit: full attention is cut to it, and every other group's last
+        search returned exactly the final length.
+
+        (Where vLLM 0.25.1 differs, the rules flag it: its final cut is
+        applied to the *first* spec group only, so a second full-attention
+        spec keeps the blocks of its first, longer search -- rule
+        hit-soundness, and with connector tokens
+        ``allocate_external_computed_blocks`` computes ``cdiv(total, B)``
+        minus a table longer than that and calls ``get_new_blocks(-1)``;
+        and it searches a Mamba group as an EAGLE group, see
+        :func:`eagle_group_ids`.)
         """
         hits: list[list[int] | None] = [None] * len(self.groups)
         hit_length = max_length
@@ -312,9 +338,14 @@ class HybridCoordinator(Coordinator):
             hit_length = length
             if simple_hybrid:
                 break
-        first = self.spec_groups[0]
-        if first.is_full_attention:
-            for g in first.group_ids:
-                if hits[g] is not None:
-                    del hits[g][hit_length // first.spec.block_size :]
+        self.cut_full_attention(hits, hit_length)
         return tuple(h if h is not None else [] for h in hits), hit_length
+
+    def cut_full_attention(self, hits: list[list[int] | None], hit_length: int) -> None:
+        """Cut the blocks of every full-attention spec group to ``hit_length``
+        (each was searched once, with a longer candidate)."""
+        for sg in self.spec_groups:
+            if sg.is_full_attention:
+                for g in sg.group_ids:
+                    if hits[g] is not None:
+                        del hits[g][hit_length // sg.spec.block_size :]

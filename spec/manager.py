@@ -20,23 +20,25 @@ operations only), one group manager per KV-cache group
 (:mod:`kvspec.spec.coordinator`).  It speaks in block ids and implements
 :class:`kvspec.spec.interface.ManagerTarget`, so it is compared operation by
 operation with any other manager (same ids, hits, refusals, free order and
-events as vLLM 0.25.1).
-
-**One deliberate difference from vLLM 0.25.1**: a refused ``allocate_slots``
-(it returns ``None``) changes nothing.  vLLM frees the blocks that left the
-attention window *before* it checks capacity, so even a refusal frees them;
-here the check counts the blocks that removal would release, and removal only
-happens when the allocation goes ahead.  The decision is the same.
+events as vLLM 0.25.1, except where vLLM breaks a rule: those differences are
+listed in ``docs/rules.md``).
 
 Every operation is atomic: it either completes, or raises
 :class:`~kvspec.errors.RuleError` / :class:`~kvspec.errors.RuleTypeError`
 naming the rule its input would break, and leaves the state as it was.
+
+**A refused allocate_slots changes nothing, except that the request's blocks
+that left the attention window are released first** (as
+``remove_skipped_blocks`` would), whether or not the allocation then fits --
+as in vLLM 0.25.1, which releases them before its capacity check ("We can do
+this even if we cannot schedule this request due to insufficient free
+blocks").  The request never reads those blocks again, so releasing them
+loses nothing and lets other requests use them.
 """
 
 from __future__ import annotations
 
 import copy
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -300,7 +302,9 @@ class SpecKVCacheManager:
         Guarantees: no state changes; ``(empty tables, 0)`` when caching is
         off or the request skips reading the cache; otherwise the
         coordinator's hit with maximum ``num_tokens - 1`` -- the last token is
-        always recomputed, to get its logits.
+        always recomputed, to get its logits -- with ``hit / B`` blocks for
+        every group (none for cross attention), so that a table started from
+        it covers exactly the hit (rule hit-soundness).
         """
         rid = self._require_request(request)
         groups = len(self.groups)
@@ -382,17 +386,16 @@ class SpecKVCacheManager:
            ``max_model_len``.  With ``full_sequence_must_fit``, refuse unless
            the free blocks hold the whole request (sliding-window and chunked
            groups counted at their per-request maximum) plus the watermark.
-        2. Refuse unless the blocks to take (:meth:`get_num_blocks_to_allocate`)
-           plus the watermark fit into the free blocks, plus those the removal
-           of step 3 releases, minus ``reserved_blocks``.  The watermark
+           This refusal changes nothing.
+        2. Free the request's blocks that left the attention window at
+           *total computed* (tail-first), their entries becoming the null
+           block -- exactly :meth:`remove_skipped_blocks`, and done even if
+           step 3 then refuses: the request never reads them again.
+        3. Refuse unless the blocks to take (:meth:`get_num_blocks_to_allocate`)
+           plus the watermark fit into the free blocks (those step 2 released
+           included) minus ``reserved_blocks``.  The watermark
            (``watermark * num_blocks``) applies to waiting or preempted
            requests while others are scheduled (``has_scheduled_reqs``).
-           A refusal returns ``None`` and changes nothing.  (vLLM's estimate
-           misses the blocks a Mamba align group takes for external tokens;
-           should the pool run out during steps 3-5, the allocation is
-           refused the same way -- where vLLM fails half-way.)
-        3. Free the blocks that left the attention window (tail-first), their
-           entries becoming the null block.
         4. A new request takes its hits, then (all groups having taken
            theirs) blocks for its external tokens.
         5. Each group gets new blocks to cover
@@ -401,6 +404,13 @@ class SpecKVCacheManager:
         6. Unless caching is off or ``delay_cache_blocks``, cache the full
            blocks of ``min(total computed + new, request.num_tokens)`` tokens
            (never unverified draft tokens).
+
+        Guarantees: the new blocks, or ``None`` (refused) with nothing
+        changed but step 2's release.  (vLLM's estimate misses the blocks a
+        Mamba align group takes for external tokens; should the pool run out
+        during steps 4-5, steps 4-5 are undone and the allocation is refused
+        like a step-3 refusal -- step 2's release stays done, as it does in
+        vLLM, which fails half-way there.)
 
         Returns the new blocks per group (Mamba align mode: the table's new
         entries, null and moved blocks included).
@@ -428,48 +438,40 @@ class SpecKVCacheManager:
             watermark = self.watermark_blocks
         free = self.pool.get_num_free_blocks()
 
-        # 1. the whole request must fit
+        # 1. the whole request must fit (refused before anything changes, as in vLLM)
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
             need = coordinator.blocks_to_allocate(rid, full, hits, num_encoder_tokens, total, full, admission_cap=True)
             if need + watermark > free:
                 return None
 
-        # 2. this step must fit, counting what leaving the window releases
+        # 2. release what left the window -- even if step 3 refuses
+        removal = coordinator.removal_plan(rid, total)
+        if removal:
+            with self._all_or_nothing():
+                self.coordinator.remove(rid, removal)
+
+        # 3. this step must fit
+        coordinator = self.coordinator
         main = total + num_new_tokens
         need_slot = min(main + num_lookahead_tokens, self.max_model_len)
-        removal = coordinator.removal_plan(rid, total)
-        released = self._released_by(rid, removal)
         need = coordinator.blocks_to_allocate(
             rid, need_slot, hits, num_encoder_tokens, local + num_external_computed_tokens, main
         )
-        if need + watermark > free + released - reserved_blocks:
+        if need + watermark > self.pool.get_num_free_blocks() - reserved_blocks:
             return None
 
         try:
             with self._all_or_nothing():
                 coordinator = self.coordinator
-                coordinator.remove(rid, removal)  # 3.
                 if any(hits) or num_external_computed_tokens > 0:  # 4.
                     coordinator.take_hits(rid, hits, local, num_external_computed_tokens)
                 new = coordinator.allocate(rid, need_slot, main, num_encoder_tokens)  # 5.
                 if self.enable_caching and not delay_cache_blocks:  # 6.
                     coordinator.cache(request, min(total + num_new_tokens, request.num_tokens))
         except OutOfBlocks:
-            return None  # the estimate fell short (Mamba align + external tokens): refused, nothing changed
+            return None  # the estimate fell short (Mamba align + external tokens): refused after step 2
         return tuple(list(blocks) for blocks in new)
-
-    def _released_by(self, rid: str, removal) -> int:
-        """How many blocks a removal returns to the free queue: those whose
-        every reference it drops (a block shared with another request stays
-        held)."""
-        dropped: Counter[int] = Counter()
-        for g, calls in removal:
-            table = self.groups[g].table(rid)
-            for call in calls:
-                dropped.update(table[i] for i in call if table[i] != NULL)
-        ref = self.pool.snapshot().ref
-        return sum(1 for b, n in dropped.items() if ref[b] == n)
 
     # -- 3. the end, and housekeeping ---------------------------------------------------------------------
 

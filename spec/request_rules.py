@@ -89,11 +89,13 @@ class Layout:
         use_eagle: bool = False,
     ) -> Layout:
         """The layout of a config.  EAGLE groups: those flagged
-        ``is_eagle_group`` (all of them if ``use_eagle`` and none is flagged);
-        in a hybrid model, groups with equal specs share the flag."""
+        ``is_eagle_group`` (all of them if ``use_eagle`` and none is flagged),
+        never a Mamba group (draft models have no Mamba layers); in a hybrid
+        model, groups with equal specs share the flag."""
         cfg_groups = kv_cache_config.kv_cache_groups
         flagged = {i for i, g in enumerate(cfg_groups) if g.is_eagle_group}
         eagle = set(range(len(cfg_groups))) if use_eagle and not flagged else flagged
+        eagle -= {i for i, g in enumerate(cfg_groups) if isinstance(g.kv_cache_spec, MambaSpec)}
         if len(cfg_groups) > 1:
             eagle = {i for i, g in enumerate(cfg_groups)
                      if any(j in eagle and h.kv_cache_spec == g.kv_cache_spec for j, h in enumerate(cfg_groups))}
@@ -155,9 +157,17 @@ class Shadow:
     block: a step that computes ``[start, end)`` writes the state after
     ``end`` into the block at position ``cdiv(end, B) - 1`` (the running
     state) and, except in align mode, the state at every block boundary it
-    crosses into the block at that position.  Null entries are not written.
-    Freeing a block does not erase it (that is what makes a cache hit
-    possible); only new writes do.
+    crosses into the block at that position.  In align mode with ``s > 0``
+    speculative blocks, a step of at most ``1 + s`` tokens is a speculative
+    decode step (one token plus accepted drafts); when it crosses a block
+    boundary without ending on it, vLLM's model runner copies the state at
+    the last boundary crossed into that boundary's block
+    (``postprocess_mamba`` in ``vllm/v1/worker/mamba_utils.py``), and so does
+    the shadow.  (A longer step -- a prefill chunk -- writes only its final
+    state: a chunk that does not end on a boundary leaves the boundary's
+    block stale, which is why align mode needs block-aligned chunks.)  Null
+    entries are not written.  Freeing a block does not erase it (that is
+    what makes a cache hit possible); only new writes do.
     """
 
     def __init__(self, layout: Layout):
@@ -176,6 +186,10 @@ class Shadow:
                 ends = [end] if end > start else []
                 if group.mamba_cache_mode != "align":
                     ends += [(p + 1) * bs for p in range(start // bs, cdiv(end, bs)) if start < (p + 1) * bs < end]
+                elif group.num_speculative_blocks and end - start <= 1 + group.num_speculative_blocks:
+                    boundary = end // bs * bs
+                    if start < boundary < end:
+                        ends.append(boundary)
                 for n in ends:
                     p = cdiv(n, bs) - 1
                     if p < len(table) and table[p] != NULL:
@@ -355,9 +369,9 @@ def group_can_serve(pool: PoolSnapshot, request: Any, layout: Layout, g: int, le
     - Mamba: ``n - 1`` (the state after token ``length - 1``);
     - cross attention: never (length 0 only).
 
-    An EAGLE group (Mamba excepted: drafts have no Mamba layers) must also
-    have position ``n`` cached, within ``max_length``: it serves ``length``
-    by recomputing one more block.  Length 0 is always served.
+    An EAGLE group (never a Mamba group: drafts have no Mamba layers) must
+    also have position ``n`` cached, within ``max_length``: it serves
+    ``length`` by recomputing one more block.  Length 0 is always served.
     """
     if length == 0:
         return True
@@ -613,15 +627,87 @@ def _released(step: ManagerStep, rid: str, num_groups: int, layout: Layout | Non
     return sum(1 for b, n in dropped.items() if step.before.pool.ref[b] == n)
 
 
+def _window_start(group: GroupLayout, num_computed: int) -> int:
+    """The first table position a request with ``num_computed`` tokens
+    computed may still read; every block before it left the attention window:
+    sliding window ``w``: tokens before ``num_computed - w + 1``; chunked
+    local ``c``: the chunks before the one of token ``num_computed``; Mamba
+    (``s`` speculative blocks; drafts may be rejected): all but the state
+    after ``max(0, num_computed - s)`` tokens; full and cross attention:
+    none."""
+    if group.kind == "sliding_window":
+        skipped = num_computed - group.sliding_window + 1
+    elif group.kind == "chunked_local_attention":
+        skipped = num_computed // group.attention_chunk_size * group.attention_chunk_size
+    elif group.kind == "mamba":
+        skipped = max(0, num_computed - group.num_speculative_blocks) - 1
+    else:
+        skipped = 0
+    return max(0, skipped) // group.block_size
+
+
+def _release_calls(before: tuple[tuple[int, ...], ...], after: tuple[tuple[int, ...], ...]) -> list[list[int]]:
+    """The free calls that null a request's entries from tables ``before`` to
+    ``after``: group by group, each run of consecutive nulled positions, tail
+    first, the latest run first."""
+    calls = []
+    for g, bt in enumerate(before):
+        at = after[g] if g < len(after) else ()
+        runs: list[list[int]] = []
+        for i in (i for i, b in enumerate(bt) if b != NULL and i < len(at) and at[i] == NULL):
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        calls += [[bt[i] for i in reversed(run)] for run in reversed(runs)]
+    return calls
+
+
+def _refused_release_problems(step: ManagerStep, layout: Layout | None) -> list[str]:
+    """How a refused ``allocate_slots`` changed more than releasing its
+    request's out-of-window blocks (see :func:`refusal_changes_nothing`)."""
+    request = step.args.get("request")
+    rid = getattr(request, "request_id", None)
+    before, after = step.before, step.after
+    if any(before.tables.get(r) != after.tables.get(r) for r in (set(before.tables) | set(after.tables)) - {rid}):
+        return ["changed another request's tables"]
+    n = len(before.tables.get(rid) or after.tables.get(rid) or ())
+    bt, at = _tables_of(before, rid, n), _tables_of(after, rid, n)
+    if [len(t) for t in bt] != [len(t) for t in at]:
+        return [f"changed the lengths of {rid}'s tables"]
+    changed = [(g, i, b, a) for g in range(n) for i, (b, a) in enumerate(zip(bt[g], at[g], strict=True)) if a != b]
+    problems = [f"put block {a} at group {g}, position {i} (was {b})" for g, i, b, a in changed if a != NULL]
+    if layout is not None:
+        counts = (getattr(request, "num_computed_tokens", 0), step.args.get("num_new_computed_tokens", 0),
+                  step.args.get("num_external_computed_tokens", 0))
+        computed = sum(c for c in counts if type(c) is int)
+        starts = [_window_start(group, computed) for group in layout.groups]
+        problems += [f"released block {b} (group {g}, position {i}) inside the attention window"
+                     for g, i, b, _ in changed if i >= starts[g]]
+    if _after_frees(before.pool, _release_calls(bt, at)).without_null_ref() != after.pool.without_null_ref():
+        problems.append("changed the pool beyond freeing the blocks it nulled")
+    return problems
+
+
 @step_rule("allocation-accounting")
 def refusal_changes_nothing(step: ManagerStep, ctx: RequestContext) -> list[str]:
-    """A refused operation (an error, or ``allocate_slots`` returning
-    ``None``) changes no state."""
-    refused = step.error is not None or (step.op == "allocate_slots" and step.result is None)
-    if refused and not _unchanged(step.before, step.after):
-        why = "raised" if step.error is not None else "returned None"
-        return [f"{step.op} {why} but changed the state"]
-    return []
+    """A refused operation changes nothing.  An error changes no state at
+    all.  A refused ``allocate_slots`` (it returns ``None``) changes nothing,
+    except that the request's blocks that left the attention window are
+    released first (as ``remove_skipped_blocks`` would), whether or not the
+    allocation then fits: other requests' tables are unchanged; the
+    request's tables keep their lengths, each entry staying or becoming the
+    null block -- with a layout, only before the window of the request's
+    ``num_computed_tokens + num_new_computed_tokens +
+    num_external_computed_tokens`` tokens; and the pool is as if those
+    blocks were freed (tail first, run by run): ref counts drop by exactly
+    the nulled references, the blocks whose count reaches 0 join the free
+    queue, and no hash is lost or added."""
+    if step.error is not None:
+        return [] if _unchanged(step.before, step.after) else [f"{step.op} raised but changed the state"]
+    if step.op != "allocate_slots" or step.result is not None or _unchanged(step.before, step.after):
+        return []
+    return [f"allocate_slots returned None but {p}" for p in _refused_release_problems(step, ctx.layout)]
 
 
 @step_rule("allocation-accounting")
@@ -674,7 +760,10 @@ def no_eviction_in_use(step: ManagerStep, ctx: RequestContext) -> list[str]:
             for b in sorted(protected) if b in before_keys and after_keys.get(b) != before_keys[b]]
 
 
-def _expected_free_queue(before: PoolSnapshot, calls: list[list[int]]) -> tuple[int, ...]:
+def _after_frees(before: PoolSnapshot, calls: list[list[int]]) -> PoolSnapshot:
+    """The pool after ``free_blocks`` of each call in turn (null entries
+    skipped): ref counts drop, blocks reaching 0 join the free queue --
+    unhashed ones at the head, cached ones at the tail."""
     ref, free = list(before.ref), list(before.free)
     for call in calls:
         plain, cached = [], []
@@ -685,7 +774,7 @@ def _expected_free_queue(before: PoolSnapshot, calls: list[list[int]]) -> tuple[
             if ref[b] == 0:
                 (cached if b in before.key_of else plain).append(b)
         free = plain + free + cached
-    return tuple(free)
+    return PoolSnapshot(before.num_blocks, tuple(ref), tuple(free), before.key_of, before.table)
 
 
 @step_rule("free-order")
@@ -702,19 +791,8 @@ def free_order(step: ManagerStep, ctx: RequestContext) -> list[str]:
         calls = [list(reversed(t)) for t in step.before.tables.get(rid, ())]
     else:
         rid = step.args["request_id"]
-        calls = []
-        before, after = step.before.tables.get(rid, ()), step.after.tables.get(rid, ())
-        for g, bt in enumerate(before):
-            at = after[g] if g < len(after) else ()
-            nulled = [i for i, b in enumerate(bt) if b != NULL and i < len(at) and at[i] == NULL]
-            runs: list[list[int]] = []
-            for i in nulled:
-                if runs and runs[-1][-1] == i - 1:
-                    runs[-1].append(i)
-                else:
-                    runs.append([i])
-            calls += [[bt[i] for i in reversed(run)] for run in reversed(runs)]
-    expected = _expected_free_queue(step.before.pool, calls)
+        calls = _release_calls(step.before.tables.get(rid, ()), step.after.tables.get(rid, ()))
+    expected = _after_frees(step.before.pool, calls).free
     if expected == step.after.pool.free:
         return []
     return [f"after {step.op} the free queue is {list(step.after.pool.free)}, expected {list(expected)}"]

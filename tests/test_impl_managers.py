@@ -21,6 +21,7 @@ from kvspec.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
+    MLAAttentionSpec,
     SlidingWindowSpec,
 )
 from kvspec.request import Request, RequestStatus
@@ -311,22 +312,69 @@ def test_hybrid_hit_is_a_multiple_of_the_scheduler_block_size():
     assert (hits.get_block_ids(), num_hit) == (([1, 2, 3, 4], [0, 7]), 16)
 
 
+def test_every_full_attention_spec_is_cut_to_the_hit():
+    # Two full-attention specs (block sizes 4 and 8) and a window that cuts the hit to 0.  vLLM 0.25.1
+    # cuts only the first full-attention spec group: its MLA hit keeps blocks 5, 6, and with 8
+    # connector tokens allocate_external_computed_blocks calls get_new_blocks(cdiv(8, 8) - 2 = -1).
+    mla8 = MLAAttentionSpec(block_size=8, **ATTN)
+    m = make(full(4), mla8, swa(4, window=6), num_blocks=40, sbs=8, hbs=4)
+    admit(m, request("a", range(16)))  # full 1..4, MLA 5, 6, window 7..10
+    m.evict_blocks({8, 10})  # the window (2 contiguous blocks) serves neither 16 nor 8
+    b = request("b", [*range(16), 1])
+    hits, num_hit = m.get_computed_blocks(b)
+    assert (hits.get_block_ids(), num_hit) == (([], [], []), 0)
+    new = m.allocate_slots(b, 1, num_hit, hits, num_external_computed_tokens=8)
+    assert new.get_block_ids() == ([16], [17], [18])
+    assert m.get_block_ids("b") == ([11, 12, 16], [13, 17], [14, 15, 18])
+    assert m.block_pool.get_num_free_blocks() == len(free_ids(m)) == 39 - 18
+
+
+def test_mamba_is_never_an_eagle_group():
+    # use_eagle, no group flagged: every group drops the EAGLE block but Mamba (draft models have no
+    # Mamba layers).  vLLM 0.25.1 searches Mamba one block past the candidate and returns 16 here,
+    # with 3 full-attention blocks.
+    m = make(full(), mamba("all"), num_blocks=20, use_eagle=True)
+    assert m.coordinator.eagle_group_ids == {0}
+    assert [s.use_eagle for s in m.coordinator.single_type_managers] == [True, False]
+    admit(m, request("a", range(16)))  # full 1..4, Mamba 5..8
+    hits, num_hit = m.get_computed_blocks(request("b", [*range(16), 1, 2, 3, 4]))
+    assert (hits.get_block_ids(), num_hit) == (([1, 2, 3], [0, 0, 7]), 12)
+
+
 # --- refusals --------------------------------------------------------------------------------------------
 
 
-def test_refused_allocation_returns_none_and_changes_nothing():
+def test_refused_allocation_changes_nothing_but_the_out_of_window_release():
     m = make(swa(window=5), num_blocks=6)
     a = request("a", range(16))
     admit(m, a)
     a.append_output_token_ids(0)
     before = state(m)
-    # Needs 6 more blocks; 1 is free and releasing the 3 out-of-window blocks would
-    # make 4.  vLLM would release them anyway; kvspec leaves everything as it was.
+    # Needs 6 more blocks.  As in vLLM, the 3 out-of-window blocks are released
+    # first (tail first, cached: to the tail), making 4 free: still refused, and
+    # nothing else changes.
     assert step(m, a, 1, num_lookahead_tokens=20) is None
-    assert state(m) == before
-    # Needing 4, it fits only by counting the blocks the removal frees -- as in vLLM.
+    assert m.get_block_ids("a") == ([0, 0, 0, 4],)
+    assert free_ids(m) == [5, 3, 2, 1]
+    tables, counters, refs, _, hashes = state(m)
+    assert (counters, hashes) == (before[1], before[4])
+    assert refs[1:] == [0, 0, 0, 1, 0]
+    # Needing 4, it fits with the released blocks -- as in vLLM.
     assert step(m, a, 1, num_lookahead_tokens=12).get_block_ids() == ([5, 3, 2, 1],)
     assert m.get_block_ids("a") == ([0, 0, 0, 4, 5, 3, 2, 1],)
+
+
+def test_full_sequence_refusal_releases_nothing():
+    m = make(swa(window=5), num_blocks=6)
+    a = request("a", range(16))
+    admit(m, a)
+    m.allocate_slots(request("x", [9]), 1)  # the last free block
+    a.append_output_token_ids(0)
+    before = state(m)
+    # The admission gate runs before the release: refused there, nothing changes.
+    assert step(m, a, 1, full_sequence_must_fit=True) is None
+    assert state(m) == before
+    assert step(m, a, 1).get_block_ids() == ([3],)
 
 
 def test_reserved_blocks_watermark_and_full_sequence_gate():

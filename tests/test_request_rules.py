@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
+from broken_managers import IgnoresTenant
 from test_spec_manager import chunked, config, cross, full, mamba, mla, swa
 
+from kvspec.errors import RuleError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request, RequestStatus
 from kvspec.spec.attention import FullAttention, SlidingWindow
@@ -27,6 +30,8 @@ from kvspec.spec.request_rules import (
     check_request_step,
     observe,
     oracle_hit_length,
+    refusal_changes_nothing,
+    state_content,
 )
 
 # --- a scheduler in miniature, checking every rule after every operation ------------------------------
@@ -186,18 +191,6 @@ def test_content_soundness_catches_a_stale_hit(broken):
     assert bool(rule_problems(h, "content-soundness")) == broken
 
 
-class IgnoresTenant(SpecKVCacheManager):
-    """Looks up prefixes without the cache salt / LoRA and trusts any hit."""
-
-    def get_computed_blocks(self, request):
-        plain = Request(request.request_id, request.all_token_ids,
-                        block_hasher=get_request_block_hasher(self.hash_block_size))
-        return super().get_computed_blocks(plain)
-
-    def _require_hits_allowed(self, request, hits, num_external):
-        return None
-
-
 @pytest.mark.parametrize("broken", [False, True])
 def test_tenant_isolation_catches_a_cross_tenant_hit(broken):
     h = harness(full(4), num_blocks=10)
@@ -259,15 +252,27 @@ def test_hit_soundness_catches_a_hit_of_the_whole_request(broken):
     assert bool(rule_problems(h, "hit-soundness")) == broken
 
 
-def test_hit_soundness_flags_vllms_hit_for_mamba_as_an_eagle_group():
-    # The model reproduces vLLM 0.25.1: with use_eagle and no flagged group, Mamba is an EAGLE
-    # group, searched one block past the candidate without a drop -> the hit outruns full attention.
+def search_mamba_as_an_eagle_group(m: SpecKVCacheManager) -> None:
+    """vLLM 0.25.1's EAGLE groups: with use_eagle and none flagged, Mamba too (searched one block
+    past the candidate, for a drop Mamba's search never makes)."""
+    for sg in m.coordinator.spec_groups:
+        sg.use_eagle = True
+        for g in sg.group_ids:
+            m.groups[g].use_eagle = True
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_hit_soundness_catches_mamba_searched_as_an_eagle_group(broken):
     h = harness(full(4), mamba(4, "all"), num_blocks=20, eagle=True)
+    if broken:
+        search_mamba_as_an_eagle_group(h.m)
     h.allocate(h.request("a", range(16)), 16)
-    assert h.lookup(h.request("b", list(range(16)) + [1, 2, 3, 4]))[1] == 16
+    # full attention: 4 cached, the EAGLE drop -> 12; Mamba searched up to 16 comes back with 16
+    assert h.lookup(h.request("b", list(range(16)) + [1, 2, 3, 4]))[1] == (16 if broken else 12)
     problems = rule_problems(h, "hit-soundness")
-    assert any("group 0 reports 3 blocks" in v.message for v in problems)
-    assert rule_problems(h, "hit-optimality")  # the oracle says 12
+    assert any("group 0 reports 3 blocks" in v.message for v in problems) == broken
+    assert bool(rule_problems(h, "hit-optimality")) == broken  # the oracle says 12
+    assert bool(h.violations) == broken
 
 
 class DropsEveryPass(HybridCoordinator):
@@ -314,15 +319,42 @@ class TouchesBeforeChecking(SpecKVCacheManager):
         return result
 
 
-class FreesBeforeChecking(SpecKVCacheManager):
-    """vLLM 0.25.1's order: blocks that left the window are freed before the capacity check."""
+class RefusalThatReleases(SpecKVCacheManager):
+    """Base of the broken managers below: after a refusal, ``damage``."""
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, **kw):
         result = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, **kw)
         if result is None:
-            total = request.num_computed_tokens + num_new_computed_tokens + kw.get("num_external_computed_tokens", 0)
-            self.remove_skipped_blocks(request.request_id, total)
+            self.damage(request.request_id)
         return result
+
+
+class ReleasesInWindow(RefusalThatReleases):
+    """Also releases the request's last block, which the next token reads."""
+
+    def damage(self, rid):
+        self.coordinator.remove(rid, [(0, [[len(self.groups[0].table(rid)) - 1]])])
+
+
+class ReleasesAnotherRequests(RefusalThatReleases):
+    """Also releases another request's out-of-window blocks."""
+
+    def damage(self, rid):
+        self.remove_skipped_blocks("b", 16)
+
+
+class EvictsOnRefusal(RefusalThatReleases):
+    """Also forgets the hash of a block it released."""
+
+    def damage(self, rid):
+        self.evict_blocks({1})
+
+
+class RaisesAfterReleasing(RefusalThatReleases):
+    """Refuses with an error -- after the release: an error must change nothing at all."""
+
+    def damage(self, rid):
+        raise RuleError("allocation-accounting", "no room")
 
 
 @pytest.mark.parametrize("broken", [None, TouchesBeforeChecking])
@@ -339,16 +371,56 @@ def test_allocation_accounting_catches_a_refusal_that_leaves_hits_taken(broken):
     assert bool(rule_problems(h, "allocation-accounting")) == bool(broken)
 
 
-@pytest.mark.parametrize("broken", [None, FreesBeforeChecking])
-def test_allocation_accounting_catches_vllms_refusal_that_frees_window_blocks(broken):
-    h = harness(swa(4, window=5), num_blocks=8)
-    if broken:
+@pytest.mark.parametrize(("broken", "caught"), [
+    (None, None),
+    (ReleasesInWindow, "released block 4 (group 0, position 3) inside the attention window"),
+    (ReleasesAnotherRequests, "changed another request's tables"),
+    (EvictsOnRefusal, "changed the pool beyond freeing the blocks it nulled"),
+    (RaisesAfterReleasing, "raised but changed the state"),
+    (ForgetsToNull, "changed the pool beyond freeing the blocks it nulled"),
+])
+def test_allocation_accounting_allows_a_refusal_to_release_only_out_of_window_blocks(broken, caught):
+    h = harness(swa(4, window=5), num_blocks=10)
+    if broken is ForgetsToNull:
+        h.m.groups[0].__class__ = broken  # frees the blocks but leaves them in the table
+    elif broken:
         h.m.__class__ = broken
+    a, b = h.request("a", range(16)), h.request("b", [7] * 16)
+    h.allocate(a, 16)
+    h.allocate(b, 16)
+    a.append_output_token_ids(1)
+    step = h.allocate(a, 1, reserved_blocks=9)
+    assert step.result is None
+    if not broken:  # as vLLM: positions 0..2 left the window and are released anyway
+        assert h.m.get_block_ids("a") == ([0, 0, 0, 4],)
+        assert list(step.after.pool.free) == [9, 3, 2, 1]
+    problems = [v.message for v in rule_problems(h, "allocation-accounting")]
+    assert any(caught in p for p in problems) if broken else not problems
+
+
+def test_allocation_accounting_checks_the_pool_after_a_refused_release():
+    h = harness(swa(4, window=5), num_blocks=8)
     a = h.request("a", range(16))
     h.allocate(a, 16)
     a.append_output_token_ids(1)
-    assert h.allocate(a, 1, reserved_blocks=7).result is None
-    assert bool(rule_problems(h, "allocation-accounting")) == bool(broken)
+    step = h.allocate(a, 1, reserved_blocks=7)
+    assert step.result is None and step.after.tables == {"a": ((0, 0, 0, 4),)}
+    pool = step.after.pool
+    key = pool.key_of[1]
+    doctored = {
+        "a hash lost": replace(pool, key_of={b: k for b, k in pool.key_of.items() if b != 1},
+                               table={k: v for k, v in pool.table.items() if k != key}),
+        "a hash added": replace(pool, key_of={**pool.key_of, 5: b"x"}, table={**pool.table, b"x": (5,)}),
+        "a released block kept out of the free queue": replace(pool, free=pool.free[:-1]),
+        "a held block's reference dropped too": replace(pool, ref=pool.ref[:4] + (0,) + pool.ref[5:]),
+        "the free queue reordered": replace(pool, free=tuple(reversed(pool.free))),
+    }
+    assert not refusal_changes_nothing(step, h.ctx)
+    for what, after in doctored.items():
+        assert refusal_changes_nothing(replace(step, after=replace(step.after, pool=after)), h.ctx), what
+    # the entry of a released block becomes the null block, not another block
+    moved = replace(step.after, tables={"a": ((0, 0, 5, 4),)})
+    assert refusal_changes_nothing(replace(step, after=moved), h.ctx)
 
 
 class CountsNoFreeHits(FullAttention):
@@ -430,14 +502,53 @@ def test_every_rule_has_a_predicate():
 # --- vLLM 0.25.1 behaviours the rules flag (the model reproduces them) ---------------------------------
 
 
-def test_vllm_quirk_a_second_full_attention_spec_is_not_cut_to_the_hit():
+class CutsTheFirstFullSpecOnly(HybridCoordinator):
+    """vLLM 0.25.1's final cut: only the first spec group's blocks are cut to the hit."""
+
+    def cut_full_attention(self, hits, hit_length):
+        first = self.spec_groups[0]
+        if first.is_full_attention:
+            for g in first.group_ids:
+                if hits[g] is not None:
+                    del hits[g][hit_length // first.spec.block_size:]
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_hit_soundness_catches_a_second_full_attention_spec_left_uncut(broken):
     h = harness(full(4), mla(8), swa(4, window=6), num_blocks=40)
+    if broken:
+        h.m.coordinator.__class__ = CutsTheFirstFullSpecOnly
     h.allocate(h.request("a", range(16)), 16)  # full 1..4, MLA 5, 6, window 7..10
     h.op("evict_blocks", {10})  # the window can serve 8, not 16
     blocks, hit = h.lookup(h.request("b", list(range(16)) + [1]))
-    # only the first full-attention spec group is cut to the final 8 tokens; MLA keeps 16
-    assert (blocks, hit) == (([1, 2], [5, 6], [7, 8]), 8)
-    assert any("group 1 reports 2 blocks" in v.message for v in rule_problems(h, "hit-soundness"))
+    # every full-attention spec group is cut to the final 8 tokens (broken: MLA keeps 16)
+    assert (blocks, hit) == ((([1, 2], [5, 6], [7, 8]) if broken else ([1, 2], [5], [7, 8])), 8)
+    problems = rule_problems(h, "hit-soundness")
+    assert any("group 1 reports 2 blocks" in v.message for v in problems) == broken
+    assert bool(h.violations) == broken
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_second_full_attention_spec_left_uncut_asks_the_pool_for_minus_one_block(broken):
+    # vLLM 0.25.1 with connector tokens: the MLA table starts with 2 hit blocks for a hit of 0, and
+    # allocate_external_computed_blocks asks for cdiv(8, 8) - 2 = -1 blocks -- vLLM's pool accepts
+    # that and counts one block more free than it has; the spec's pool refuses it.
+    h = harness(full(4), mla(8), swa(4, window=6), num_blocks=40)
+    if broken:
+        h.m.coordinator.__class__ = CutsTheFirstFullSpecOnly
+    h.allocate(h.request("a", range(16)), 16)
+    h.op("evict_blocks", {8, 10})  # the window serves neither 16 nor 8
+    b = h.request("b", list(range(16)) + [1])
+    blocks, hit = h.lookup(b)
+    assert (blocks, hit) == ((([], [5, 6], []) if broken else ([], [], [])), 0)
+    step = h.allocate(b, 1, hit, blocks, num_external_computed_tokens=8)
+    if broken:
+        assert isinstance(step.error, RuleError) and step.error.rule == "allocation-accounting"
+        assert "-1" in str(step.error)
+    else:
+        assert step.result == ([16], [17], [18])
+        assert h.m.get_block_ids("b") == ([11, 12, 16], [13, 17], [14, 15, 18])
+        assert not h.violations
 
 
 def test_vllm_quirk_chunk_size_not_a_multiple_of_the_block_size():
@@ -472,6 +583,25 @@ def test_mamba_align_with_misaligned_chunks_caches_a_stale_state(chunks):
     assert bool(rule_problems(h, "content-soundness")) == (not aligned)
 
 
+def test_mamba_align_speculative_step_copies_the_state_at_the_boundary_it_crosses():
+    # Speculative decoding in align mode (two speculative state blocks): a step of one token plus
+    # two accepted drafts goes from 6 to 9 tokens, crossing the boundary at 8.  vLLM's model runner
+    # (postprocess_mamba) copies the state after 8 into position 1 -- the previous running state --
+    # which the next step caches as "the state after 8"; the shadow copies it too.
+    h = harness(full(4), mamba(4, "align", speculative=2), num_blocks=20, eagle=True, eagle_groups=(0,),
+                exact=False)
+    a = h.request("a", range(6))
+    h.allocate(a, 4)
+    h.allocate(a, 2)
+    a.append_output_token_ids(0)
+    h.allocate(a, 3, accepted_drafts=2)
+    position_1 = h.m.get_block_ids("a")[1][1]
+    assert h.shadow.states[(1, position_1)] == state_content(a, 8)
+    h.allocate(a, 1)
+    assert h.m.pool.snapshot().key_of.get(position_1) is not None  # cached as the state after 8
+    assert not h.violations
+
+
 # --- the oracle and the model agree on random runs ------------------------------------------------------
 
 
@@ -494,6 +624,9 @@ LAYOUTS = {
     "full+swa+mamba": dict(specs=(full(4), swa(4, window=6), mamba(4, "all")), num_blocks=40),
     "full+chunked": dict(specs=(full(4), chunked(4, chunk=8))),
     "full+full+swa": dict(specs=(full(4), full(4), swa(4, window=6)), num_blocks=40),
+    "full+mla8+swa": dict(specs=(full(4), mla(8), swa(4, window=6)), num_blocks=40),
+    "full+mamba-all-eagle": dict(specs=(full(4), mamba(4, "all")), eagle=True),
+    "full+swa+mamba-eagle": dict(specs=(full(4), swa(4, window=6), mamba(4, "all")), eagle=True, num_blocks=40),
     "full8+swa4-eagle": dict(specs=(full(8), swa(4, window=9)), eagle=True),
     "swa4+swa8-eagle": dict(specs=(swa(4, window=6), swa(8, window=17)), eagle=True),
     "full8+swa3-sparse": dict(specs=(full(8), swa(4, window=3))),

@@ -185,21 +185,44 @@ def test_sliding_window_frees_blocks_that_left_the_window_tail_first():
     assert free_queue(m) == [6, 7, 3, 2, 1]
 
 
-def test_a_refused_allocation_changes_nothing_but_counts_what_removal_releases():
+def _window_full_pool():
+    """Request a (17 tokens, window 5) holds blocks 1..4, x holds 5: nothing is free."""
     m = manager(swa(4, window=5), num_blocks=6)  # 5 usable blocks
     a = request(m, "a", range(16))
     run(m, a, 16)  # blocks 1..4
-    run(m, request(m, "x", [9]), 1)  # takes block 5: nothing is free
+    run(m, request(m, "x", [9]), 1)  # takes block 5
     a.append_output_token_ids(7)
+    return m, a
+
+
+def test_a_refused_allocation_still_releases_the_blocks_that_left_the_window():
+    m, a = _window_full_pool()
     before = m.snapshot()
-    # removal would release 3 blocks, but 3 are reserved for others: refused, and (unlike
-    # vLLM 0.25.1, which frees the out-of-window blocks first) nothing changes
+    # as in vLLM 0.25.1, positions 0..2 leave the window before the capacity check (released
+    # 3, 2, 1; cached: to the tail); those 3 are then reserved for others: refused, and nothing
+    # else changes
     assert m.allocate_slots(a, 1, reserved_blocks=3) is None
-    assert m.snapshot() == before
-    # without the reservation the released blocks pay for the new one
+    assert m.get_block_ids("a") == ([0, 0, 0, 4],)
+    assert m.get_block_ids("x") == ([5],)
+    assert free_queue(m) == [3, 2, 1]
+    after = m.snapshot()
+    assert after.pool.key_of == before.pool.key_of and after.pool.table == before.pool.table
+    assert [after.pool.ref[b] for b in range(1, 6)] == [0, 0, 0, 1, 1]
+    # the released blocks pay for the new one; nothing is left to release
     assert run(m, a, 1) == ([3],)
     assert m.get_block_ids("a") == ([0, 0, 0, 4, 3],)
     assert free_queue(m) == [2, 1]
+
+
+def test_a_full_sequence_refusal_releases_nothing():
+    m, a = _window_full_pool()
+    before = m.snapshot()
+    # 17 tokens need 5 blocks, a holds 4: 1 > 0 free.  The gate comes before the
+    # release (as in vLLM), so this refusal changes nothing at all
+    assert m.allocate_slots(a, 1, full_sequence_must_fit=True) is None
+    assert m.snapshot() == before
+    # without the gate, positions 0..2 are released first and pay for the new block
+    assert run(m, a, 1) == ([3],)
 
 
 def test_sliding_window_caches_only_positions_a_hit_can_use():
@@ -359,13 +382,40 @@ def test_full_attention_with_chunked_local():
     assert m.get_computed_blocks(request(m, "b", list(range(12)) + [1])) == (([1, 2, 3], [0, 0, 6]), 12)
 
 
-def test_vllm_quirk_mamba_as_eagle_group_returns_a_hit_full_attention_does_not_cover():
-    # vLLM 0.25.1 flags every group EAGLE when use_eagle and none is flagged -- Mamba too, which
-    # has no drop: searched up to one block past the candidate, it comes back longer.
+def test_mamba_is_never_an_eagle_group():
+    # use_eagle with no group flagged makes every group an EAGLE group -- every group but Mamba:
+    # draft models have no Mamba layers, so a Mamba hit has no block to drop.  (vLLM 0.25.1 flags
+    # Mamba too and searches it up to one block past the candidate: it comes back with the state
+    # after 16, and the hit is 16 with only 3 full-attention blocks -- finding, docs/rules.md.)
     m = manager(full(4), mamba(4, "all"), num_blocks=20, eagle=True)
+    assert m.coordinator.eagle_groups == {0}
     run(m, request(m, "a", range(16)), 16)  # full 1..4, Mamba 5..8
-    # full: 4 cached, drop -> 12.  Mamba: up to 16 -> state after 16 -> 16.  Simple hybrid: stop.
-    assert m.get_computed_blocks(request(m, "b", list(range(16)) + [1, 2, 3, 4])) == (([1, 2, 3], [0, 0, 0, 8]), 16)
+    # full: 4 cached, drop -> 12.  Mamba (no peek, no drop): up to 12 -> state after 12.
+    b = request(m, "b", list(range(16)) + [1, 2, 3, 4])
+    blocks, hit = m.get_computed_blocks(b)
+    assert (blocks, hit) == (([1, 2, 3], [0, 0, 7]), 12)
+    # the tables start exactly at the hit: full attention recomputes from token 12 (the next step,
+    # once Mamba's states cached this step are computed)
+    m.new_step_starts()
+    assert run(m, b, 8, hit, blocks) == ([9, 10], [11, 12])
+    assert m.get_block_ids("b") == ([1, 2, 3, 9, 10], [0, 0, 7, 11, 12])
+
+
+def test_every_full_attention_spec_is_cut_to_the_hit():
+    # two full-attention specs (block sizes 4 and 8) and a window: the window cuts the hit to 0 on
+    # the first pass; both full-attention groups must be cut to it, not just the first.
+    m = manager(full(4), mla(8), swa(4, window=6), num_blocks=40)
+    run(m, request(m, "a", range(16)), 16)  # full 1..4, MLA 5, 6, window 7..10
+    m.evict_blocks({8, 10})  # the window (2 contiguous blocks) serves neither 16 nor 8
+    b = request(m, "b", list(range(16)) + [1])
+    blocks, hit = m.get_computed_blocks(b)
+    # pass 1: full 16, MLA 16, window 0; pass 2: both full groups trim to 0.
+    assert (blocks, hit) == (([], [], []), 0)
+    # 8 connector tokens: each group takes cdiv(8, B) blocks for them (vLLM, its MLA table still
+    # holding 2 hit blocks, asks the pool for cdiv(8, 8) - 2 = -1 here), then one token more.
+    assert run(m, b, 1, hit, blocks, num_external_computed_tokens=8) == ([16], [17], [18])
+    assert m.get_block_ids("b") == ([11, 12, 16], [13, 17], [14, 15, 18])
+    assert m.pool.get_num_free_blocks() == len(m.pool.snapshot().free) == 39 - 10 - 8
 
 
 # --- cross attention, caching off --------------------------------------------------------------------------

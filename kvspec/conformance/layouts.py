@@ -117,4 +117,19 @@ MANAGER_LAYOUTS: dict[str, ManagerLayout] = {
     # vLLM turns prefix caching off for encoder-decoder models.
     "encoder-decoder": ManagerLayout((full(), cross()), enable_caching=False),
     "caching-off": ManagerLayout((full(), swa()), enable_caching=False),
+    # Two full-attention specs (block sizes 2 and 4) and a window that cuts the hit below theirs:
+    # every full-attention group's hit must be cut to the final length (vLLM cuts the first only).
+    "two-full-specs": ManagerLayout((full(2), full(4), swa(2)), num_blocks=32),
+    # EAGLE with no group flagged: every group but Mamba is an EAGLE group (drafters have no Mamba
+    # layers; vLLM makes Mamba one too and its hit outruns full attention).
+    "full+mamba-eagle": ManagerLayout((full(), mamba(mode="all")), use_eagle=True),
+    # EAGLE over three spec groups; chunked local attention cannot be an EAGLE group, so the
+    # drafter's groups are flagged and the chunked group's shrinks reset the EAGLE verifications.
+    "eagle-3-groups": ManagerLayout((full(), swa(), chunked()), num_blocks=32, use_eagle=True, eagle_groups=(0, 1)),
+    # Mamba align mode with speculative decoding: 0-2 drafts per step, two speculative state blocks
+    # (one per draft), Mamba blocks of 4 so that a step crosses at most one boundary; the drafter's
+    # group (full attention) is flagged, so Mamba is no EAGLE group in vLLM either.
+    "full+mamba-align-drafts": ManagerLayout(
+        (full(2), mamba(4, mode="align", speculative=2)), use_eagle=True, eagle_groups=(0,)
+    ),
 }
