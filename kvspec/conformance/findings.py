@@ -29,6 +29,7 @@ AVOIDABLE: dict[str, str] = {
     "bad-input:bad_hash": "pool: get_cached_block with a str for a hash",
     "bad-input:no_tokens": "manager: allocate_slots with no tokens at all",
     "mamba-align-external": "manager: external (connector) tokens where a Mamba group caches in align mode",
+    "layout:NAME": "the layout NAME altogether (a finding the layout's configuration itself triggers)",
 }
 """The inputs a machine can be told not to send (``--avoid``), and what each is."""
 
@@ -69,7 +70,24 @@ FINDINGS: tuple[Finding, ...] = (
         "allocate_slots fails half-way",
         ("allocation-accounting",), "mamba-align-external", "F5-mamba-align-external.json",
     ),
+    Finding(
+        "F6", "vllm", "Two full-attention specs: the second keeps the blocks of its longer first search "
+        "when another group shortens the hit (with external tokens: get_new_blocks(-1))",
+        ("hit-soundness",), "layout:two-full-specs", "F6-two-full-specs-uncut.json",
+    ),
+    Finding(
+        "F7", "vllm", "EAGLE with a Mamba group: Mamba is searched as an EAGLE group without the drop, "
+        "so the hit outruns full attention",
+        ("hit-soundness",), "layout:full+mamba-eagle", "F7-mamba-as-eagle-group.json",
+    ),
 )
+
+
+def is_avoidable(name: str, layouts: list[str]) -> bool:
+    """Whether ``name`` is an input the machines can avoid."""
+    if name.startswith("layout:"):
+        return name.removeprefix("layout:") in layouts
+    return name in AVOIDABLE and name != "layout:NAME"
 
 
 def known_findings(target: str) -> tuple[Finding, ...]:

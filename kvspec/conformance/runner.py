@@ -182,7 +182,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
         progress.begin(machine, search)
     failure: ConformanceError | None = None
     try:
-        with _shrinking_limited_to(max(30.0, search.seconds) if search.seconds else None):
+        with _shrinking_limited_to(max(30.0, search.seconds) if search.seconds else 120.0):
             for batch_settings, batch_seed in _batches(search, start):
                 if batch_seed is not None:
                     hypothesis_seed(batch_seed)(machine)
@@ -204,15 +204,15 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
 
 
 @contextlib.contextmanager
-def _shrinking_limited_to(seconds: float | None) -> Iterator[None]:
+def _shrinking_limited_to(seconds: float) -> Iterator[None]:
     """Bound the time Hypothesis spends shrinking a failure (it allows five
     minutes, far past a budgeted run's share; a slow target, vLLM, can use
-    them all).  Hypothesis has no setting for this; its engine's module
-    constant is the only handle, and when a release renames it the default
-    simply stays."""
+    them all): two minutes, or a budgeted layout's share (at least 30 s).
+    Hypothesis has no setting for this; its engine's module constant is the
+    only handle, and when a release renames it the default simply stays."""
     engine = importlib.import_module("hypothesis.internal.conjecture.engine")
     default = getattr(engine, "MAX_SHRINKING_SECONDS", None)
-    if seconds is None or default is None:
+    if default is None:
         yield
         return
     engine.MAX_SHRINKING_SECONDS = min(default, seconds)
