@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -56,10 +57,11 @@ def conform(args: argparse.Namespace) -> int:
         resolve_target(args.target, scope)  # an unusable target stops the run before it starts
     _quiet_loggers()
     profiles = {"pool": PROFILES[args.profile], "manager": manager_settings(args.profile)}
-    per_layout = args.budget / len(plan) if args.budget else None
     progress = Progress() if _show_progress(args) else None
     steered = known_findings(args.target) if args.known_findings else ()
     avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(args.avoid or ())
+    searched = [name for _, name in plan if f"layout:{name}" not in avoid]
+    per_layout = args.budget / max(1, len(searched)) if args.budget else None
 
     from kvspec.conformance.report import RunReport, write_reports
 
@@ -229,6 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvspec: interrupted", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`kvspec conform | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -204,3 +204,14 @@ def test_the_progress_bar_is_drawn_on_request(capsys):
     assert main(["conform", "--scope", "pool", "--layout", "tiny-pool", "--budget", "1.5", "--progress"]) == 0
     err = capsys.readouterr().err
     assert "tiny-pool" in err and "[" in err and "ops" in err
+
+
+def test_avoid_skips_a_layout_and_refuses_unknown_inputs(capsys):
+    argv = ["conform", "--scope", "manager", "--layout", "full", "--layout", "two-full-specs",
+            "--avoid", "layout:two-full-specs", "--examples", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "skipped (--avoid)" in out and "manager  full " in out
+    assert main(["conform", "--avoid", "bad-input:nonsense"]) == 2
+    assert "not an input the machines know" in capsys.readouterr().err
+    assert main(["conform", "--avoid", "layout:no-such-layout"]) == 2
