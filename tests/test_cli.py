@@ -70,6 +70,10 @@ def test_another_policy_conforms_at_l1_and_fails_l3(tmp_path, capsys):
     assert main([*base, "--level", "L3"]) == 1
     out = capsys.readouterr().out
     assert "free-order" in out or "divergence from the spec" in out
+    (trace,) = tmp_path.glob("*.json")
+    assert main(["replay", str(trace), "--quiet"]) == 1  # the L3 failure, again
+    assert "DIVERGED" in capsys.readouterr().out
+    assert main(["replay", str(trace), "--level", "L1", "--quiet"]) == 0  # the same run is L1-safe
 
 
 def test_reports_are_written(tmp_path, capsys):

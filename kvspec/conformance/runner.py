@@ -326,15 +326,16 @@ def replay(
             on_step(i, machine.trace.steps[-1])
     except ConformanceError as error:
         rules = sorted({v.rule for v in error.violations})
-        return ReplayOutcome(len(steps), i, str(error), rules, machine.trace)
+        return ReplayOutcome(max(len(trace.steps), i), i, str(error), rules, machine.trace)
     except TraceMismatch as error:
-        return ReplayOutcome(len(steps), i, f"the target left the recorded path: {error}", [], machine.trace)
+        message = f"the target left the recorded path: {error}"
+        return ReplayOutcome(max(len(trace.steps), i), i, message, [], machine.trace)
     except TraceEnd:
         if on_step:
             on_step(i, machine.trace.steps[-1])
         message = f"conforms up to the end of the trace (the recorded failure at step {i} did not happen)"
-        return ReplayOutcome(len(steps), None, message, [], machine.trace)
-    return ReplayOutcome(len(steps), None, "conforms over the whole trace", [], machine.trace)
+        return ReplayOutcome(len(trace.steps), None, message, [], machine.trace)
+    return ReplayOutcome(len(trace.steps), None, "conforms over the whole trace", [], machine.trace)
 
 
 def _replay_step(machine: CheckingMachine, i: int, step: Any, *, failed_here: bool) -> None:
