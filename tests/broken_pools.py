@@ -114,3 +114,16 @@ BROKEN = {
     "reset": ResetWhileInUse,
     "free-queue-consistency": TouchKeepsQueued,
 }
+
+
+class SnapshotExplodes(VllmApiPoolTarget):
+    """A target that raises where no refusal is possible (its snapshot fails
+    once the pool runs low): the run must report it, not crash."""
+
+    def __init__(self, num_blocks, enable_caching=True, hash_block_size=16, enable_kv_cache_events=False):
+        super().__init__(BlockPool(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events))
+
+    def snapshot(self):
+        if self.pool.get_num_free_blocks() < 3:
+            raise RuntimeError("snapshot exploded")
+        return super().snapshot()

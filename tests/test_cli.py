@@ -219,3 +219,14 @@ def test_avoid_skips_a_layout_and_refuses_unknown_inputs(capsys):
     assert main(["conform", "--avoid", "bad-input:nonsense"]) == 2
     assert "not an input the machines know" in capsys.readouterr().err
     assert main(["conform", "--avoid", "layout:no-such-layout"]) == 2
+
+
+def test_a_target_that_raises_fails_its_layout_without_a_traceback(tmp_path, capsys):
+    argv = ["conform", "--target", "broken_pools:SnapshotExplodes", "--scope", "pool", "--layout", "two-groups",
+            "--profile", "quick", "--trace-dir", str(tmp_path)]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "the run stopped on RuntimeError: snapshot exploded" in out
+    (trace,) = tmp_path.glob("*.json")
+    assert main(["replay", str(trace), "--quiet"]) == 1
+    assert "the run stopped on RuntimeError: snapshot exploded" in capsys.readouterr().out

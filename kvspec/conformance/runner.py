@@ -180,7 +180,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
     start = time.perf_counter()
     if progress:
         progress.begin(machine, search)
-    failure: ConformanceError | None = None
+    failure: Exception | None = None
     try:
         with _shrinking_limited_to(max(30.0, search.seconds) if search.seconds else 120.0):
             for batch_settings, batch_seed in _batches(search, start):
@@ -189,15 +189,20 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
                 run_state_machine_as_test(machine, settings=batch_settings)
     except ConformanceError as error:
         failure = error
+    except Exception as error:  # the target (or the machine) raised where no refusal was possible
+        failure = error
     finally:
         if progress:
             progress.end()
     seconds = time.perf_counter() - start
     result = LayoutResult(machine.scope, machine.layout_name, machine.steps_run, seconds, failure is None,
                           examples=machine.examples_run)
-    if failure is not None:
+    if isinstance(failure, ConformanceError):
         result.rules = sorted({v.rule for v in failure.violations})
         result.details = str(failure).splitlines()
+    elif failure is not None:
+        result.details = [f"the run stopped on {type(failure).__name__}: {failure}"]
+    if failure is not None:
         result.trace = machine.last_trace
         result.trace.avoid = sorted(machine.avoid)
     return result
@@ -335,6 +340,11 @@ def replay(
             on_step(i, machine.trace.steps[-1])
         message = f"conforms up to the end of the trace (the recorded failure at step {i} did not happen)"
         return ReplayOutcome(len(trace.steps), None, message, [], machine.trace)
+    except TraceError:
+        raise
+    except Exception as error:  # the target (or the machine) raised where no refusal was possible
+        message = f"the run stopped on {type(error).__name__}: {error}"
+        return ReplayOutcome(max(len(trace.steps), i), i, message, [], machine.trace)
     return ReplayOutcome(len(trace.steps), None, "conforms over the whole trace", [], machine.trace)
 
 
