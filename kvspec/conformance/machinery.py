@@ -8,7 +8,7 @@ from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine
 
-from kvspec.conformance.trace import Trace
+from kvspec.conformance.trace import Trace, clip
 from kvspec.request import Request
 from kvspec.spec.rules import Violation
 
@@ -67,8 +67,7 @@ def describe_call(op: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None 
 
 def describe_outcome(result: Any, error: BaseException | None, limit: int = 160) -> str:
     """What an operation returned, or how it was refused, cut to ``limit``."""
-    text = f"refused {type(error).__name__}: {error}" if error is not None else describe(result)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clip(f"refused {type(error).__name__}: {error}" if error is not None else describe(result), limit)
 
 
 class CheckingMachine(RuleBasedStateMachine):
@@ -94,7 +93,7 @@ class CheckingMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.failed = False
-        self.trace = Trace(self.scope, self.layout_name)
+        self.trace = Trace(self.scope, self.layout_name, avoid=sorted(self.avoid))
         type(self).last_trace = self.trace
         type(self).examples_run += 1
 

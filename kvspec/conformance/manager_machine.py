@@ -57,11 +57,12 @@ def manager_machine(
         layout.kv_cache_config(), sbs, layout.hash_block_size, layout.enable_caching, layout.use_eagle
     )
 
-    ignored = frozenset(ignore_rules)
+    ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
 
     class ManagerMachine(CheckingMachine):
         scope = "manager"
         ignore_rules = ignored
+        avoid = avoided
 
         def __init__(self) -> None:
             super().__init__()
@@ -92,7 +93,7 @@ def manager_machine(
             events = self.target.take_events()
             self.mirror.apply(events)
             if self.spec is not None:
-                self.compare(op, args, kwargs, step.result, step.error, step.after, events)
+                self.compare(where, op, args, kwargs, step.result, step.error, step.after, events)
             if step.error is None and on_success is not None and step.result is not None:
                 on_success(step.result)
             problems = check_request_step(step, ctx=self.ctx)
@@ -103,9 +104,8 @@ def manager_machine(
                 raise Refused(step.error)
             return step.result
 
-        def compare(self, op, args, kwargs, result, error, snap, events) -> None:
+        def compare(self, where, op, args, kwargs, result, error, snap, events) -> None:
             spec_result, spec_error = call(getattr(self.spec, op), args, kwargs)
-            where = describe_call(op, args, kwargs)
             if (error is None) != (spec_error is None):
                 self.fail(divergence=f"{where}: target {'refused ' + repr(error) if error else 'accepted'}, "
                           f"spec {'refused ' + repr(spec_error) if spec_error else 'accepted'}")
@@ -156,7 +156,7 @@ def manager_machine(
             elif kind == "drop" and self.running:
                 self.drop_out_of_window(data)
             elif kind == "bad":
-                kinds = [k for k in ("no_tokens", "negative") if f"bad-input:{k}" not in avoid]
+                kinds = [k for k in ("no_tokens", "negative") if f"bad-input:{k}" not in self.avoid]
                 if kinds:
                     self.bad_allocation(data.draw(st.sampled_from(kinds), label="bad input"))
 
@@ -180,7 +180,7 @@ def manager_machine(
             blocks, hit = self.each("get_computed_blocks", request)
             room = request.num_tokens - hit
             external = 0
-            connector = not (layout.has_mamba_align and "mamba-align-external" in avoid)
+            connector = not (layout.has_mamba_align and "mamba-align-external" in self.avoid)
             if connector and room > sbs and data.draw(st.booleans(), label="external?"):
                 external = data.draw(st.integers(1, (room - 1) // sbs), label="external blocks") * sbs
             num_new = self.chunk(data, hit + external, request.num_tokens)

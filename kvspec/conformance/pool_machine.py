@@ -115,11 +115,12 @@ def pool_machine(
     """
     layout = layout or PoolLayout()
 
-    ignored = frozenset(ignore_rules)
+    ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
 
     class PoolMachine(CheckingMachine):
         scope = "pool"
         ignore_rules = ignored
+        avoid = avoided
 
         def __init__(self) -> None:
             super().__init__()
@@ -336,7 +337,7 @@ def pool_machine(
         @recorded
         def bad_input(self, op: str, k: int) -> None:
             """Impossible requests are refused and change nothing."""
-            if f"bad-input:{op}" in avoid:
+            if f"bad-input:{op}" in self.avoid:
                 return
             n = layout.num_blocks
             held = self.holders()

@@ -154,7 +154,6 @@ def machine_for(
             factory, MANAGER_LAYOUTS[layout], spec_factory=spec, ignore_rules=ignore, avoid=avoid
         )
     machine.layout_name = layout
-    machine.avoid = frozenset(avoid)
     return machine
 
 
@@ -204,7 +203,6 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
         result.details = [f"the run stopped on {type(failure).__name__}: {failure}"]
     if failure is not None:
         result.trace = machine.last_trace
-        result.trace.avoid = sorted(machine.avoid)
     return result
 
 

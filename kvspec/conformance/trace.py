@@ -158,7 +158,7 @@ class Trace:
         lines = []
         for i, step in enumerate(self.steps, 1):
             args = ", ".join(f"{k}={v!r}" for k, v in step.args.items())
-            draws = " ".join(f"{label or 'value'}={short(v, 60)}" for label, v in step.draws)
+            draws = " ".join(f"{label or 'value'}={clip(repr(v), 60)}" for label, v in step.draws)
             lines.append(f"step {i}: {step.rule}({args})" + (f"  [{draws}]" if draws else ""))
             lines += [f"    {op}" for op in step.operations]
         if len(lines) > limit:
@@ -261,7 +261,7 @@ def recorded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Put under ``@rule``: the rule's name, arguments and draws go to the
     machine's trace."""
 
-    takes_data = "data" in inspect.signature(fn).parameters
+    takes_data = "data" in inspect.signature(fn).parameters  # rules with internal draws
 
     @functools.wraps(fn)
     def rule_body(self: Any, **kwargs: Any) -> Any:
@@ -270,11 +270,9 @@ def recorded(fn: Callable[..., Any]) -> Callable[..., Any]:
             kwargs["data"] = RecordingData(kwargs["data"], self.trace.steps[-1])
         return fn(self, **kwargs)
 
-    rule_body.takes_data = takes_data  # type: ignore[attr-defined]
     return rule_body
 
 
-def short(value: Any, limit: int = 160) -> str:
-    """``repr`` cut to ``limit`` characters, for operation lines."""
-    text = repr(value)
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, for lines a person reads."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
