@@ -10,9 +10,9 @@ import random
 from dataclasses import replace
 
 import pytest
-from broken_managers import IgnoresTenant
 from test_spec_manager import chunked, config, cross, full, mamba, mla, swa
 
+from broken_managers import IgnoresTenant
 from kvspec.errors import RuleError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request, RequestStatus
