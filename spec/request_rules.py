@@ -148,6 +148,39 @@ def state_content(request: Any, n: int) -> tuple[Any, ...]:
     return tenant(request), tuple(request.all_token_ids[:n]), _mm_before(request, n)
 
 
+def mamba_token_positions(group: GroupLayout, start: int, end: int) -> list[int]:
+    """Where a Mamba group's step over tokens ``[start, end)`` keeps the
+    running state after each token: token ``t`` leaves the state after
+    ``t + 1`` tokens at position ``cdiv(t + 1, B) - 1`` of the request's
+    table -- so the state at every block boundary stays behind in that
+    boundary's block -- except in align mode, where every token of the step
+    writes the one block of the step's final state, ``cdiv(end, B) - 1``.
+    The step reads its initial state from position ``cdiv(start, B) - 1``
+    (none when ``start`` is 0)."""
+    bs = group.block_size
+    if group.mamba_cache_mode == "align":
+        return [cdiv(end, bs) - 1] * (end - start)
+    return [cdiv(t + 1, bs) - 1 for t in range(start, end)]
+
+
+def mamba_states_written(group: GroupLayout, start: int, end: int) -> list[int]:
+    """The states a Mamba step over ``[start, end)`` leaves in the request's
+    blocks, as token counts ``n`` (the state after ``n`` tokens, at position
+    ``cdiv(n, B) - 1``): the last one written to each position by
+    :func:`mamba_token_positions`, plus, in align mode with speculative
+    blocks, the boundary state the model runner copies (see :class:`Shadow`)."""
+    last: dict[int, int] = {}
+    for t, p in zip(range(start, end), mamba_token_positions(group, start, end), strict=True):
+        last[p] = t + 1
+    written = sorted(last.values())
+    bs, spec = group.block_size, group.num_speculative_blocks
+    if group.mamba_cache_mode == "align" and spec and end - start <= 1 + spec:
+        boundary = end // bs * bs
+        if start < boundary < end:
+            written.insert(0, boundary)
+    return written
+
+
 class Shadow:
     """What every (group, block) holds, as the caller wrote it.
 
@@ -183,14 +216,7 @@ class Shadow:
             if group.kind == "cross_attention":
                 continue
             if group.kind == "mamba":
-                ends = [end] if end > start else []
-                if group.mamba_cache_mode != "align":
-                    ends += [(p + 1) * bs for p in range(start // bs, cdiv(end, bs)) if start < (p + 1) * bs < end]
-                elif group.num_speculative_blocks and end - start <= 1 + group.num_speculative_blocks:
-                    boundary = end // bs * bs
-                    if start < boundary < end:
-                        ends.append(boundary)
-                for n in ends:
+                for n in mamba_states_written(group, start, end):
                     p = cdiv(n, bs) - 1
                     if p < len(table) and table[p] != NULL:
                         self.states[(g, table[p])] = state_content(request, n)

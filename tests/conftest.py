@@ -1,3 +1,13 @@
+import os
+
+# vLLM's Triton kernels run on a CPU under Triton's interpreter, which must be
+# chosen before Triton is imported; an empty CUDA_VISIBLE_DEVICES keeps vLLM's
+# Triton probe from disabling Triton.  The GPU stage (KVSPEC_DEVICE=cuda) runs
+# them compiled.
+if os.environ.get("KVSPEC_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
 from kvspec.conformance.settings import load_profile
 from operations import OPERATIONS
 

@@ -1,0 +1,80 @@
+"""The kernel stage against vLLM 0.25.1 itself: its KVCacheManager drives
+the schedules, its production Triton kernels (``unified_attention``, the MLA
+decode kernel) consume the tables -- on CPU under Triton's interpreter --,
+its worker-side ``MultiGroupBlockTable`` must hold the same rows and compute
+the same slot mappings, and its layer grouping must give the same groups.
+
+Run under tools/install_vllm.sh's environment (vLLM + triton):
+``PYTHONHASHSEED=0 .venv-vllm/bin/python -m pytest tests/test_kernel_stage_vllm.py``.
+"""
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("triton")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
+
+from kvspec.conformance.manager_targets import ImplManagerTarget, to_vllm_spec  # noqa: E402
+from kvspec.conformance.runner import require_vllm, vllm_manager  # noqa: E402
+from kvspec.conformance.settings import load_profile  # noqa: E402
+from kvspec.models import kernels as K  # noqa: E402
+from kvspec.models.architectures import ARCHITECTURES, architecture, kv_cache_config, layer_specs, setup  # noqa: E402
+from kvspec.models.runner import Engine  # noqa: E402
+from kvspec.models.stage import kernel_machine  # noqa: E402
+
+require_vllm()
+pytestmark = pytest.mark.skipif(K.vllm_kernels_available() is not None,
+                                reason=f"vLLM's Triton kernels cannot run here: {K.vllm_kernels_available()}")
+VLLM_KERNELS = ("reference", "flex", "vllm")
+EXAMPLES = {"ci": 12, "long": 200, "quick": 3}
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_grouping_matches_vllm(name, prefix_caching):
+    from vllm.v1.core import kv_cache_utils
+
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
+                             cache_config=SimpleNamespace(num_gpu_blocks_override=None), kv_transfer_config=None)
+    arch = architecture(name)
+    specs = {k: to_vllm_spec(v) for k, v in layer_specs(arch, prefix_caching=prefix_caching).items()}
+    theirs = kv_cache_utils.get_kv_cache_config_from_groups(
+        config, kv_cache_utils.get_kv_cache_groups(config, specs), 40 << 30)
+    ours = kv_cache_config(arch, memory_bytes=40 << 30, prefix_caching=prefix_caching)
+    assert [g.layer_names for g in ours.kv_cache_groups] == [g.layer_names for g in theirs.kv_cache_groups]
+    assert [g.kv_cache_spec.block_size for g in ours.kv_cache_groups] == [
+        g.kv_cache_spec.block_size for g in theirs.kv_cache_groups]
+    assert [g.kv_cache_spec.page_size_bytes for g in ours.kv_cache_groups] == [
+        g.kv_cache_spec.page_size_bytes for g in theirs.kv_cache_groups]
+    assert ours.num_blocks == theirs.num_blocks
+    assert [t.shared_by for t in ours.kv_cache_tensors] == [t.shared_by for t in theirs.kv_cache_tensors]
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_vllm_manager_and_kernels(name):
+    """vLLM's manager under random schedules; vLLM's kernels and block tables checked every step."""
+    profile = load_profile()
+    examples = next(v for k, v in EXAMPLES.items() if os.environ.get("HYPOTHESIS_PROFILE", "ci") == k)
+    machine = kernel_machine(setup(name), vllm_manager, kernels=VLLM_KERNELS, crosscheck_vllm_tables=True)
+    run_state_machine_as_test(machine, settings=settings(profile, max_examples=examples, stateful_step_count=20,
+                                                         suppress_health_check=list(HealthCheck)))
+    totals = machine.totals
+    assert totals["kernel vllm"] > 0 and totals["check vllm-block-table"] > 0
+    assert totals["check exact-gather"] > 0
+
+
+@pytest.mark.parametrize("name", ["gpt-oss", "nemotron-h-8b", "deepseek-v3"])
+def test_vllm_kernels_at_real_shapes(name):
+    """Real block sizes and windows (Nemotron-H: 1152-token blocks read as 16-token kernel blocks)."""
+    from test_kernel_stage import REAL_SHAPES, long_request_scenario
+
+    length, chunk, shared = REAL_SHAPES[name]
+    s = setup(name, "small", num_blocks=64 * len(setup(name).layout.groups), max_model_len=length + 16)
+    e = Engine.from_setup(s, ImplManagerTarget, kernels=VLLM_KERNELS, crosscheck_vllm_tables=True)
+    long_request_scenario(e, length, chunk, shared)
+    assert e.events["kernel vllm"] > 0 and e.checks_run["vllm-block-table"] > 0
