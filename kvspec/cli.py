@@ -28,8 +28,10 @@ from kvspec.conformance.runner import (
     Progress,
     Search,
     SetupError,
+    is_layout,
     layout_names,
     machine_for,
+    model_layout_names,
     replay,
     resolve_target,
     rules_checked,
@@ -47,7 +49,7 @@ def conform(args: argparse.Namespace) -> int:
     if args.budget is not None and args.budget <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     for name in args.avoid or ():
-        if not is_avoidable(name, layout_names("pool") + layout_names("manager")):
+        if not is_avoidable(name, layout_names("pool") + layout_names("manager") + model_layout_names()):
             raise UsageError(f"--avoid {name!r}: not an input the machines know; choose from {sorted(AVOIDABLE)}")
     scopes = list(SCOPES) if args.scope == "all" else [args.scope]
     plan = [(scope, name) for scope in scopes for name in _layouts(scope, args.layout)]
@@ -115,8 +117,12 @@ def _verdict(r) -> str:
 
 
 def _layouts(scope: str, wanted: list[str] | None) -> list[str]:
-    known = layout_names(scope)
-    return known if not wanted else [name for name in wanted if name in known]
+    """The layouts of ``scope`` the command asked for: all built-in ones by
+    default; ``models`` stands for every ``model:<name>`` layout."""
+    if not wanted:
+        return layout_names(scope)
+    names = [m for name in wanted for m in (model_layout_names() if name == "models" else [name])]
+    return [name for name in dict.fromkeys(names) if is_layout(scope, name)]
 
 
 def _slug(name: str) -> str:
@@ -174,6 +180,74 @@ def replay_command(args: argparse.Namespace) -> int:
     return 1
 
 
+def kernels_command(args: argparse.Namespace) -> int:
+    """The kernel stage: a target's block tables through real kernels."""
+    try:
+        import torch
+
+        from kvspec.models import kernels as K
+        from kvspec.models.architectures import ARCHITECTURES, SCALES, setup, setup_from_layout
+        from kvspec.models.stage import run_stage
+    except ImportError as error:
+        raise UsageError(f"the kernel stage needs torch ({error}); install kvspec[kernels]") from None
+    from kvspec.conformance.layouts import MANAGER_LAYOUTS
+    from kvspec.conformance.settings import kernel_settings
+
+    if args.examples is not None and args.examples <= 0:
+        raise UsageError(f"--examples must be positive, got {args.examples}")
+    if args.scale not in SCALES:
+        raise UsageError(f"unknown scale {args.scale!r}; choose one of {SCALES}")
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    unknown = set(kernels) - {"reference", "flex", "vllm"}
+    if unknown or "reference" not in kernels:
+        raise UsageError(f"--kernels takes reference (always), flex and vllm; got {args.kernels!r}")
+    if "vllm" in kernels and K.vllm_kernels_available() is not None:
+        raise UsageError(f"--kernels vllm: {K.vllm_kernels_available()} (on a CPU: TRITON_INTERPRET=1 "
+                         "CUDA_VISIBLE_DEVICES= before starting, with tools/install_vllm.sh's environment)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    names = args.model or ["all"]
+    setups = []
+    for name in names:
+        if name == "all":
+            setups += [setup(n, args.scale) for n in ARCHITECTURES]
+        elif name.removeprefix("model:") in ARCHITECTURES:
+            setups.append(setup(name.removeprefix("model:"), args.scale))
+        elif name in MANAGER_LAYOUTS:
+            setups.append(setup_from_layout(name, MANAGER_LAYOUTS[name]))
+        else:
+            raise UsageError(f"no model or layout named {name!r}: use one of {sorted(ARCHITECTURES)}, all, "
+                             f"or a manager layout ({', '.join(MANAGER_LAYOUTS)})")
+    factory = resolve_target(args.target, "manager")
+    _quiet_loggers()
+    run_settings = kernel_settings(args.profile, examples=args.examples)
+    seeded = None
+    if args.seed is not None:
+        from hypothesis import seed as hypothesis_seed
+        from hypothesis import settings as hypothesis_settings
+
+        run_settings, seeded = hypothesis_settings(run_settings, derandomize=False), hypothesis_seed(args.seed)
+    print(f"kvspec kernels: target={args.target} scale={args.scale} kernels={','.join(kernels)} "
+          f"device={args.device} dtype={args.dtype} profile={args.profile}")
+    print(f"{'layout':<28} {'steps':>7} {'checks':>8} {'seconds':>8}  result", flush=True)
+    failures = 0
+    for s in setups:
+        result = run_stage(s, factory, run_settings, seeded=seeded, kernels=kernels, dtype=dtype, device=args.device,
+                           crosscheck_vllm_tables=args.vllm_tables)
+        verdict = "ok" if result.passed else "FAILED"
+        print(f"{s.name:<28} {result.totals['steps']:>7} {result.checks:>8} {result.seconds:>8.1f}  {verdict}",
+              flush=True)
+        if not result.passed:
+            failures += 1
+            print(f"    {type(result.failure).__name__}: {result.failure}")
+            for line in result.example:
+                print(f"      {line}")
+    print()
+    print("every layout passed every check" if not failures else f"{failures} layout(s) failed")
+    return 1 if failures else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvspec", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -189,8 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--layout", action="append",
-        help=f"pool: {', '.join(layout_names('pool'))}; manager: {', '.join(layout_names('manager'))} "
-        "(repeatable; default all)",
+        help=f"pool: {', '.join(layout_names('pool'))}; manager: {', '.join(layout_names('manager'))}; "
+        f"real models (manager): {', '.join(model_layout_names())}, or 'models' for all of them "
+        "(repeatable; default: every pool and manager layout, not the models)",
     )
     run.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="Hypothesis profile (default ci)")
     size = run.add_mutually_exclusive_group()
@@ -217,6 +292,25 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--level", choices=sorted(LEVELS), help="default: the trace's level")
     rep.add_argument("--quiet", action="store_true", help="print only the diverging step and the verdict")
     rep.set_defaults(func=replay_command)
+
+    ker = sub.add_parser("kernels", help="run block tables through attention and Mamba kernels (the kernel stage)")
+    ker.add_argument("--target", default="impl", help="impl, vllm, or module:factory (a manager target; default impl)")
+    ker.add_argument("--model", action="append",
+                     help="an architecture of kvspec.models (llama-3-8b, gemma-3, ...), 'all' (default), or a "
+                     "manager conformance layout (repeatable)")
+    ker.add_argument("--scale", default="tiny",
+                     help="tiny (2-token blocks: every boundary within 32 tokens), small (real block sizes and "
+                     "windows, small layers) or gpu (real heads and head sizes, bf16); default tiny")
+    ker.add_argument("--kernels", default="reference,flex",
+                     help="comma-separated: reference, flex, vllm (vLLM's Triton kernels; default reference,flex)")
+    ker.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ker.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ker.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="Hypothesis profile (default ci)")
+    ker.add_argument("--examples", type=int, help="examples per layout (overrides the profile)")
+    ker.add_argument("--seed", type=int, help="a random search with this seed (default: the profile's)")
+    ker.add_argument("--vllm-tables", action="store_true",
+                     help="also compare with vLLM's worker MultiGroupBlockTable (needs vLLM)")
+    ker.set_defaults(func=kernels_command)
     return parser
 
 

@@ -325,15 +325,22 @@ def _small_spec(spec: KVCacheSpec, dtype: Any) -> KVCacheSpec:
     raise TypeError(f"no small form for {type(spec).__name__}")
 
 
-def scaled(config: KVCacheConfig, *, num_blocks: int, dtype: Any = "float32") -> KVCacheConfig:
+def scaled(config: KVCacheConfig, *, num_blocks: int, dtype: Any = "float32", small: bool = True) -> KVCacheConfig:
     """The same groups -- kinds, order, block sizes, windows, chunk sizes,
-    Mamba modes -- each with one small layer (1 KV head of 16, a 16+8 MLA
-    latent, a 2x4x4 Mamba state), over ``num_blocks`` blocks.  Pages differ
-    between groups now; the kernel stage pads them to one page."""
-    groups = [
-        KVCacheGroupSpec([f"{g.layer_names[0]}"], _small_spec(g.kv_cache_spec, dtype), is_eagle_group=g.is_eagle_group)
-        for g in config.kv_cache_groups
-    ]
+    Mamba modes -- each with one layer, over ``num_blocks`` blocks: a small
+    one (1 KV head of 16, a 32+4 MLA latent, a 2x4x4 Mamba state), or with
+    ``small=False`` the model's own (real KV heads and head sizes, in
+    ``dtype``).  Small pages differ between groups; the kernel stage pads
+    them to one page."""
+    def layer(spec: KVCacheSpec) -> KVCacheSpec:
+        if small:
+            return _small_spec(spec, dtype)
+        if isinstance(spec, MambaSpec):
+            return replace(spec, dtypes=tuple(dtype for _ in spec.dtypes), page_size_padded=None)
+        return replace(spec, dtype=dtype)
+
+    groups = [KVCacheGroupSpec([g.layer_names[0]], layer(g.kv_cache_spec), is_eagle_group=g.is_eagle_group)
+              for g in config.kv_cache_groups]
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
@@ -389,7 +396,7 @@ class ModelSetup:
     sinks: bool = False
 
 
-SCALES = ("tiny", "small")
+SCALES = ("tiny", "small", "gpu")
 
 
 def setup(name: str, scale: str = "tiny", *, prefix_caching: bool | None = None, num_blocks: int | None = None,
@@ -400,7 +407,10 @@ def setup(name: str, scale: str = "tiny", *, prefix_caching: bool | None = None,
     block sizes, windows and chunks with small layers).  Prefix caching
     follows vLLM's default for the architecture, except that hybrid Mamba
     models turn it on (their cached states are the interesting part); pass
-    ``prefix_caching`` to choose."""
+    ``prefix_caching`` to choose.  ``"gpu"``: the model's own KV heads and
+    head sizes in bf16, real block sizes and windows, tens of thousands of
+    blocks (Mamba hybrids: two thousand, their states are megabytes), up to
+    32 query heads."""
     arch = architecture(name)
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose one of {SCALES}")
@@ -411,14 +421,21 @@ def setup(name: str, scale: str = "tiny", *, prefix_caching: bool | None = None,
         max_model_len = max_model_len or 32
         config = tiny(full, max_model_len=max_model_len, num_blocks=num_blocks)
         kernel_block_size, encoder = None, 6 if arch.num_encoder_tokens else 0
-    else:
+    elif scale == "small":
         max_model_len = max_model_len or min(arch.max_model_len, 16384)
         config = scaled(full, num_blocks=num_blocks or 64 * len(full.kv_cache_groups))
         kernel_block_size, encoder = KERNEL_BLOCK_ALIGNMENT, arch.num_encoder_tokens
+    else:
+        max_model_len = max_model_len or min(arch.max_model_len, 16384)
+        blocks = num_blocks or (2048 if arch.mamba is not None else 32768)
+        config = scaled(full, num_blocks=blocks, dtype="bfloat16", small=False)
+        kernel_block_size, encoder = KERNEL_BLOCK_ALIGNMENT, arch.num_encoder_tokens
+        heads = min(32, arch.num_heads) if arch.mla_latent else arch.num_heads
     layout = ManagerLayout(tuple(g.kv_cache_spec for g in config.kv_cache_groups), num_blocks=config.num_blocks,
                            max_model_len=max_model_len, enable_caching=prefix_caching)
     label = f"model:{arch.name}" + ("" if scale == "tiny" else f"@{scale}")
-    return ModelSetup(label, layout, kernel_block_size, encoder, sinks=arch.sinks)
+    return ModelSetup(label, layout, kernel_block_size, encoder, heads=heads if scale == "gpu" else 2,
+                      sinks=arch.sinks)
 
 
 def setup_from_layout(name: str, layout: ManagerLayout, *, num_encoder_tokens: int = 6) -> ModelSetup:

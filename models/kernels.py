@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -84,7 +85,12 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: to
                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention in fp32: ``q`` [n, H, D], ``k`` [m, Hkv, D], ``v``
     [m, Hkv, Dv]; query ``i`` sees key ``j`` when ``lowest[i] <= k_pos[j] <=
-    q_pos[i]`` (causal) or always (not causal).  Returns [n, H, Dv]."""
+    q_pos[i]`` (causal) or always (not causal).  Runs where ``k`` is;
+    returns [n, H, Dv] on the CPU."""
+    device = k.device
+    q, v, q_pos, k_pos = q.to(device), v.to(device), q_pos.to(device), k_pos.to(device)
+    lowest = lowest.to(device) if lowest is not None else None
+    sinks = sinks.to(device) if sinks is not None else None
     heads, kv_heads = q.shape[1], k.shape[1]
     k = k.float().repeat_interleave(heads // kv_heads, dim=1)
     v = v.float().repeat_interleave(heads // kv_heads, dim=1)
@@ -97,7 +103,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: to
         probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
     else:
         probs = scores.softmax(-1)
-    return torch.einsum("hqk,khd->qhd", probs, v)
+    return torch.einsum("hqk,khd->qhd", probs, v).cpu()
 
 
 def slots(block_row: torch.Tensor, positions: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,9 +135,8 @@ def reference_attention(batch: AttentionBatch) -> torch.Tensor:
         row = batch.block_table[r]
         k, v = gather(batch.key_cache, row, k_pos, batch.block_size), gather(batch.value_cache, row, k_pos,
                                                                                batch.block_size)
-        out.append(dense_attention(q, k.cpu(), v.cpu(), q_pos, k_pos, scale=batch.scale,
-                                   lowest=batch.lowest_key(q_pos), causal=batch.causal,
-                                   sinks=None if batch.sinks is None else batch.sinks.cpu()))
+        out.append(dense_attention(q, k, v, q_pos, k_pos, scale=batch.scale, lowest=batch.lowest_key(q_pos),
+                                   causal=batch.causal, sinks=batch.sinks))
     return torch.cat(out) if out else batch.query.new_zeros(0, *batch.query.shape[1:]).float()
 
 
@@ -171,7 +176,7 @@ def flex_attention_paged(batch: AttentionBatch) -> torch.Tensor:
     row at a position the mask allows (vLLM's FlexAttention backend pages
     this way).  Eager flex_attention computes every (query, slot) score, so
     the key sequence is the blocks the batch's rows name, not the whole pool."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     blocks = used_blocks(batch)
     bs = batch.block_size
@@ -187,31 +192,89 @@ def flex_attention_paged(batch: AttentionBatch) -> torch.Tensor:
     seq_lens = torch.tensor(batch.seq_lens)
     causal = batch.causal
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        r = req_of[q_idx]
-        logical = inv[r, kv_idx // bs]
-        pos = logical * bs + kv_idx % bs
-        ok = (logical >= 0) & (pos < seq_lens[r])
-        if causal:
-            ok = ok & (pos <= q_pos[q_idx]) & (pos >= lowest[q_idx])
-        return ok
+    device = keys.device
+    req_of, inv, seq_lens = req_of.to(device), inv.to(device), seq_lens.to(device)
+    q_pos, lowest = q_pos.to(device), lowest.to(device)
+    # Which (query, slot) pairs the tables allow, all at once (eager flex would evaluate a
+    # mask function per element through vmap, which costs more than the attention here).
+    kv_idx = torch.arange(keys.shape[0], device=device)
+    logical = inv[req_of][:, kv_idx // bs]  # [tokens, slots]
+    pos = logical * bs + kv_idx % bs
+    allowed = (logical >= 0) & (pos < seq_lens[req_of][:, None])
+    if causal:
+        allowed &= (pos <= q_pos[:, None]) & (pos >= lowest[:, None])
 
-    tokens = batch.query.shape[0]
-    mask = create_block_mask(mask_mod, 1, 1, tokens, keys.shape[0], device="cpu", BLOCK_SIZE=128)
-    q = batch.query.float().cpu().transpose(0, 1)[None]
-    k, v = keys.cpu().transpose(0, 1)[None], values.cpu().transpose(0, 1)[None]
+    def mask_mod(b, h, q_idx, kv_idx):
+        return allowed[q_idx, kv_idx]
+
+    mask = block_mask_from_dense(allowed, mask_mod)
+    q = batch.query.float().to(device).transpose(0, 1)[None]
+    k, v = keys.transpose(0, 1)[None], values.transpose(0, 1)[None]
     with warnings.catch_warnings():  # eager on purpose: it runs on CPU, where compiling buys nothing here
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         out, lse = _flex_with_lse(flex_attention, q, k, v, mask, batch.scale, q.shape[1] != k.shape[1])
     out, lse = out[0].transpose(0, 1), lse[0].transpose(0, 1)  # [tokens, heads, D], [tokens, heads]
     if batch.sinks is not None:  # a sink is one more key with no value: rescale by Z / (Z + e^sink)
-        out = out * torch.sigmoid(lse - batch.sinks.float().cpu()[None, :])[..., None]
-    return out
+        out = out * torch.sigmoid(lse - batch.sinks.float().to(device)[None, :])[..., None]
+    return out.cpu()
+
+
+def block_mask_from_dense(allowed: torch.Tensor, mask_mod, block: int = 128) -> Any:
+    """A flex_attention ``BlockMask`` from a dense [queries, keys] boolean
+    mask: tiles with no allowed pair are skipped, tiles with every pair
+    allowed need no mask, the rest ask ``mask_mod``."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    rows, cols = allowed.shape
+    padded = torch.nn.functional.pad(allowed, (0, -cols % block, 0, -rows % block))
+    tiles = padded.view(padded.shape[0] // block, block, padded.shape[1] // block, block)
+    some, every = tiles.any(dim=3).any(dim=1), tiles.all(dim=3).all(dim=1)
+    partial = some & ~every
+
+    def as_indices(which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = which.sum(-1).int()
+        order = torch.argsort((~which).int(), dim=-1, stable=True).int()  # the chosen tiles first
+        return counts[None, None], order[None, None]
+
+    num, idx = as_indices(partial)
+    full_num, full_idx = as_indices(every)
+    return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod,
+                                   seq_lengths=(rows, cols))
 
 
 def _flex_with_lse(flex_attention, q, k, v, mask, scale, gqa):
     """flex_attention's output and log-sum-exp (``return_aux`` where this
-    torch has it, ``return_lse`` before)."""
+    torch has it, ``return_lse`` before).  Off the GPU it runs its eager
+    reference directly: through torch.compile's "eager" wrapper, every new
+    shape would be traced again (the switch is the one torch documents for
+    debugging; it matters only for backward passes, which this never takes)."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    if q.is_cuda:  # the fused Triton kernel: eager flex would materialise every score
+        return _flex_call(_compiled_flex(), q, k, v, mask, scale, gqa)
+    direct = q.device.type == "cpu" and hasattr(flex_module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG")
+    saved = getattr(flex_module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", False)
+    if direct:
+        flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        return _flex_call(flex_attention, q, k, v, mask, scale, gqa)
+    finally:
+        if direct:
+            flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = saved
+
+
+_COMPILED_FLEX: list = []
+
+
+def _compiled_flex():
+    if not _COMPILED_FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=True))
+    return _COMPILED_FLEX[0]
+
+
+def _flex_call(flex_attention, q, k, v, mask, scale, gqa):
     try:
         from torch.nn.attention.flex_attention import AuxRequest
     except ImportError:

@@ -614,7 +614,7 @@ class Engine:
         for r, w in enumerate(work):
             q = batch.query[batch.query_start[r]:batch.query_start[r + 1]]
             q_pos, k_pos = batch.query_positions(r), K.key_positions(batch, r)
-            k, v = self._expected_kv(group, all_ids[r], k_pos, w)
+            k, v = (t.to(batch.key_cache.device) for t in self._expected_kv(group, all_ids[r], k_pos, w))
             outs.append(K.dense_attention(q, k, v, q_pos, k_pos, scale=batch.scale, lowest=batch.lowest_key(q_pos),
                                           causal=batch.causal, sinks=batch.sinks))
         return torch.cat(outs)

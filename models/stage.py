@@ -1,5 +1,5 @@
 """The kernel stage as a search: Hypothesis plays a serving engine's
-scheduler over a model layout, the :class:`~kvspec.models.runner.Engine`
+scheduler over a model layout, one engine step per rule, the :class:`~kvspec.models.runner.Engine`
 runs every step through real kernels, and every check of
 :data:`~kvspec.models.runner.CHECKS` runs after every step.
 
@@ -15,13 +15,18 @@ prefix cache is reset.  A token budget per step keeps the batches small.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule
+from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 from kvspec.models.architectures import ModelSetup
 from kvspec.models.runner import Engine
@@ -29,8 +34,21 @@ from kvspec.request import Request
 from kvspec.spec.interface import ManagerTarget
 
 SYSTEM_PROMPTS = ([], [1, 1, 0, 1, 0, 0], [0, 1, 1, 1])
-TOKEN_BUDGET = 12
 MAX_REQUESTS = 5
+SHORT = 64  # up to this max_model_len, prompts are drawn token by token
+
+
+def token_budget(max_model_len: int) -> int:
+    """Tokens per step: a dozen for the tiny layouts, an eighth of the
+    context for long ones."""
+    return max(12, max_model_len // 8)
+
+
+def long_prompt(length: int, pattern: list[int], system: list[int]) -> list[int]:
+    """A long prompt: the system prompt scaled up, then a repeated pattern."""
+    head = system * max(1, length // (4 * max(1, len(system)))) if system else []
+    tail = (pattern * (length // len(pattern) + 1))[: max(1, length - len(head))]
+    return head + tail
 
 
 def kernel_machine(setup: ModelSetup, target_factory: Callable[..., ManagerTarget], *,
@@ -61,11 +79,12 @@ def kernel_machine(setup: ModelSetup, target_factory: Callable[..., ManagerTarge
         def step(self, data: st.DataObject) -> None:
             """Arrivals, the running requests' next tokens, admissions, then the kernels."""
             e = self.engine
+            self.maintain(data)
             e.begin_step()
             for _ in range(data.draw(st.integers(0, 2), label="arrivals")):
                 if len(e.running) + len(e.waiting) < MAX_REQUESTS:
                     self.arrive(data)
-            budget = TOKEN_BUDGET
+            budget = token_budget(layout.max_model_len)
             for request in list(e.running):
                 budget -= self.run(data, request, budget)
             for request in list(e.waiting):
@@ -78,11 +97,16 @@ def kernel_machine(setup: ModelSetup, target_factory: Callable[..., ManagerTarge
 
         def arrive(self, data: st.DataObject) -> Request:
             system = data.draw(st.sampled_from(SYSTEM_PROMPTS), label="system prompt")
-            tail = data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=layout.max_model_len // 2 - len(system)),
-                             label="prompt")
+            if layout.max_model_len <= SHORT:
+                tokens = system + data.draw(st.lists(st.integers(0, 1), min_size=1,
+                                                     max_size=layout.max_model_len // 2 - len(system)), label="prompt")
+            else:  # thousands of tokens: a length and a pattern
+                length = data.draw(st.integers(1, layout.max_model_len // 2), label="prompt length")
+                pattern = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=4), label="pattern")
+                tokens = long_prompt(length, pattern, system)
             salt = data.draw(st.sampled_from([None, None, "tenant-b"]), label="salt")
             lora = data.draw(st.sampled_from([None, None, "adapter-a"]), label="lora")
-            return self.engine.new_request(system + tail, salt=salt, lora=lora)
+            return self.engine.new_request(tokens, salt=salt, lora=lora)
 
         def chunk(self, data: st.DataObject, start: int, end: int, budget: int) -> int:
             """Tokens of ``[start, end)`` to compute now: at most ``budget``;
@@ -135,13 +159,13 @@ def kernel_machine(setup: ModelSetup, target_factory: Callable[..., ManagerTarge
 
         # --- between steps ------------------------------------------------------------------------------------
 
-        @rule(data=st.data())
         def maintain(self, data: st.DataObject) -> None:
-            """Evictions by id, or a prefix-cache reset."""
+            """Now and then, before a step: evictions by id, or a prefix-cache reset."""
             e = self.engine
-            if data.draw(st.booleans(), label="reset?"):
+            kind = data.draw(st.sampled_from(["none"] * 6 + ["evict", "evict", "reset"]), label="maintenance")
+            if kind == "reset":
                 e.reset()
-            else:
+            elif kind == "evict":
                 e.evict(data.draw(st.sets(st.integers(1, layout.num_blocks - 1), max_size=3), label="evict"))
 
         def teardown(self) -> None:
@@ -160,5 +184,43 @@ def kernel_machine(setup: ModelSetup, target_factory: Callable[..., ManagerTarge
     return KernelMachine
 
 
-def summary(engine: Engine) -> dict[str, Any]:
-    return {"steps": engine.steps, "checks": dict(engine.checks_run)}
+@dataclass
+class StageResult:
+    """One layout's kernel-stage run: what it did, and its first failure."""
+
+    name: str
+    totals: Counter[str]
+    seconds: float
+    failure: BaseException | None = None
+    example: list[str] = field(default_factory=list)  # Hypothesis's minimal failing run
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    @property
+    def checks(self) -> int:
+        return sum(v for k, v in self.totals.items() if k.startswith("check "))
+
+
+def run_stage(setup: ModelSetup, target_factory: Callable[..., ManagerTarget], run_settings: settings, *,
+              seeded: Callable[[Any], Any] | None = None, **options: Any) -> StageResult:
+    """Search ``setup`` under ``run_settings`` (``seeded``: Hypothesis's
+    ``seed(n)`` decorator for a repeatable random search); a failing check
+    (or a target raising where no refusal is possible) ends the search with
+    Hypothesis's shrunk example."""
+    machine = kernel_machine(setup, target_factory, **options)
+    if seeded is not None:
+        seeded(machine)
+    printed = io.StringIO()
+    start = time.perf_counter()
+    failure = None
+    try:
+        with contextlib.redirect_stdout(printed):
+            run_state_machine_as_test(machine, settings=run_settings)
+    except Exception as error:  # a check, or the target itself
+        failure = error
+    # Hypothesis attaches the minimal failing run to the exception (or prints it, in older releases).
+    text = printed.getvalue() + "\n".join(getattr(failure, "__notes__", ()))
+    lines = [line for line in text.splitlines() if line.strip()]
+    return StageResult(setup.name, machine.totals, time.perf_counter() - start, failure, lines if failure else [])

@@ -67,3 +67,17 @@ def test_pool_bench_quick(tmp_path: Path) -> None:
     assert 0.0 < info["mean_relative_position"] < 1.0
     for key in ("python", "platform", "date"):
         assert result[key]
+
+
+def test_kernel_bandwidth_smoke(tmp_path: Path) -> None:
+    """The fragmentation benchmark runs end to end on tiny CPU shapes."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "kernel_bandwidth.py"), "--smoke", "--repeats", "3",
+         "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    record = json.loads((tmp_path / "kernel-bandwidth.json").read_text())
+    for label in ("kvspec manager", "contiguous"):
+        assert _is_rate(record["results"][label]["GB/s"])
+    assert _is_rate(record["fragmented_over_contiguous"]) and "fragmented / contiguous" in proc.stdout

@@ -230,3 +230,53 @@ def test_a_target_that_raises_fails_its_layout_without_a_traceback(tmp_path, cap
     (trace,) = tmp_path.glob("*.json")
     assert main(["replay", str(trace), "--quiet"]) == 1
     assert "the run stopped on RuntimeError: snapshot exploded" in capsys.readouterr().out
+
+
+# --- model layouts and the kernel stage ------------------------------------------------------------------
+
+
+def test_conform_runs_model_layouts(capsys):
+    code = main(["conform", "--layout", "model:gpt-oss", "--layout", "model:nemotron-h-8b", "--examples", "3",
+                 "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "manager  model:gpt-oss" in out and "manager  model:nemotron-h-8b" in out and "pool " not in out
+
+
+def test_models_stands_for_every_model_layout(capsys):
+    assert main(["conform", "--layout", "models", "--examples", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("manager  model:") == 8
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["conform", "--layout", "model:gpt-5"], "no layout named"),
+        (["kernels", "--model", "gpt-5"], "no model or layout named 'gpt-5'"),
+        (["kernels", "--kernels", "flex"], "--kernels takes reference (always)"),
+        (["kernels", "--kernels", "reference,cuda"], "--kernels takes reference (always)"),
+        (["kernels", "--examples", "0"], "--examples must be positive"),
+        (["kernels", "--scale", "huge"], "unknown scale 'huge'"),
+        (["kernels", "--target", "nope"], "unknown target 'nope'"),
+    ],
+)
+def test_model_and_kernel_usage_errors(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_kernels_on_a_sound_manager(capsys):
+    code = main(["kernels", "--model", "llama-3-8b", "--model", "full+swa+mamba", "--examples", "3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "model:llama-3-8b" in out and "full+swa+mamba" in out and "every layout passed every check" in out
+
+
+def test_kernels_name_the_check_that_caught_a_broken_manager(capsys):
+    code = main(["kernels", "--target", "kernel_faults:IgnoresSalt", "--model", "llama-3-8b", "--examples", "60",
+                 "--profile", "quick"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "[exact-gather]" in out and "Falsifying example" in out and "1 layout(s) failed" in out

@@ -13,37 +13,24 @@ from hypothesis.stateful import run_state_machine_as_test
 from kernel_faults import FAULTS, catch
 from kvspec.conformance.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.manager_targets import ImplManagerTarget
-from kvspec.conformance.settings import load_profile
+from kvspec.conformance.settings import kernel_settings, load_profile
 from kvspec.kv_cache_interface import CrossAttentionSpec, cdiv
 from kvspec.models.architectures import ARCHITECTURES, setup, setup_from_layout
 from kvspec.models.runner import CHECKS, Engine, KernelStageError
 from kvspec.models.stage import kernel_machine
-from operations import OPERATIONS
-
-# Examples per model layout: each runs up to 20 engine steps, every check after every step.
-EXAMPLES = {"ci": 40, "long": 400, "quick": 5}
+from operations import record
 
 
-def search(machine, examples=None):
-    profile = load_profile()
-    name = next(k for k, v in EXAMPLES.items() if k == _profile_name(profile))
-    run_state_machine_as_test(machine, settings=settings(
-        profile, max_examples=examples or EXAMPLES[name], stateful_step_count=20,
-        suppress_health_check=list(HealthCheck)))
-
-
-def _profile_name(profile):
-    from kvspec.conformance.settings import PROFILES
-
-    return next((k for k, v in PROFILES.items() if v is profile), "ci")
+def search(machine):
+    run_state_machine_as_test(machine, settings=kernel_settings())
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_every_model_under_random_schedules(name):
+def test_every_model_under_random_schedules(name, request):
     machine = kernel_machine(setup(name), ImplManagerTarget)
     search(machine)
     totals = machine.totals
-    OPERATIONS[f"kernel stage {name} (steps)"] = totals["steps"]
+    record(request, f"kernel stage {name} (steps)", totals["steps"])
     assert totals["steps"] > 0 and totals["check exact-gather"] > 0 and totals["check kernel-output"] > 0
     assert totals["check table-coherence"] > 0 and totals["check slot-ownership"] > 0
     if name == "nemotron-h-8b":

@@ -16,12 +16,11 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("triton")
 
-from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
 from kvspec.conformance.manager_targets import ImplManagerTarget, to_vllm_spec  # noqa: E402
 from kvspec.conformance.runner import require_vllm, vllm_manager  # noqa: E402
-from kvspec.conformance.settings import load_profile  # noqa: E402
+from kvspec.conformance.settings import kernel_settings  # noqa: E402
 from kvspec.models import kernels as K  # noqa: E402
 from kvspec.models.architectures import ARCHITECTURES, architecture, kv_cache_config, layer_specs, setup  # noqa: E402
 from kvspec.models.runner import Engine  # noqa: E402
@@ -58,11 +57,9 @@ def test_grouping_matches_vllm(name, prefix_caching):
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_vllm_manager_and_kernels(name):
     """vLLM's manager under random schedules; vLLM's kernels and block tables checked every step."""
-    profile = load_profile()
-    examples = next(v for k, v in EXAMPLES.items() if os.environ.get("HYPOTHESIS_PROFILE", "ci") == k)
+    examples = EXAMPLES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
     machine = kernel_machine(setup(name), vllm_manager, kernels=VLLM_KERNELS, crosscheck_vllm_tables=True)
-    run_state_machine_as_test(machine, settings=settings(profile, max_examples=examples, stateful_step_count=20,
-                                                         suppress_health_check=list(HealthCheck)))
+    run_state_machine_as_test(machine, settings=kernel_settings(examples=examples))
     totals = machine.totals
     assert totals["kernel vllm"] > 0 and totals["check vllm-block-table"] > 0
     assert totals["check exact-gather"] > 0

@@ -10,13 +10,13 @@ from kvspec.conformance.manager_machine import manager_machine
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.settings import load_profile, manager_settings
 from kvspec.conformance.spec_manager_target import SpecManagerTarget
-from operations import OPERATIONS
+from operations import record
 
 
 @pytest.mark.parametrize("name", MANAGER_LAYOUTS)
-def test_impl_matches_spec(name):
+def test_impl_matches_spec(name, request):
     machine = manager_machine(ImplManagerTarget, MANAGER_LAYOUTS[name], spec_factory=SpecManagerTarget)
     run_state_machine_as_test(machine, settings=manager_settings())
-    OPERATIONS[f"manager {name}"] = machine.steps_run
+    record(request, f"manager {name}", machine.steps_run)
     if load_profile().max_examples >= 250:  # the ci and long profiles
         assert machine.steps_run >= 20_000, f"{name}: only {machine.steps_run} operations"

@@ -69,6 +69,11 @@ IMPORT_DEPS=(
 # "load_lib_module() got an unexpected keyword argument 'extra_lib_paths'").
 # 0.2.5.post1 is the newest release that works with apache-tvm-ffi==0.1.9.
 XGRAMMAR_SPEC="xgrammar==0.2.5.post1"
+# The kernel stage runs vLLM's production Triton kernels (unified_attention,
+# the MLA decode kernel, the block table's slot-mapping kernel); on a CPU
+# they run under Triton's interpreter (TRITON_INTERPRET=1, set by the tests).
+# Measured with vLLM 0.25.1 and torch 2.13 CPU.  --no-deps: torch is pinned above.
+TRITON_SPEC="triton==3.9.0"
 
 # The modules whose import proves the install usable.
 CHECK_MODULES="vllm.v1.core.block_pool, vllm.v1.core.kv_cache_manager, vllm.v1.request, vllm.v1.core.kv_cache_utils, vllm.lora.request, kvspec.hashing"
@@ -109,11 +114,14 @@ pip_install --no-deps "vllm==$VLLM_VERSION"
 log "installing import-time dependencies"
 pip_install "$TORCH_SPEC" "${IMPORT_DEPS[@]}"
 pip_install --no-deps "$XGRAMMAR_SPEC"
+log "installing $TRITON_SPEC (vLLM's kernels, interpreted on a CPU)"
+pip_install --no-deps "$TRITON_SPEC"
 
 # 6. kvspec itself, editable, so both import in one interpreter; pytest for
-#    the tests that need vLLM (tests/test_impl_vs_vllm.py, tests/test_findings.py).
+#    the tests that need vLLM (tests/test_impl_vs_vllm.py, tests/test_findings.py,
+#    tests/test_kernel_stage_vllm.py), on both cores.
 log "installing kvspec (editable) from $REPO_ROOT, and pytest"
-pip_install -e "$REPO_ROOT" pytest
+pip_install -e "$REPO_ROOT" pytest "pytest-xdist>=3.5"
 
 # 7. Check: the modules kvspec drives import with no GPU.
 log "checking imports"

@@ -24,7 +24,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import settings
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
-from kvspec.conformance.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.layouts import MANAGER_LAYOUTS, ManagerLayout
 from kvspec.conformance.machinery import CheckingMachine, ConformanceError
 from kvspec.conformance.manager_machine import manager_machine
 from kvspec.conformance.manager_targets import ImplManagerTarget
@@ -130,7 +130,32 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
 
 
 def layout_names(scope: str) -> list[str]:
+    """The layouts a scope runs by default (the model layouts are chosen by name)."""
     return list(LAYOUTS if scope == "pool" else MANAGER_LAYOUTS)
+
+
+def model_layout_names() -> list[str]:
+    """``model:<name>``: the manager layouts of real architectures (kvspec.models), tiny scale."""
+    from kvspec.models.architectures import model_layout_names as names
+
+    return names()
+
+
+def is_layout(scope: str, name: str) -> bool:
+    return name in layout_names(scope) or (scope == "manager" and name in model_layout_names())
+
+
+def manager_layout(name: str) -> ManagerLayout:
+    """A conformance layout by name, or ``model:<architecture>``: the
+    model's groups at the tiny scale (kvspec.models.architectures.setup)."""
+    if name in MANAGER_LAYOUTS:
+        return MANAGER_LAYOUTS[name]
+    if name in model_layout_names():
+        from kvspec.models.architectures import setup
+
+        return setup(name.removeprefix("model:")).layout
+    raise SetupError(f"no manager layout named {name!r}: use one of {layout_names('manager')} "
+                     f"or {', '.join(model_layout_names())}")
 
 
 def machine_for(
@@ -142,8 +167,9 @@ def machine_for(
         raise SetupError(f"unknown scope {scope!r}: use one of {SCOPES}")
     if level not in LEVELS:
         raise SetupError(f"unknown level {level!r}: use one of {sorted(LEVELS)}")
-    if layout not in layout_names(scope):
-        raise SetupError(f"no {scope} layout named {layout!r}: use one of {layout_names(scope)}")
+    if not is_layout(scope, layout):
+        extra = f" or {', '.join(model_layout_names())}" if scope == "manager" else ""
+        raise SetupError(f"no {scope} layout named {layout!r}: use one of {layout_names(scope)}{extra}")
     factory = resolve_target(target, scope)
     lockstep, ignore = level == "L3", LEVELS[level]
     if scope == "pool":
@@ -151,7 +177,7 @@ def machine_for(
     else:
         spec = SpecManagerTarget if lockstep else None
         machine = manager_machine(
-            factory, MANAGER_LAYOUTS[layout], spec_factory=spec, ignore_rules=ignore, avoid=avoid
+            factory, manager_layout(layout), spec_factory=spec, ignore_rules=ignore, avoid=avoid
         )
     machine.layout_name = layout
     return machine

@@ -45,6 +45,17 @@ for _name, _profile in PROFILES.items():
 MANAGER_EXAMPLES = {"ci": 200, "long": 2000, "quick": 10}
 
 
+# The kernel stage: an example is up to 20 engine steps, each through real kernels and every check.
+KERNEL_EXAMPLES = {"ci": 50, "long": 400, "quick": 5}
+
+
+def kernel_settings(name: str | None = None, *, examples: int | None = None) -> settings:
+    """The profile ``name`` sized for the kernel stage (``examples`` overrides)."""
+    name = name or os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    return settings(load_profile(name), max_examples=examples or KERNEL_EXAMPLES[name], stateful_step_count=20,
+                    suppress_health_check=list(HealthCheck))
+
+
 def manager_settings(name: str | None = None) -> settings:
     """The profile ``name`` sized for the request-level machine."""
     name = name or os.environ.get("HYPOTHESIS_PROFILE", "ci")
