@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -182,6 +183,12 @@ def replay_command(args: argparse.Namespace) -> int:
 
 def kernels_command(args: argparse.Namespace) -> int:
     """The kernel stage: a target's block tables through real kernels."""
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    if "vllm" in kernels and args.device == "cpu" and "triton" not in sys.modules:
+        # vLLM's Triton kernels on a CPU: Triton's interpreter, chosen before Triton is imported; an
+        # empty CUDA_VISIBLE_DEVICES keeps vLLM's Triton probe from disabling Triton.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     try:
         import torch
 
@@ -197,13 +204,12 @@ def kernels_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--examples must be positive, got {args.examples}")
     if args.scale not in SCALES:
         raise UsageError(f"unknown scale {args.scale!r}; choose one of {SCALES}")
-    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     unknown = set(kernels) - {"reference", "flex", "vllm"}
     if unknown or "reference" not in kernels:
         raise UsageError(f"--kernels takes reference (always), flex and vllm; got {args.kernels!r}")
     if "vllm" in kernels and K.vllm_kernels_available() is not None:
-        raise UsageError(f"--kernels vllm: {K.vllm_kernels_available()} (on a CPU: TRITON_INTERPRET=1 "
-                         "CUDA_VISIBLE_DEVICES= before starting, with tools/install_vllm.sh's environment)")
+        raise UsageError(f"--kernels vllm: {K.vllm_kernels_available()} (run kvspec from tools/install_vllm.sh's "
+                         "environment)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no CUDA device")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
@@ -221,6 +227,7 @@ def kernels_command(args: argparse.Namespace) -> int:
                              f"or a manager layout ({', '.join(MANAGER_LAYOUTS)})")
     factory = resolve_target(args.target, "manager")
     _quiet_loggers()
+    warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)  # Triton's interpreter, masked lanes
     run_settings = kernel_settings(args.profile, examples=args.examples)
     seeded = None
     if args.seed is not None:

@@ -30,7 +30,7 @@ require_vllm()
 pytestmark = pytest.mark.skipif(K.vllm_kernels_available() is not None,
                                 reason=f"vLLM's Triton kernels cannot run here: {K.vllm_kernels_available()}")
 VLLM_KERNELS = ("reference", "flex", "vllm")
-EXAMPLES = {"ci": 12, "long": 200, "quick": 3}
+EXAMPLES = {"ci": 8, "long": 200, "quick": 3}  # vLLM's kernels are interpreted: seconds per step
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -70,7 +70,8 @@ def test_vllm_kernels_at_real_shapes(name):
     """Real block sizes and windows (Nemotron-H: 1152-token blocks read as 16-token kernel blocks)."""
     from test_kernel_stage import REAL_SHAPES, long_request_scenario
 
-    length, chunk, shared = REAL_SHAPES[name]
+    # Nemotron-H: one 1152-token block shared, one more computed (interpreted kernels are slow).
+    length, chunk, shared = (1400, 1152, 1152) if name == "nemotron-h-8b" else REAL_SHAPES[name]
     s = setup(name, "small", num_blocks=64 * len(setup(name).layout.groups), max_model_len=length + 16)
     e = Engine.from_setup(s, ImplManagerTarget, kernels=VLLM_KERNELS, crosscheck_vllm_tables=True)
     long_request_scenario(e, length, chunk, shared)
