@@ -115,13 +115,19 @@ REAL_SHAPES = {
 }
 
 
+def sized_for(name: str, scale: str, length: int):
+    """Model ``name`` at ``scale`` with a pool that holds two requests of ``length`` tokens."""
+    shape = setup(name, scale)
+    per_request = sum(cdiv(shape.num_encoder_tokens if isinstance(g, CrossAttentionSpec) else length + 8,
+                           g.block_size) for g in shape.layout.groups)
+    return setup(name, scale, num_blocks=max(2 * per_request + 8, shape.layout.num_blocks if scale == "gpu" else 0),
+                 max_model_len=length + 16)
+
+
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_real_shapes(name):
     length, chunk, shared = REAL_SHAPES[name]
-    shape = setup(name, "small")
-    per_request = sum(cdiv(shape.num_encoder_tokens if isinstance(g, CrossAttentionSpec) else length + 8,
-                           g.block_size) for g in shape.layout.groups)
-    s = setup(name, "small", num_blocks=2 * per_request + 8, max_model_len=length + 16)
+    s = sized_for(name, "small", length)
     long = length > 2000  # flex_attention over a long cache materialises every score: decode steps only
     e = Engine.from_setup(s, ImplManagerTarget, kernels=("reference",) if long else ("reference", "flex"))
     long_request_scenario(e, length, chunk, shared)

@@ -17,7 +17,6 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.settings import kernel_settings
-from kvspec.kv_cache_interface import CrossAttentionSpec, cdiv
 from kvspec.models import kernels as K
 from kvspec.models.architectures import ARCHITECTURES, setup
 from kvspec.models.runner import Engine
@@ -43,13 +42,10 @@ def test_gpu_random_schedules(name):
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_gpu_real_shapes(name):
-    from test_kernel_stage import REAL_SHAPES, long_request_scenario
+    from test_kernel_stage import REAL_SHAPES, long_request_scenario, sized_for
 
     length, chunk, shared = REAL_SHAPES[name]
-    shape = setup(name, "gpu")
-    per_request = sum(cdiv(shape.num_encoder_tokens if isinstance(g, CrossAttentionSpec) else length + 8,
-                           g.block_size) for g in shape.layout.groups)
-    s = setup(name, "gpu", num_blocks=max(2 * per_request + 8, shape.layout.num_blocks), max_model_len=length + 16)
+    s = sized_for(name, "gpu", length)
     e = Engine.from_setup(s, ImplManagerTarget, kernels=KERNELS, dtype=torch.bfloat16, device="cuda")
     long_request_scenario(e, length, chunk, shared)
     assert e.checks_run["exact-gather"] > 0 and e.checks_run["kernel-output"] > 0

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
-from kvspec.conformance.manager_targets import ImplManagerTarget, to_vllm_spec  # noqa: E402
+from kvspec.conformance.manager_targets import to_vllm_spec  # noqa: E402
 from kvspec.conformance.runner import require_vllm, vllm_manager  # noqa: E402
 from kvspec.conformance.settings import kernel_settings  # noqa: E402
 from kvspec.models import kernels as K  # noqa: E402
@@ -67,12 +67,13 @@ def test_vllm_manager_and_kernels(name):
 
 @pytest.mark.parametrize("name", ["gpt-oss", "nemotron-h-8b", "deepseek-v3"])
 def test_vllm_kernels_at_real_shapes(name):
-    """Real block sizes and windows (Nemotron-H: 1152-token blocks read as 16-token kernel blocks)."""
-    from test_kernel_stage import REAL_SHAPES, long_request_scenario
+    """vLLM's manager and kernels at real block sizes and windows (Nemotron-H: 1152-token blocks read
+    as 16-token kernel blocks)."""
+    from test_kernel_stage import REAL_SHAPES, long_request_scenario, sized_for
 
     # Nemotron-H: one 1152-token block shared, one more computed (interpreted kernels are slow).
     length, chunk, shared = (1400, 1152, 1152) if name == "nemotron-h-8b" else REAL_SHAPES[name]
-    s = setup(name, "small", num_blocks=64 * len(setup(name).layout.groups), max_model_len=length + 16)
-    e = Engine.from_setup(s, ImplManagerTarget, kernels=VLLM_KERNELS, crosscheck_vllm_tables=True)
+    e = Engine.from_setup(sized_for(name, "small", length), vllm_manager, kernels=VLLM_KERNELS,
+                          crosscheck_vllm_tables=True)
     long_request_scenario(e, length, chunk, shared)
     assert e.events["kernel vllm"] > 0 and e.checks_run["vllm-block-table"] > 0
