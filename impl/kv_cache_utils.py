@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kvspec import hashing
 from kvspec.errors import RuleError
 from kvspec.hashing import (  # noqa: F401  (re-exported: vLLM keeps them here)
-    NONE_HASH,
     BlockHash,
     BlockHashListWithBlockSize,
     BlockHashWithGroupId,
@@ -34,6 +34,15 @@ from kvspec.hashing import (  # noqa: F401  (re-exported: vLLM keeps them here)
     maybe_convert_block_hash,
     need_extra_keys,
 )
+
+
+def __getattr__(name: str):
+    # NONE_HASH is read live from kvspec.hashing: init_none_hash() there (or
+    # through this module) replaces the root, and callers that read
+    # ``kv_cache_utils.NONE_HASH`` afterwards -- as vLLM's own tests do -- see it.
+    if name == "NONE_HASH":
+        return hashing.NONE_HASH
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class KVCacheBlock:

@@ -3,7 +3,8 @@
 A KV-cache block is reusable by another request only if the *whole prefix*
 up to and including the block is identical -- the same tokens in every earlier
 block, the same tokens in this block, and the same "extra keys" (LoRA adapter,
-multimodal inputs, cache salt).  vLLM names that prefix with a hash chain:
+multimodal inputs, cache salt, and the prompt's embeddings when it came as
+embeddings rather than token ids).  vLLM names that prefix with a hash chain:
 
     hash(block i) = H( (hash(block i-1), tuple(tokens of block i), extra_keys) )
 
@@ -196,14 +197,47 @@ def _mm_extra_keys(
     return keys, idx
 
 
+def prompt_embeds_bytes(embeds: Any, start: int, end: int) -> bytes:
+    """The raw bytes of prompt-embedding rows ``[start, end)`` (clamped, as
+    slicing is), in row-major order: what vLLM hashes.  ``embeds`` is a torch
+    tensor (its memory, as ``vllm.v1.utils.tensor_data`` reads it), another
+    buffer such as a numpy array, or a sequence of per-token ``bytes`` rows."""
+    rows = embeds[start:end]
+    if isinstance(embeds, list | tuple):
+        return b"".join(rows)
+    if hasattr(rows, "detach"):  # a torch tensor (torch is imported if one exists)
+        import torch
+
+        return rows.detach().flatten().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    return memoryview(rows).tobytes()
+
+
+def _prompt_embeds_extra_keys(request: Any, start: int, end: int) -> list[bytes]:
+    """SHA-256 of the block's prompt-embedding bytes, when the prompt came as
+    embeddings: two prompts with the same placeholder token ids but other
+    embeddings must not share a block.  Cached per block range on the request
+    (vLLM's ``_prompt_embeds_per_block_hashes``) where it offers the dict."""
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is None:
+        return []
+    cache = getattr(request, "_prompt_embeds_per_block_hashes", None)
+    digest = cache.get((start, end)) if cache is not None else None
+    if digest is None:
+        digest = hashlib.sha256(prompt_embeds_bytes(embeds, start, end)).digest()
+        if cache is not None:
+            cache[(start, end)] = digest
+    return [digest]
+
+
 def generate_block_hash_extra_keys(
     request: Any, start_token_idx: int, end_token_idx: int, start_mm_idx: int
 ) -> tuple[tuple[Any, ...] | None, int]:
     """Extra keys of the block covering tokens ``[start, end)``.
 
-    Order: LoRA name, multimodal keys, cache salt (first block only).
-    ``None`` when there are none, so plain blocks hash ``(parent, tokens, None)``.
-    Prompt embeddings (vLLM hashes their bytes) are not modelled.
+    Order: LoRA name, multimodal keys, cache salt (first block only), the
+    digest of the block's prompt embeddings (every block, once the prompt
+    came as embeddings -- past the prompt, the digest of no bytes).  ``None``
+    when there are none, so plain blocks hash ``(parent, tokens, None)``.
     """
     mm_keys, next_mm_idx = _mm_extra_keys(
         request, start_token_idx, end_token_idx, start_mm_idx
@@ -212,7 +246,8 @@ def generate_block_hash_extra_keys(
     lora_keys = [lora.lora_name] if lora else []
     salt = getattr(request, "cache_salt", None)
     salt_keys = [salt] if (start_token_idx == 0 and salt) else []
-    keys = lora_keys + mm_keys + salt_keys
+    embeds_keys = _prompt_embeds_extra_keys(request, start_token_idx, end_token_idx)
+    keys = lora_keys + mm_keys + salt_keys + embeds_keys
     return (tuple(keys) if keys else None), next_mm_idx
 
 

@@ -73,12 +73,17 @@ class Request:
     ``all_token_ids`` when a ``block_hasher`` is given (see
     :func:`kvspec.hashing.get_request_block_hasher`), extended on every
     :meth:`append_output_token_ids`.
+
+    A prompt may come as embeddings (``prompt_embeds``: one row per token --
+    a torch tensor, a numpy array, or a list of ``bytes`` rows); its token
+    ids are then placeholders (zeros when ``prompt_token_ids`` is ``None``)
+    and the embeddings' bytes are part of every block hash.
     """
 
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
+        prompt_token_ids: Sequence[int] | None,
         sampling_params: Any = None,
         pooling_params: Any = None,
         *,
@@ -87,10 +92,17 @@ class Request:
         cache_salt: str | None = None,
         block_hasher: Callable[[Request], list[bytes]] | None = None,
         skip_reading_prefix_cache: bool = False,
+        prompt_embeds: Any = None,
         **ignored: Any,
     ) -> None:
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {request_id!r}")
+        if prompt_token_ids is None:
+            if prompt_embeds is None:
+                raise ValueError("a request needs prompt_token_ids or prompt_embeds")
+            prompt_token_ids = [0] * len(prompt_embeds)
+        elif prompt_embeds is not None and len(prompt_embeds) != len(prompt_token_ids):
+            raise ValueError(f"{len(prompt_token_ids)} prompt token ids but {len(prompt_embeds)} prompt embeddings")
         if any(type(t) is not int for t in prompt_token_ids):
             raise TypeError("prompt_token_ids must be ints")
         self.request_id = request_id
@@ -100,7 +112,8 @@ class Request:
         self.cache_salt = cache_salt
         self.mm_features = list(mm_features or [])
         self.prompt_token_ids = list(prompt_token_ids)
-        self.prompt_embeds = None  # token ids only; vLLM's hashing reads the attribute
+        self.prompt_embeds = prompt_embeds
+        self._prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self._all_token_ids = list(prompt_token_ids)
         self._output_token_ids: list[int] = []

@@ -4,11 +4,11 @@ A real model's key and value for token ``t`` depend on every token up to
 ``t`` (layer after layer), on the adapter (LoRA) and on multimodal inputs.
 The test model keeps exactly that dependence and nothing else: each token
 gets a **content id**, a 62-bit hash of the request's tenant (cache salt,
-LoRA adapter), its tokens ``[0, t]`` and the multimodal inputs starting by
-then; keys, values, queries and Mamba inputs are fixed functions of the
-content id.  So two requests that may share a block (same tenant, same
-prefix) produce the same K/V there, and a stale or cross-tenant block shows
-up as different numbers.
+LoRA adapter), its tokens ``[0, t]``, the multimodal inputs starting by then
+and, for a prompt given as embeddings, the embedding rows; keys, values,
+queries and Mamba inputs are fixed functions of the content id.  So two
+requests that may share a block (same tenant, same prefix) produce the same
+K/V there, and a stale or cross-tenant block shows up as different numbers.
 
 The functions are table lookups, not arithmetic: each value is the sum of
 two entries of fixed random tables, multiples of 1/64 in [-2, 2), exact in
@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from kvspec.hashing import prompt_embeds_bytes
 from kvspec.spec.request_rules import tenant
 
 TABLE_ROWS = 4096
@@ -53,10 +54,15 @@ class ContentIds:
         self.request = request
         self._ids: list[int] = []
         self._mm = {f.mm_position.offset: f.identifier for f in getattr(request, "mm_features", None) or ()}
+        self._embeds = getattr(request, "prompt_embeds", None)
 
     def _extend(self, prev: int, t: int, token: int) -> int:
-        mm = self._mm.get(t)
-        return _mix(prev, token) if mm is None else _mix(prev, token, "mm", mm)
+        parts: tuple = (token,)
+        if t in self._mm:
+            parts += ("mm", self._mm[t])
+        if self._embeds is not None and t < len(self._embeds):  # the token came as an embedding
+            parts += ("embedding", prompt_embeds_bytes(self._embeds, t, t + 1))
+        return _mix(prev, *parts)
 
     def ids(self, n: int) -> list[int]:
         tokens = self.request.all_token_ids

@@ -305,10 +305,13 @@ class Engine:
 
     # --- scheduling -----------------------------------------------------------------------------------
 
-    def new_request(self, tokens: Sequence[int], *, salt: str | None = None, lora: str | None = None) -> Request:
+    def new_request(self, tokens: Sequence[int] | None, *, salt: str | None = None, lora: str | None = None,
+                    prompt_embeds: Any = None) -> Request:
+        """A request arrives (waiting); ``tokens`` None with ``prompt_embeds``: a prompt given as embeddings."""
         self._next_id += 1
-        request = Request(f"r{self._next_id}", list(tokens), cache_salt=salt, block_hasher=self.hasher,
-                          lora_request=LoRARequest(lora, 1) if lora else None)
+        request = Request(f"r{self._next_id}", None if tokens is None else list(tokens), cache_salt=salt,
+                          block_hasher=self.hasher, lora_request=LoRARequest(lora, 1) if lora else None,
+                          prompt_embeds=prompt_embeds)
         self.requests[request.request_id] = request
         self.contents[request.request_id] = ContentIds(request)
         self.waiting.append(request)

@@ -5,7 +5,7 @@ runs every step through real kernels, and every check of
 
 Each step, requests arrive (prompts over a two-token alphabet, some after a
 shared system prompt, so prefixes are shared; some with a cache salt or a
-LoRA adapter: other tenants), wait, are admitted after a prefix-cache lookup
+LoRA adapter: other tenants; some prompts come as embeddings), wait, are admitted after a prefix-cache lookup
 -- sometimes with tokens a KV connector holds, loaded at once or by the next
 step --, prefill in chunks (ending on block boundaries where Mamba's align
 mode needs it), decode with speculative drafts that the model may reject,
@@ -28,6 +28,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
+from kvspec.conformance.manager_machine import embedding_rows
 from kvspec.models.architectures import ModelSetup
 from kvspec.models.runner import Engine
 from kvspec.request import Request
@@ -96,6 +97,10 @@ def kernel_machine(setup: ModelSetup, target_factory: Callable[..., ManagerTarge
             e.execute(sampled, accepted)
 
         def arrive(self, data: st.DataObject) -> Request:
+            if data.draw(st.sampled_from([False] * 5 + [True]), label="as embeddings?"):
+                length = data.draw(st.integers(1, layout.max_model_len // 2), label="embedded prompt length")
+                source = data.draw(st.sampled_from(["source-a", "source-b"]), label="embeddings")
+                return self.engine.new_request(None, prompt_embeds=embedding_rows(source, length))
             system = data.draw(st.sampled_from(SYSTEM_PROMPTS), label="system prompt")
             if layout.max_model_len <= SHORT:
                 tokens = system + data.draw(st.lists(st.integers(0, 1), min_size=1,

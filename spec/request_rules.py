@@ -30,13 +30,14 @@ pool's hash table, and asks each group whether it could serve it
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id
+from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id, prompt_embeds_bytes
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -132,20 +133,27 @@ def tenant(request: Any) -> tuple[Any, Any]:
     return getattr(request, "cache_salt", None), (lora.lora_name if lora else None)
 
 
-def _mm_before(request: Any, end: int) -> tuple[Any, ...]:
-    return tuple((f.identifier, f.mm_position.offset)
-                 for f in getattr(request, "mm_features", None) or () if f.mm_position.offset < end)
+def inputs_before(request: Any, end: int) -> tuple[Any, ...]:
+    """The inputs besides token ids that tokens ``[0, end)`` were computed
+    from: multimodal inputs starting by then, and the prompt's embeddings
+    (when the prompt came as embeddings, its token ids are placeholders)."""
+    mm = tuple((f.identifier, f.mm_position.offset)
+               for f in getattr(request, "mm_features", None) or () if f.mm_position.offset < end)
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is None:
+        return mm
+    return mm + (("prompt embeds", hashlib.sha256(prompt_embeds_bytes(embeds, 0, end)).hexdigest()),)
 
 
 def token_content(request: Any, t: int) -> tuple[Any, ...]:
     """What the KV of token ``t`` of ``request`` depends on: the tenant, every
-    token up to ``t`` and the multimodal inputs starting by then."""
-    return tenant(request), tuple(request.all_token_ids[: t + 1]), _mm_before(request, t + 1)
+    token up to ``t`` and the other inputs given by then."""
+    return tenant(request), tuple(request.all_token_ids[: t + 1]), inputs_before(request, t + 1)
 
 
 def state_content(request: Any, n: int) -> tuple[Any, ...]:
     """What a recurrent state after ``n`` tokens depends on."""
-    return tenant(request), tuple(request.all_token_ids[:n]), _mm_before(request, n)
+    return tenant(request), tuple(request.all_token_ids[:n]), inputs_before(request, n)
 
 
 def mamba_token_positions(group: GroupLayout, start: int, end: int) -> list[int]:

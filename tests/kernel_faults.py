@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from broken_managers import hasher_ignoring_embeddings, without_tenant
+from kvspec.conformance.manager_machine import embedding_rows
 from kvspec.conformance.manager_targets import ImplManagerTarget
-from kvspec.hashing import get_request_block_hasher
 from kvspec.kv_cache_interface import cdiv
 from kvspec.models.runner import Engine, KernelStageError
 from kvspec.request import Request
@@ -50,9 +51,7 @@ class IgnoresSalt(ImplManagerTarget):
     tenant's blocks are served to another."""
 
     def get_computed_blocks(self, request: Request):
-        plain = Request(request.request_id, request.all_token_ids,
-                        block_hasher=get_request_block_hasher(self.manager.block_pool.hash_block_size))
-        return super().get_computed_blocks(plain)
+        return super().get_computed_blocks(without_tenant(request, self.manager.block_pool.hash_block_size))
 
 
 class WindowFreedEarly(ImplManagerTarget):
@@ -93,6 +92,15 @@ class CachesBeforeLoad(ImplManagerTarget):
 
 
 # --- broken workers --------------------------------------------------------------------------------------------
+
+
+class HashesWithoutEmbeddings(Engine):
+    """Requests are hashed by token ids alone: a prompt given as embeddings
+    shares blocks with any prompt of the same placeholder ids."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.hasher = hasher_ignoring_embeddings(self.layout.hash_block_size)
 
 
 class SwapsTableEntries(Engine):
@@ -160,6 +168,19 @@ def stale_hit(engine: Engine) -> None:
     c = engine.new_request(first)
     hit = engine.lookup(c)
     engine.admit(c, len(first) - hit[1], hit)
+    engine.execute()
+
+
+def other_embeddings(engine: Engine) -> None:
+    """Two prompts of the same placeholder ids, given as other embeddings."""
+    engine.begin_step()
+    a = engine.new_request(None, prompt_embeds=embedding_rows("source-a", 8))
+    engine.admit(a, 8, engine.lookup(a))
+    engine.execute()
+    engine.begin_step()
+    b = engine.new_request(None, prompt_embeds=embedding_rows("source-b", 9))
+    hit = engine.lookup(b)
+    engine.admit(b, 9 - hit[1], hit)
     engine.execute()
 
 
@@ -234,6 +255,8 @@ class Fault:
 FAULTS = [
     Fault("stale prefix hit", "llama-3-8b", "exact-gather", stale_hit, target=StaleHashOnReuse),
     Fault("cross-tenant hit (salt ignored)", "llama-3-8b", "exact-gather", cross_tenant, target=IgnoresSalt),
+    Fault("prompt embeddings left out of the block hash", "llama-3-8b", "exact-gather", other_embeddings,
+          engine=HashesWithoutEmbeddings),
     Fault("sliding-window block freed one block early", "mistral-7b", "exact-gather", window_early,
           target=WindowFreedEarly),
     Fault("two block-table entries swapped", "llama-3-8b", "table-coherence", swapped_entries,

@@ -48,16 +48,18 @@ def _h(hex_str: str) -> BlockHash:
 
 
 def _extra_keys(json_keys: Any) -> tuple[Any, ...] | None:
-    """Recorded extra keys (JSON lists) back to what vLLM hashed (tuples)."""
+    """Recorded extra keys (JSON lists; an embeddings digest as {"bytes": hex})
+    back to what vLLM hashed (tuples, bytes)."""
     if json_keys is None:
         return None
-    return tuple(tuple(k) if isinstance(k, list) else k for k in json_keys)
+    return tuple(tuple(k) if isinstance(k, list) else bytes.fromhex(k["bytes"]) if isinstance(k, dict) else k
+                 for k in json_keys)
 
 
 def _jsonable(extra: tuple[Any, ...] | None) -> Any:
     if extra is None:
         return None
-    return [list(k) if isinstance(k, tuple) else k for k in extra]
+    return [list(k) if isinstance(k, tuple) else {"bytes": k.hex()} if isinstance(k, bytes) else k for k in extra]
 
 
 def _params(kind: str, id_of=lambda v: v["name"]):
@@ -84,8 +86,10 @@ class FakeRequest:
         lora_name: str | None = None,
         cache_salt: str | None = None,
         mm: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        prompt_embeds: Any = None,
     ):
         self.all_token_ids: list[int] = list(prompt)
+        self.prompt_embeds = prompt_embeds
         self.lora_request = (
             SimpleNamespace(lora_name=lora_name) if lora_name is not None else None
         )
@@ -108,6 +112,24 @@ class FakeRequest:
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         self.all_token_ids.extend(token_ids)
         self.block_hashes.extend(self._hasher(self))
+
+
+def embeds_rows(vector: dict[str, Any]) -> list[bytes] | None:
+    """The vector's prompt embeddings as raw rows (kvspec's torch-free form)."""
+    spec = vector.get("prompt_embeds")
+    if spec is None:
+        return None
+    raw = bytes.fromhex(spec["hex"])
+    width = len(raw) // spec["shape"][0]
+    return [raw[i * width:(i + 1) * width] for i in range(spec["shape"][0])]
+
+
+def embeds_tensor(vector: dict[str, Any]) -> Any:
+    """The vector's prompt embeddings as the torch tensor vLLM was given."""
+    torch = pytest.importorskip("torch")
+    spec = vector["prompt_embeds"]
+    raw = bytearray.fromhex(spec["hex"])
+    return torch.frombuffer(raw, dtype=getattr(torch, spec["dtype"])).view(*spec["shape"])
 
 
 @pytest.fixture
@@ -197,8 +219,11 @@ def test_hash_block_tokens_uses_the_module_root(seed_vectors, vector, seeded):
 # --- a request's chain -------------------------------------------------------
 
 
+@pytest.mark.parametrize("embeds_as", ["rows", "tensor"])
 @pytest.mark.parametrize("seed_vectors,vector", _params("request_vectors"))
-def test_request_block_hasher(seed_vectors, vector, seeded):
+def test_request_block_hasher(seed_vectors, vector, embeds_as, seeded):
+    if vector.get("prompt_embeds") is None and embeds_as == "tensor":
+        pytest.skip("no prompt embeddings in this vector")
     seeded(seed_vectors["seed"])
     hasher = get_request_block_hasher(vector["hash_block_size"], sha256_cbor)
     req = FakeRequest(
@@ -207,6 +232,7 @@ def test_request_block_hasher(seed_vectors, vector, seeded):
         lora_name=vector["lora_name"],
         cache_salt=vector["cache_salt"],
         mm=vector["mm_features"],
+        prompt_embeds=embeds_rows(vector) if embeds_as == "rows" else embeds_tensor(vector),
     )
     snapshots = [[h.hex() for h in req.block_hashes]]
     for step in vector["appended_token_ids"]:
@@ -233,6 +259,7 @@ def test_extra_keys(seed_vectors, vector):
             )
             for f in vector["mm_features"]
         ],
+        prompt_embeds=embeds_rows(vector),
     )
     got = [
         _jsonable(generate_block_hash_extra_keys(req, i * size, (i + 1) * size, 0)[0])
@@ -249,6 +276,7 @@ def test_extra_keys(seed_vectors, vector):
         if p.values[1]["lora_name"] is None
         and p.values[1]["cache_salt"] is None
         and not p.values[1]["mm_features"]
+        and p.values[1].get("prompt_embeds") is None
     ],
 )
 def test_hash_token_chain(seed_vectors, vector):

@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 from test_spec_manager import chunked, config, cross, full, mamba, mla, swa
 
-from broken_managers import IgnoresTenant
+from broken_managers import IgnoresTenant, hasher_ignoring_embeddings
+from kvspec.conformance.manager_machine import embedding_rows
 from kvspec.errors import RuleError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request, RequestStatus
@@ -50,7 +51,8 @@ class Harness:
         self.violations: list = []
 
     def request(self, rid, tokens, **kw) -> Request:
-        r = Request(rid, list(tokens), block_hasher=get_request_block_hasher(self.hbs), **kw)
+        kw.setdefault("block_hasher", get_request_block_hasher(self.hbs))
+        r = Request(rid, list(tokens), **kw)
         self.requests[rid] = r
         return r
 
@@ -201,6 +203,27 @@ def test_tenant_isolation_catches_a_cross_tenant_hit(broken):
     blocks, hit = h.lookup(b)
     h.allocate(b, 9 - hit, hit, blocks)
     assert bool(rule_problems(h, "tenant-isolation")) == broken
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_content_soundness_catches_a_hit_across_prompt_embeddings(broken):
+    """Same placeholder token ids, other embeddings: other content (vLLM hashes the embeddings' bytes)."""
+    h = harness(full(4), num_blocks=10)
+    hasher = {"block_hasher": hasher_ignoring_embeddings(4)} if broken else {}
+    a = h.request("a", [0] * 8, prompt_embeds=embedding_rows("source-a", 8), **hasher)
+    h.allocate(a, 8)
+    b = h.request("b", [0] * 9, prompt_embeds=embedding_rows("source-b", 9), **hasher)
+    blocks, hit = h.lookup(b)
+    assert (hit > 0) == broken
+    h.allocate(b, 9 - hit, hit, blocks)
+    assert bool(rule_problems(h, "content-soundness")) == broken
+
+
+def test_same_embeddings_share_blocks():
+    h = harness(full(4), num_blocks=10)
+    h.allocate(h.request("a", [0] * 8, prompt_embeds=embedding_rows("source-a", 8)), 8)
+    blocks, hit = h.lookup(h.request("b", [0] * 9, prompt_embeds=embedding_rows("source-a", 9)))
+    assert hit == 8
 
 
 class InterleavedExternal(HybridCoordinator):

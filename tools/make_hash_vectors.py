@@ -63,7 +63,8 @@ JSON layout (all hashes are lowercase hex of the raw bytes)
     multimodal key ``(identifier, offset)`` being a 2-element list.
 ``request_vectors``
     a real ``Request`` (prompt, optional LoRA name / cache salt /
-    multimodal features), optionally grown by ``append_output_token_ids``
+    multimodal features / prompt embeddings -- a tensor given as dtype,
+    shape and the hex of its raw bytes), optionally grown by ``append_output_token_ids``
     one list per step; ``expected_block_hashes_after_each_step[i]`` is
     ``request.block_hashes`` after the prompt (i = 0) and after each append;
     ``expected_extra_keys`` is ``generate_block_hash_extra_keys`` for every
@@ -136,12 +137,14 @@ def compute_seed_vectors(seed: str) -> dict[str, Any]:
     os.environ["PYTHONHASHSEED"] = seed  # no-op when the child got it already
     os.environ.pop("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", None)
 
+    import torch
     from vllm.lora.request import LoRARequest
     from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1.core import kv_cache_utils as kcu
     from vllm.v1.request import Request
+    from vllm.v1.utils import tensor_data
 
     kcu.init_none_hash(sha256_cbor)
     root = kcu.NONE_HASH
@@ -198,6 +201,7 @@ def compute_seed_vectors(seed: str) -> dict[str, Any]:
         lora_name: str | None = None,
         cache_salt: str | None = None,
         mm: list[tuple[str, int, int]] = (),  # type: ignore[assignment]
+        embeds: tuple[str, int, float] | None = None,
     ) -> None:
         lora = (
             LoRARequest(lora_name=lora_name, lora_int_id=1, lora_path="/unused")
@@ -213,10 +217,16 @@ def compute_seed_vectors(seed: str) -> dict[str, Any]:
             )
             for ident, offset, length in mm
         ]
+        prompt_embeds = None
+        if embeds is not None:  # (dtype, width, offset): a fixed, non-trivial tensor
+            dtype, width, offset = embeds
+            values = torch.arange(len(prompt) * width, dtype=torch.float64).reshape(len(prompt), width)
+            prompt_embeds = (values * 0.37 + offset).to(getattr(torch, dtype))
         hasher = kcu.get_request_block_hasher(hash_block_size, sha256_cbor)
         req = Request(
             request_id=f"vec-{len(request_vectors)}",
             prompt_token_ids=list(prompt),
+            prompt_embeds=prompt_embeds,
             sampling_params=SamplingParams(max_tokens=64),
             pooling_params=None,
             mm_features=features or None,
@@ -245,6 +255,11 @@ def compute_seed_vectors(seed: str) -> dict[str, Any]:
                 "mm_features": [
                     {"identifier": i, "offset": o, "length": n} for i, o, n in mm
                 ],
+                "prompt_embeds": None if prompt_embeds is None else {
+                    "dtype": embeds[0],
+                    "shape": list(prompt_embeds.shape),
+                    "hex": bytes(tensor_data(prompt_embeds)).hex(),
+                },
                 "need_extra_keys": kcu.need_extra_keys(req),
                 "expected_block_hashes_after_each_step": snapshots,
                 "expected_extra_keys": extra_keys,
@@ -291,6 +306,23 @@ def compute_seed_vectors(seed: str) -> dict[str, Any]:
         2,
         list(range(12)),
         mm=[("img-a", 1, 3), ("img-a", 7, 3)],
+    )
+    request_vector("prompt as float32 embeddings (placeholder ids)", 4, [0] * 10, embeds=("float32", 3, 0.5))
+    request_vector("same placeholder ids, other embeddings", 4, [0] * 10, embeds=("float32", 3, 1.5))
+    request_vector(
+        "bfloat16 embeddings, grown by decode steps past the prompt",
+        2,
+        [0] * 5,
+        appends=[[7], [8, 9], [10, 11, 12]],
+        embeds=("bfloat16", 4, -2.0),
+    )
+    request_vector(
+        "embeddings + LoRA + salt",
+        4,
+        [3, 1, 4, 1, 5, 9, 2, 6],
+        lora_name="adapter-a",
+        cache_salt="tenant-1",
+        embeds=("float16", 2, 0.25),
     )
     request_vector(
         "multimodal + LoRA + salt, grown by decode steps",

@@ -2,7 +2,7 @@
 
 Hypothesis plays vLLM's scheduler against a KV-cache manager: requests arrive
 (tokens from a two-letter alphabet, so prefixes are shared; sometimes a cache
-salt or a LoRA), are admitted after a prefix-cache lookup with chunked
+salt or a LoRA; some prompts come as embeddings), are admitted after a prefix-cache lookup with chunked
 prefill (chunks end on block boundaries where Mamba's align mode needs it),
 sometimes with tokens a KV connector already holds (external tokens), then
 decode -- with speculative draft tokens that may be rejected where the layout
@@ -17,6 +17,7 @@ must hold after every operation.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,12 @@ from kvspec.spec.request_rules import RequestContext, Shadow, check_request_stat
 from kvspec.spec.rules import EventMirror, Violation, check_events
 
 ENCODER_TOKENS = 6
+
+
+def embedding_rows(source: str, length: int) -> list[bytes]:
+    """Prompt embeddings as raw rows (8 bytes a token), a fixed function of
+    their source and position: a stand-in for a tensor, hashed byte for byte."""
+    return [hashlib.blake2b(f"{source}:{p}".encode(), digest_size=8).digest() for p in range(length)]
 
 
 def manager_machine(
@@ -138,7 +145,7 @@ def manager_machine(
             are admitted, compute, are preempted or finish."""
             self.each("new_step_starts")
             for _ in range(data.draw(st.integers(1, 3), label="actions")):
-                actions = ["arrive"] if len(self.waiting) + len(self.running) < 6 else []
+                actions = ["arrive", "arrive_embedded"] if len(self.waiting) + len(self.running) < 6 else []
                 actions += ["admit"] * bool(self.waiting) + ["step", "step", "preempt"] * bool(self.running)
                 actions += ["finish"] * bool(self.waiting or self.running)
                 getattr(self, data.draw(st.sampled_from(actions), label="action"))(data)
@@ -168,6 +175,19 @@ def manager_machine(
             lora = data.draw(st.sampled_from([None, None, None, LoRARequest("adapter-a", 1)]), label="lora")
             self.next_id += 1
             request = Request(f"r{self.next_id}", tokens, cache_salt=salt, lora_request=lora, block_hasher=self.hasher)
+            self.requests[request.request_id] = request
+            self.waiting.append(request)
+            self.admit(data, request)
+
+        def arrive_embedded(self, data: st.DataObject) -> None:
+            """A request arrives whose prompt comes as embeddings: placeholder
+            token ids, and one embedding row per token from one of two
+            sources -- same placeholders, other embeddings, other content."""
+            length = data.draw(st.integers(1, layout.max_model_len // 2), label="embedded prompt length")
+            source = data.draw(st.sampled_from(["source-a", "source-b"]), label="embeddings")
+            self.next_id += 1
+            request = Request(f"r{self.next_id}", None, prompt_embeds=embedding_rows(source, length),
+                              block_hasher=self.hasher)
             self.requests[request.request_id] = request
             self.waiting.append(request)
             self.admit(data, request)

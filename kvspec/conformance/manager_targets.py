@@ -291,6 +291,7 @@ class VllmManagerTarget(KVCacheManagerTarget):
             SamplingParams(max_tokens=self._max_tokens),
             None,
             mm_features=[_vllm_mm_feature(f) for f in request.mm_features] or None,
+            prompt_embeds=_vllm_prompt_embeds(request.prompt_embeds),
             lora_request=_vllm_lora(request.lora_request),
             cache_salt=request.cache_salt,
             block_hasher=self._block_hasher,
@@ -383,6 +384,16 @@ def to_vllm_config(config: KVCacheConfig) -> Any:
             for g in config.kv_cache_groups
         ],
     )
+
+
+def _vllm_prompt_embeds(embeds: Any) -> Any:
+    """vLLM takes prompt embeddings as a tensor; rows of raw bytes become a
+    uint8 tensor with the same bytes (all vLLM hashes is the bytes)."""
+    if embeds is None or not isinstance(embeds, list | tuple):
+        return embeds
+    import torch
+
+    return torch.frombuffer(bytearray(b"".join(embeds)), dtype=torch.uint8).view(len(embeds), -1)
 
 
 def _vllm_lora(lora: Any) -> Any:
