@@ -32,16 +32,12 @@ from kvspec.hashing import (
     generate_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
+    make_block_hash_with_group_id,
     maybe_convert_block_hash,
 )
+from kvspec.impl import kv_events
 from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
-from kvspec.impl.kv_events import (
-    MEDIUM_GPU,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVCacheEvent,
-)
+from kvspec.impl.kv_events import MEDIUM_GPU, BlockStored, KVCacheEvent
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +124,14 @@ class BlockHashToBlockMap:
         return len(self._cache)
 
 
+def _promotes_partial(block: KVCacheBlock, num_tokens: int, block_size: int) -> bool:
+    """Whether caching ``block`` as the full block ending at ``num_tokens``
+    replaces a partial entry of the same block (a shorter prefix ending
+    inside it) -- the one case where a block to cache may already have a hash."""
+    partial = block._block_hash_num_tokens
+    return partial is not None and partial % block_size != 0 and num_tokens - block_size < partial < num_tokens
+
+
 class BlockPool:
     """All KV-cache blocks, the free queue and the prefix-cache table.
 
@@ -163,6 +167,8 @@ class BlockPool:
         self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
+        # Partial entries: keys besides a block's own hash that name it (see cache_partial_block).
+        self.cached_block_hashes_by_block: dict[int, set[BlockHashWithGroupId]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.enable_kv_cache_events = enable_kv_cache_events
@@ -203,7 +209,7 @@ class BlockPool:
                 f"Cannot get {num_blocks} free blocks from the pool ({queue.num_free_blocks} free)",
             )
         cache = self.cached_block_hash_to_block._cache
-        quiet = not self.enable_kv_cache_events
+        quiet = not self.enable_kv_cache_events and not self.cached_block_hashes_by_block
         ret = []
         block = queue.head.next_free_block
         for _ in range(num_blocks):
@@ -312,10 +318,12 @@ class BlockPool:
             return
         suffix = self._check_cache_args(block_size, kv_cache_group_id, num_cached_blocks, num_full_blocks)
         hashes = block_hashes_for_size(request.block_hashes, self.hash_block_size, block_size)
-        chosen = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks, block_mask)
+        chosen = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks, block_size, block_mask)
         insert = self.cached_block_hash_to_block.insert
         for i in chosen:
             block = blocks[i]
+            if block._block_hash is not None:  # a partial entry promoted to the full block's hash
+                self._evict_hash(block)
             key = hashes[i] + suffix
             block._block_hash = key
             block._block_hash_num_tokens = (i + 1) * block_size
@@ -342,7 +350,7 @@ class BlockPool:
             )
         return _group_suffix(group_id)
 
-    def _blocks_to_cache(self, blocks, hashes, num_cached, num_full, block_mask) -> list[int]:
+    def _blocks_to_cache(self, blocks, hashes, num_cached, num_full, block_size, block_mask) -> list[int]:
         """Indices of the blocks to cache, after checking every precondition."""
         if num_full > len(blocks):
             raise RuleError(
@@ -367,7 +375,7 @@ class BlockPool:
                 continue
             if block.ref_cnt <= 0:
                 raise RuleError("content-soundness", f"block {block.block_id} is cached but nobody holds it")
-            if block._block_hash is not None:
+            if block._block_hash is not None and not _promotes_partial(block, (i + 1) * block_size, block_size):
                 raise RuleError("hash-map-consistency", f"block {block.block_id} already carries a hash")
             h = hashes[i]
             if not isinstance(h, bytes):
@@ -386,7 +394,7 @@ class BlockPool:
                 keys, mm_idx = generate_block_hash_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
                 extra_keys.append(keys)
         lora = getattr(request, "lora_request", None)
-        return BlockStored(
+        return kv_events.EVENTS.stored(
             block_hashes=[maybe_convert_block_hash(hashes[i]) for i in chosen],
             parent_block_hash=None if num_cached == 0 else maybe_convert_block_hash(hashes[num_cached - 1]),
             token_ids=list(request.all_token_ids[num_cached * block_size : num_full * block_size]),
@@ -398,21 +406,82 @@ class BlockPool:
             group_idx=group_id,
         )
 
+    def cache_partial_block(
+        self, request: Any, block: KVCacheBlock, num_tokens: int, kv_cache_group_id: int, block_size: int
+    ) -> BlockHashWithGroupId | None:
+        """Make ``block`` a hit for the prefix of ``num_tokens`` tokens, a
+        ``hash_block_size`` boundary inside the block (vLLM 0.25.1's
+        partial-block prefix caching): the key is the request's hash at that
+        boundary.  A block without a hash takes it as its own; one with a
+        shorter prefix's hash gives that up first; otherwise the key is an
+        extra entry the block owns (dropped with it on eviction, reset or
+        promotion to a full block).  Returns the key; ``None`` for the null block."""
+        if block.is_null:
+            return None
+        hbs = self.hash_block_size
+        if not (block_size > hbs and block_size % hbs == 0):
+            raise RuleError("block-size-coherence",
+                            f"partial entries need a block_size that is a larger multiple of {hbs}, got {block_size}")
+        if num_tokens <= 0 or num_tokens % hbs or num_tokens % block_size == 0:
+            raise RuleError("hash-map-consistency", f"{num_tokens} tokens is not a partial block boundary "
+                            f"(a multiple of {hbs} inside a block of {block_size})")
+        num_hashes = num_tokens // hbs
+        if num_hashes > len(request.block_hashes):
+            raise RuleError("hash-map-consistency",
+                            f"the request has {len(request.block_hashes)} block hashes, {num_hashes} needed")
+        block_hash = request.block_hashes[num_hashes - 1]
+        key = make_block_hash_with_group_id(block_hash, kv_cache_group_id)
+        cached = block._block_hash == key or self.cached_block_hash_to_block.contain(key, block.block_id)
+        if cached:
+            return key
+        if block._block_hash is not None and (block._block_hash_num_tokens or 0) < num_tokens:
+            self._evict_hash(block)
+        if block._block_hash is None:
+            block.set_block_hash(key, num_tokens)
+        else:
+            self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
+        self.cached_block_hash_to_block.insert(key, block)
+        if self.enable_kv_cache_events:
+            start = (num_hashes - 1) * hbs
+            parent = request.block_hashes[num_hashes - 2] if num_hashes > 1 else None
+            extra, _ = generate_block_hash_extra_keys(request, start, num_tokens, -1 if start > 0 else 0)
+            lora = getattr(request, "lora_request", None)
+            self.kv_event_queue.append(kv_events.EVENTS.stored(
+                block_hashes=[maybe_convert_block_hash(block_hash)],
+                parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
+                token_ids=list(request.all_token_ids[start:num_tokens]), block_size=num_tokens - start,
+                lora_id=getattr(lora, "adapter_id", None) if lora else None, medium=MEDIUM_GPU,
+                lora_name=getattr(lora, "name", None) if lora else None, extra_keys=[extra],
+                group_idx=kv_cache_group_id,
+            ))
+        return key
+
     # --- eviction and reset ---------------------------------------------------------
 
     def _evict_hash(self, block: KVCacheBlock) -> None:
-        key = block._block_hash
-        self.cached_block_hash_to_block.pop(key, block.block_id)  # type: ignore[arg-type]
+        """Drop every key that names ``block``: its own, then its partial entries."""
+        keys = [block._block_hash, *self.cached_block_hashes_by_block.pop(block.block_id, ())]
         block._block_hash = None
         block._block_hash_num_tokens = None
-        if self.enable_kv_cache_events:
-            self.kv_event_queue.append(
-                BlockRemoved(
-                    block_hashes=[maybe_convert_block_hash(get_block_hash(key))],  # type: ignore[arg-type]
-                    medium=MEDIUM_GPU,
-                    group_idx=get_group_id(key),  # type: ignore[arg-type]
+        for key in keys:
+            if self.cached_block_hash_to_block.pop(key, block.block_id) is None:  # type: ignore[arg-type]
+                continue
+            if self.enable_kv_cache_events:
+                self.kv_event_queue.append(
+                    kv_events.EVENTS.removed(
+                        block_hashes=[maybe_convert_block_hash(get_block_hash(key))],  # type: ignore[arg-type]
+                        medium=MEDIUM_GPU,
+                        group_idx=get_group_id(key),  # type: ignore[arg-type]
+                    )
                 )
-            )
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """Drop ``block``'s hash from the cache if it has one (vLLM's name);
+        whether it had one."""
+        if block._block_hash is None:
+            return False
+        self._evict_hash(block)
+        return True
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Forget the cached content of these blocks (e.g. reported stale by a
@@ -437,10 +506,11 @@ class BlockPool:
             logger.info("Failed to reset prefix cache because some blocks (%d) are not freed yet", in_use)
             return False
         self.cached_block_hash_to_block.clear()
+        self.cached_block_hashes_by_block.clear()
         for block in self.blocks:
             block.reset_hash()
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(AllBlocksCleared())
+            self.kv_event_queue.append(kv_events.EVENTS.cleared())
         return True
 
     # --- queries ------------------------------------------------------------------------

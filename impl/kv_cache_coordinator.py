@@ -49,6 +49,7 @@ from kvspec.kv_cache_interface import (
     KVCacheSpec,
     MambaSpec,
     SlidingWindowSpec,
+    spec_is,
 )
 
 RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
@@ -89,7 +90,7 @@ def validate_retention_interval(
         raise RuleTypeError(
             "block-size-coherence", f"retention_interval must be an int or None, got {retention_interval!r}"
         )
-    if not any(isinstance(g.kv_cache_spec, (SlidingWindowSpec, MambaSpec)) for g in kv_cache_config.kv_cache_groups):
+    if not any(spec_is(g.kv_cache_spec, SlidingWindowSpec, MambaSpec) for g in kv_cache_config.kv_cache_groups):
         raise RuleError(
             "block-size-coherence",
             f"retention_interval={retention_interval} is set but no KV-cache group is sliding-window or Mamba, "
@@ -98,7 +99,7 @@ def validate_retention_interval(
     if retention_interval < 0 or retention_interval % scheduler_block_size:
         raise RuleError(
             "block-size-coherence",
-            f"retention_interval={retention_interval} must be >= 0 and a multiple of "
+            f"retention_interval={retention_interval} must be non-negative and a multiple of "
             f"scheduler_block_size={scheduler_block_size}",
         )
 
@@ -109,7 +110,11 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 def _require_config(kv_cache_config: Any) -> None:
-    if not isinstance(kv_cache_config, KVCacheConfig):
+    """A ``KVCacheConfig`` -- kvspec's, or anything shaped like it (vLLM's):
+    ``num_blocks`` and groups with a ``kv_cache_spec`` each."""
+    groups = getattr(kv_cache_config, "kv_cache_groups", None)
+    if not hasattr(kv_cache_config, "num_blocks") or not isinstance(groups, list | tuple) or not all(
+            hasattr(g, "kv_cache_spec") for g in groups):
         raise RuleTypeError("block-size-coherence", f"kv_cache_config must be a KVCacheConfig, got {kv_cache_config!r}")
 
 
@@ -223,7 +228,7 @@ class KVCacheCoordinator(ABC):
         validate_block_sizes(kv_cache_config, scheduler_block_size, hash_block_size, enable_caching)
         if enable_caching:
             for i, group in enumerate(kv_cache_config.kv_cache_groups):
-                if isinstance(group.kv_cache_spec, CrossAttentionSpec):
+                if spec_is(group.kv_cache_spec, CrossAttentionSpec):
                     raise RuleError(
                         "hash-map-consistency",
                         f"group {i} is cross attention, which is never cached: enable_caching must be False "
@@ -508,14 +513,14 @@ def eagle_group_ids(kv_cache_config: KVCacheConfig, use_eagle: bool) -> set[int]
     marked = {i for i, g in enumerate(groups) if g.is_eagle_group}
     if use_eagle and not marked:
         marked = set(range(len(groups)))
-    return {i for i in marked if not isinstance(groups[i].kv_cache_spec, MambaSpec)}
+    return {i for i in marked if not spec_is(groups[i].kv_cache_spec, MambaSpec)}
 
 
 def _refuse_eagle_chunked(kv_cache_config: KVCacheConfig, use_eagle: bool, dropping: set[int]) -> None:
     """EAGLE's hit drop is not defined for chunked local attention (vLLM
     asserts at the first lookup); refuse such a group up front."""
     for i in sorted(dropping):
-        if isinstance(kv_cache_config.kv_cache_groups[i].kv_cache_spec, ChunkedLocalAttentionSpec):
+        if spec_is(kv_cache_config.kv_cache_groups[i].kv_cache_spec, ChunkedLocalAttentionSpec):
             raise RuleError("hit-soundness", f"group {i}: EAGLE is not supported with chunked local attention")
 
 
@@ -571,7 +576,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             )
         for i, group in enumerate(groups):
             spec = group.kv_cache_spec
-            if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != scheduler_block_size:
+            if spec_is(spec, ChunkedLocalAttentionSpec) and spec.block_size != scheduler_block_size:
                 raise RuleError(
                     "block-size-coherence",
                     f"group {i} is chunked local attention with block_size={spec.block_size}: "
@@ -589,12 +594,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             for spec, gids, eagle in _split_by_spec(self.kv_cache_config, self.eagle_group_ids)
         ]
         self.attention_groups: list[SpecGroup] = sorted(
-            spec_groups, key=lambda g: not isinstance(g.spec, FullAttentionSpec)
+            spec_groups, key=lambda g: not spec_is(g.spec, FullAttentionSpec)
         )
         for group in self.attention_groups:
             for gid in group.group_ids:
                 self.single_type_managers[gid].use_eagle = group.use_eagle
-        self._full_attention_groups = [g for g in self.attention_groups if isinstance(g.spec, FullAttentionSpec)]
+        self._full_attention_groups = [g for g in self.attention_groups if spec_is(g.spec, FullAttentionSpec)]
         # One full-attention group plus one other: a single pass settles the hit.
         self._single_pass = len(self.attention_groups) == 2 and isinstance(
             self.attention_groups[0].spec, FullAttentionSpec
@@ -649,7 +654,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         while True:
             candidate = settled
             for idx, group in enumerate(self.attention_groups):
-                if isinstance(group.spec, FullAttentionSpec) and found[group.group_ids[0]] is not None:
+                if spec_is(group.spec, FullAttentionSpec) and found[group.group_ids[0]] is not None:
                     candidate -= candidate % group.spec.block_size
                     continue
                 drop = group.use_eagle and idx not in eagle_done

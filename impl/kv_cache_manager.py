@@ -54,10 +54,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from kvspec.errors import RuleError, RuleTypeError
+from kvspec.impl import kv_events
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_coordinator import RETENTION_FROM_ENV, KVCacheCoordinator, get_kv_cache_coordinator
 from kvspec.impl.kv_cache_utils import KVCacheBlock
-from kvspec.impl.kv_events import BlockStored, KVCacheEvent
+from kvspec.impl.kv_events import KVCacheEvent
 from kvspec.kv_cache_interface import (
     AttentionSpec,
     CrossAttentionSpec,
@@ -65,6 +66,7 @@ from kvspec.kv_cache_interface import (
     cdiv,
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,
+    spec_is,
 )
 from kvspec.request import RequestStatus
 
@@ -386,7 +388,7 @@ class KVCacheManager:
             raise RuleError("hit-soundness", f"request {request_id!r} already holds blocks; it takes no new hits")
         pool_blocks = self.block_pool.blocks
         for i, (group, blocks) in enumerate(zip(self.kv_cache_config.kv_cache_groups, hits, strict=True)):
-            if blocks and isinstance(group.kv_cache_spec, CrossAttentionSpec):
+            if blocks and spec_is(group.kv_cache_spec, CrossAttentionSpec):
                 raise RuleError("hit-soundness", f"group {i} is cross attention: it has no prefix-cache hits")
             for block in blocks:
                 block_id = getattr(block, "block_id", None)
@@ -440,7 +442,7 @@ class KVCacheManager:
         events = self.block_pool.take_events()
         metadata = self.kv_cache_event_metadata
         for event in events:
-            if not isinstance(event, BlockStored) or event.group_idx is None:
+            if not isinstance(event, kv_events.EVENTS.stored) or event.group_idx is None:
                 continue
             if not 0 <= event.group_idx < len(metadata):
                 logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
@@ -460,7 +462,7 @@ class KVCacheManager:
         clipped = []
         for group, ids in zip(self.kv_cache_config.kv_cache_groups, self.get_block_ids(request_id), strict=True):
             spec = group.kv_cache_spec
-            if isinstance(spec, AttentionSpec) and not isinstance(spec, CrossAttentionSpec):
+            if spec_is(spec, AttentionSpec) and not spec_is(spec, CrossAttentionSpec):
                 ids = ids[: cdiv(num_computed_tokens, spec.block_size)]
             clipped.append(ids)
         return tuple(clipped)

@@ -113,6 +113,16 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks = 0
         self.append_n(list(blocks))
 
+    @property
+    def fake_free_list_head(self) -> KVCacheBlock:
+        """vLLM's name for the head sentinel."""
+        return self.head
+
+    @property
+    def fake_free_list_tail(self) -> KVCacheBlock:
+        """vLLM's name for the tail sentinel."""
+        return self.tail
+
     def __len__(self) -> int:
         return self.num_free_blocks
 
@@ -153,6 +163,8 @@ class FreeKVCacheBlockQueue:
 
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         last = self.tail.prev_free_block
+        if last is None:  # a corrupted queue (vLLM's check; free_blocks links inline)
+            raise AssertionError("[free-queue-consistency] the free queue's tail sentinel is unlinked")
         for block in blocks:
             last.next_free_block = block  # type: ignore[union-attr]
             block.prev_free_block = last

@@ -46,3 +46,25 @@ class BlockRemoved(KVCacheEvent):
 @dataclass(slots=True)
 class AllBlocksCleared(KVCacheEvent):
     pass
+
+
+@dataclass
+class EventClasses:
+    """The classes the pool builds its events from: kvspec's by default;
+    :func:`use_event_classes` swaps in others with the same fields (vLLM's
+    msgspec structs, so that vLLM's KV-event consumers work unchanged)."""
+
+    stored: type = BlockStored
+    removed: type = BlockRemoved
+    cleared: type = AllBlocksCleared
+
+
+EVENTS = EventClasses()
+
+
+def use_event_classes(stored: type, removed: type, cleared: type) -> EventClasses:
+    """Build events from these classes from now on; returns the previous
+    ones (to restore them)."""
+    global EVENTS
+    previous, EVENTS = EVENTS, EventClasses(stored, removed, cleared)
+    return previous

@@ -45,6 +45,7 @@ from kvspec.kv_cache_interface import (
     MLAAttentionSpec,
     SlidingWindowSpec,
     cdiv,
+    spec_is,
 )
 
 MAMBA_CACHE_MODES = ("none", "all", "align")
@@ -92,7 +93,7 @@ class SingleTypeKVCacheManager(ABC):
     """
 
     # Groups whose fresh blocks the worker must zero (``take_new_block_ids``).
-    _ZEROED_SPEC_TYPES: tuple[type, ...] = (FullAttentionSpec, MLAAttentionSpec)
+    _ZEROED_SPEC_TYPES: frozenset[str] = frozenset({FullAttentionSpec.__name__, MLAAttentionSpec.__name__})
 
     def __init__(
         self,
@@ -116,7 +117,7 @@ class SingleTypeKVCacheManager(ABC):
         self.kv_cache_group_id = kv_cache_group_id
         self._max_admission_blocks_per_request = max_admission_blocks_per_request
         self._null_block = block_pool.null_block
-        self._records_new_blocks = type(kv_cache_spec) in self._ZEROED_SPEC_TYPES
+        self._records_new_blocks = type(kv_cache_spec).__name__ in self._ZEROED_SPEC_TYPES
         self.new_block_ids: list[int] = []
         # request id -> its blocks, in token order (null blocks where skipped).
         self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
@@ -937,26 +938,27 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         raise RuleError("hit-soundness", "cross-attention blocks are never prefix-cache hits")
 
 
-# Most specific spec class first: MLA is a FullAttentionSpec.
-_MANAGER_FOR_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
-    MLAAttentionSpec: FullAttentionManager,
-    FullAttentionSpec: FullAttentionManager,
-    SlidingWindowSpec: SlidingWindowManager,
-    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
-    MambaSpec: MambaManager,
-    CrossAttentionSpec: CrossAttentionManager,
+# By spec class name, most specific first along the spec's MRO (MLA is a
+# FullAttentionSpec): vLLM's own spec classes, of the same names, map alike.
+_MANAGER_FOR_SPEC: dict[str, type[SingleTypeKVCacheManager]] = {
+    MLAAttentionSpec.__name__: FullAttentionManager,
+    FullAttentionSpec.__name__: FullAttentionManager,
+    SlidingWindowSpec.__name__: SlidingWindowManager,
+    ChunkedLocalAttentionSpec.__name__: ChunkedLocalAttentionManager,
+    MambaSpec.__name__: MambaManager,
+    CrossAttentionSpec.__name__: CrossAttentionManager,
 }
 
 
 def manager_class_for_spec(kv_cache_spec: KVCacheSpec) -> type[SingleTypeKVCacheManager]:
     for cls in type(kv_cache_spec).__mro__:
-        manager_cls = _MANAGER_FOR_SPEC.get(cls)
+        manager_cls = _MANAGER_FOR_SPEC.get(cls.__name__)
         if manager_cls is not None:
             return manager_cls
     raise RuleTypeError(
         "block-size-coherence",
         f"no KV-cache manager for {type(kv_cache_spec).__name__}; "
-        f"use one of {sorted(c.__name__ for c in _MANAGER_FOR_SPEC)} from kvspec.kv_cache_interface",
+        f"use one of {sorted(_MANAGER_FOR_SPEC)} from kvspec.kv_cache_interface",
     )
 
 
@@ -970,7 +972,7 @@ def get_manager_for_kv_cache_spec(
     groups release blocks as they go, so their full-sequence admission is
     capped at what one request can hold at once."""
     manager_cls = manager_class_for_spec(kv_cache_spec)
-    if isinstance(kv_cache_spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+    if spec_is(kv_cache_spec, SlidingWindowSpec, ChunkedLocalAttentionSpec):
         kwargs["max_admission_blocks_per_request"] = kv_cache_spec.max_admission_blocks_per_request(
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
         )

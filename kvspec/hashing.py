@@ -206,10 +206,20 @@ def prompt_embeds_bytes(embeds: Any, start: int, end: int) -> bytes:
     if isinstance(embeds, list | tuple):
         return b"".join(rows)
     if hasattr(rows, "detach"):  # a torch tensor (torch is imported if one exists)
-        import torch
-
-        return rows.detach().flatten().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+        return bytes(TENSOR_BYTES(rows))
     return memoryview(rows).tobytes()
+
+
+def tensor_bytes(tensor: Any) -> memoryview:
+    """A torch tensor's memory as bytes (vLLM's ``tensor_data``)."""
+    import torch
+
+    return tensor.detach().flatten().cpu().contiguous().view(torch.uint8).numpy().data
+
+
+TENSOR_BYTES: Callable[[Any], Any] = tensor_bytes
+"""How tensors become bytes; the drop-in routes it through vLLM's own
+``kv_cache_utils.tensor_data``."""
 
 
 def _prompt_embeds_extra_keys(request: Any, start: int, end: int) -> list[bytes]:

@@ -212,6 +212,20 @@ class CrossAttentionSpec(AttentionSpec):
     """The decoder's view of the encoder output (Whisper): per request, never cached."""
 
 
+_SPEC_NAMES: dict[type, frozenset[str]] = {}
+
+
+def spec_is(spec: Any, *classes: type) -> bool:
+    """Whether ``spec`` is one of these spec classes -- by class name along
+    its MRO, so that vLLM's own spec objects (same names, same fields)
+    count as kvspec's: managers built from a vLLM ``KVCacheConfig`` work
+    unchanged."""
+    names = _SPEC_NAMES.get(type(spec))
+    if names is None:
+        names = _SPEC_NAMES[type(spec)] = frozenset(c.__name__ for c in type(spec).__mro__)
+    return any(c.__name__ in names for c in classes)
+
+
 def get_kv_cache_spec_kind(spec: KVCacheSpec) -> KVCacheSpecKind:
     for cls, kind in (
         (MLAAttentionSpec, KVCacheSpecKind.MLA_ATTENTION),
@@ -221,13 +235,13 @@ def get_kv_cache_spec_kind(spec: KVCacheSpec) -> KVCacheSpecKind:
         (MambaSpec, KVCacheSpecKind.MAMBA),
         (CrossAttentionSpec, KVCacheSpecKind.CROSS_ATTENTION),
     ):
-        if isinstance(spec, cls):
+        if spec_is(spec, cls):
             return kind
     return KVCacheSpecKind.UNKNOWN
 
 
 def get_kv_cache_spec_sliding_window(spec: KVCacheSpec) -> int | None:
-    return spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None
+    return spec.sliding_window if spec_is(spec, SlidingWindowSpec) else None
 
 
 @dataclass
@@ -264,4 +278,4 @@ class KVCacheConfig:
 
     @property
     def has_mamba_layers(self) -> bool:
-        return any(isinstance(g.kv_cache_spec, MambaSpec) for g in self.kv_cache_groups)
+        return any(spec_is(g.kv_cache_spec, MambaSpec) for g in self.kv_cache_groups)

@@ -174,8 +174,8 @@ def test_cross_attention_with_caching_is_refused():
 @pytest.mark.parametrize(
     "interval, match",
     [
-        (-8, r"retention_interval=-8 must be >= 0 and a multiple of scheduler_block_size=8"),
-        (12, r"retention_interval=12 must be >= 0 and a multiple of scheduler_block_size=8"),
+        (-8, r"retention_interval=-8 must be non-negative and a multiple of scheduler_block_size=8"),
+        (12, r"retention_interval=12 must be non-negative and a multiple of scheduler_block_size=8"),
     ],
 )
 def test_retention_interval_must_be_a_non_negative_multiple(interval, match):

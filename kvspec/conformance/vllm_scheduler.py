@@ -1,0 +1,126 @@
+"""vLLM 0.25.1's own ``Scheduler`` on a CPU, with no model: built from a
+kvspec layout, fed synthetic model-runner outputs.
+
+The scheduler needs a ``VllmConfig``; a real ``ModelConfig`` inspects the
+model's architecture (importing model code, which needs vLLM's compiled
+ops), so a stand-in carries the handful of facts the scheduler reads about
+the model.  Everything else -- the scheduler, its ``KVCacheManager`` (or
+kvspec's, under the drop-in), requests and outputs -- is vLLM's own.
+
+:func:`serve` runs a reproducible serving loop: requests with a shared
+system prompt arrive, are scheduled, emit one sampled token per step once
+their prompt is computed, and finish after a few tokens; it returns what
+every step scheduled, so that two runs (vLLM's block manager, kvspec's) can
+be compared decision by decision.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from kvspec.conformance.layouts import ManagerLayout
+
+
+class ModelStandIn:
+    """What vLLM's scheduler reads of ``model_config`` for a decoder-only
+    text model."""
+
+    is_encoder_decoder = False
+    is_diffusion = False
+    is_multimodal_model = False
+    runner_type = "generate"
+    enable_return_routed_experts = False
+    is_moe = False
+    is_hybrid = False
+    is_attention_free = False
+    architectures: tuple[str, ...] = ()
+    skip_tokenizer_init = True  # token ids only
+
+    def __init__(self, max_model_len: int):
+        self.max_model_len = max_model_len
+
+    def __getattr__(self, name: str) -> None:
+        # Anything else the scheduler's paths ask (logits processors, routed experts, ...): not set.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+def make_scheduler(layout: ManagerLayout, *, max_num_seqs: int = 16, max_num_batched_tokens: int = 256) -> Any:
+    """A vLLM ``Scheduler`` over ``layout``'s KV cache (vLLM's spec classes)."""
+    from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from kvspec.conformance.manager_targets import to_vllm_config
+
+    block_size = layout.scheduler_block_size
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=layout.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False, watermark=0.0,
+    )
+    cache_config = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
+                               enable_prefix_caching=layout.enable_caching)
+    cache_config.num_gpu_blocks = layout.num_blocks
+    vllm_config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
+                             device_config=DeviceConfig(device="cpu"))
+    object.__setattr__(vllm_config, "model_config", ModelStandIn(layout.max_model_len))
+    return Scheduler(vllm_config=vllm_config, kv_cache_config=to_vllm_config(layout.kv_cache_config()),
+                     log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config),
+                     block_size=block_size)
+
+
+@dataclass
+class StepRecord:
+    """What one ``schedule()`` decided."""
+
+    scheduled: dict[str, int]  # request id -> tokens scheduled
+    new_blocks: dict[str, list[list[int]]]  # new requests -> their block ids per group
+    computed: dict[str, int]  # new requests -> tokens already computed (prefix hits)
+    preempted: list[str]
+    finished: list[str]
+
+
+def serve(scheduler: Any, *, steps: int, seed: int = 0, hash_block_size: int = 16,
+          prompt_len: tuple[int, int] = (8, 120), max_tokens: int = 6) -> list[StepRecord]:
+    """Drive ``scheduler`` for ``steps`` steps; a request arrives on most
+    steps (a shared system prompt on half of them), every scheduled request
+    whose prompt is done samples one token, and stops after ``max_tokens``."""
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256_cbor)  # as vLLM's engine does at start
+    rng = random.Random(seed)
+    hasher = get_request_block_hasher(hash_block_size, sha256_cbor)
+    system = [rng.randrange(1000) for _ in range(48)]
+    records: list[StepRecord] = []
+    for step in range(steps):
+        if rng.random() < 0.7:
+            prompt = (system if rng.random() < 0.5 else []) + [rng.randrange(1000)
+                                                              for _ in range(rng.randint(*prompt_len))]
+            scheduler.add_request(Request(f"req-{step}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                                          None, block_hasher=hasher))
+        out = scheduler.schedule()
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            request = scheduler.requests[rid]
+            done = request.num_computed_tokens + out.num_scheduled_tokens[rid] >= request.num_tokens
+            sampled.append([rng.randrange(1000)] if done else [])
+        records.append(StepRecord(
+            scheduled=dict(out.num_scheduled_tokens),
+            new_blocks={r.req_id: [list(b) for b in r.block_ids] for r in out.scheduled_new_reqs},
+            computed={r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs},
+            preempted=sorted(getattr(out, "preempted_req_ids", None) or []),
+            finished=sorted(out.finished_req_ids),
+        ))
+        runner_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                          sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                                          pooler_output=[])
+        scheduler.update_from_output(out, runner_output)
+    return records

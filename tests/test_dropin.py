@@ -1,0 +1,93 @@
+"""The drop-in: vLLM 0.25.1 running on kvspec's block manager.
+
+Under tools/install_vllm.sh's environment:
+``PYTHONHASHSEED=0 .venv-vllm/bin/python -m pytest tests/test_dropin.py``.
+"""
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from kvspec import dropin  # noqa: E402
+from kvspec.conformance.layouts import ManagerLayout, full, mamba, swa  # noqa: E402
+from kvspec.conformance.vllm_scheduler import make_scheduler, serve  # noqa: E402
+
+
+@pytest.fixture
+def installed():
+    dropin.install()
+    try:
+        yield
+    finally:
+        dropin.uninstall()
+
+
+def test_install_replaces_vllms_block_manager_and_uninstall_restores_it():
+    import vllm.v1.core.block_pool as vllm_pool
+    import vllm.v1.core.kv_cache_manager as vllm_manager
+    import vllm.v1.core.sched.scheduler as vllm_scheduler
+    from vllm.distributed import kv_events as vllm_events
+
+    from kvspec import impl
+    from kvspec.impl import kv_events
+
+    original = vllm_manager.KVCacheManager
+    replaced = dropin.install()
+    try:
+        assert "vllm.v1.core.kv_cache_manager.KVCacheManager" in replaced
+        assert vllm_manager.KVCacheManager is impl.KVCacheManager and vllm_pool.BlockPool is impl.BlockPool
+        assert vllm_scheduler.KVCacheManager is impl.KVCacheManager  # imported by name before the install
+        assert kv_events.EVENTS.stored is vllm_events.BlockStored
+        assert dropin.install() == replaced  # twice changes nothing more
+    finally:
+        dropin.uninstall()
+    assert vllm_manager.KVCacheManager is original and vllm_scheduler.KVCacheManager is original
+    assert kv_events.EVENTS.stored is kv_events.BlockStored
+
+
+def test_plugin_installs_only_when_asked(monkeypatch):
+    monkeypatch.delenv("KVSPEC_DROPIN", raising=False)
+    dropin.plugin()
+    assert not dropin.installed()
+    monkeypatch.setenv("KVSPEC_DROPIN", "1")
+    try:
+        dropin.plugin()
+        assert dropin.installed()
+    finally:
+        dropin.uninstall()
+
+
+def test_the_plugin_is_registered_with_vllm():
+    from importlib.metadata import entry_points
+
+    plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert plugins.get("kvspec") == "kvspec.dropin:plugin"
+
+
+# Pools small enough that running requests are preempted now and then.
+LAYOUTS = {
+    "full attention": ManagerLayout((full(16),), num_blocks=32, max_model_len=512),
+    "full + sliding window": ManagerLayout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512),
+    "full + Mamba (all)": ManagerLayout((full(16), mamba(16, mode="all")), num_blocks=48, max_model_len=512),
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_vllms_scheduler_runs_on_kvspecs_block_manager_as_on_its_own(name):
+    """Three hundred steps of vLLM's scheduler -- arrivals behind a shared system prompt, chunked
+    prefill, preemption under a small pool -- make the same decisions, block ids included, on
+    kvspec's block manager as on vLLM's."""
+    layout = LAYOUTS[name]
+    theirs = serve(make_scheduler(layout), steps=300, seed=3, max_tokens=24)
+    dropin.install()
+    try:
+        scheduler = make_scheduler(layout)
+        from kvspec import impl
+
+        assert isinstance(scheduler.kv_cache_manager, impl.KVCacheManager)
+        ours = serve(scheduler, steps=300, seed=3, max_tokens=24)
+    finally:
+        dropin.uninstall()
+    assert ours == theirs
+    assert sum(len(r.finished) for r in ours) > 20 and sum(len(r.preempted) for r in ours) > 0
+    assert sum(n for r in ours for n in r.computed.values()) > 0  # prefix hits

@@ -1,0 +1,217 @@
+"""vLLM 0.25.1's own block-manager unit tests, run against vLLM and against
+kvspec's drop-in (the way PyPy runs CPython's test suite).
+
+The test files come from vLLM's source distribution on PyPI, unmodified:
+the archive's SHA-256 and every file's are checked against the values
+recorded here before anything runs.  They are extracted into a scratch
+directory next to a conftest of kvspec's, which -- when ``KVSPEC_DROPIN=1``
+-- installs the drop-in (``kvspec.dropin``) before any test module imports
+vLLM's block manager.  The suite runs twice, plain and with the drop-in, and
+the table says for every test: passed on vLLM, passed on kvspec, and for
+each that passes on vLLM but not on kvspec the written reason
+(``tools/peer_suite_differences.json``, each a deliberate difference named
+in docs/rules.md).
+
+    .venv-vllm/bin/python tools/peer_suite.py                  # download (cached), run both, print the table
+    .venv-vllm/bin/python tools/peer_suite.py --sdist vllm-0.25.1.tar.gz --markdown table.md
+
+Exit 0 when every test that passes on vLLM passes on kvspec or is a listed
+difference (and every listed difference still fails); 1 otherwise; 2 when
+the files cannot be had or do not match their checksums.  Tests that need
+the Hugging Face hub (engine configuration, not the block manager) fail on
+vLLM too offline, and are reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DIFFERENCES = ROOT / "tools" / "peer_suite_differences.json"
+SDIST = "vllm-0.25.1.tar.gz"
+SDIST_SHA256 = "ddbdec3f1c0f21afa70b7eb6ddf3faa29d26b1302ee4b5d5e00ec3af41b0c2e4"
+PREFIX = "vllm-0.25.1/"
+# The block-manager tests, with the SHA-256 of each file as published.
+FILES: dict[str, str] = {
+    "tests/v1/core/__init__.py": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "tests/v1/core/utils.py": "2bcc257bf88937ac4ad51896457475cf67dfd22ec3430205173cb8ec9430bd14",
+    "tests/v1/core/test_prefix_caching.py": "3dd7341dac5c580194933b2f0de444d88aefe37a647653b8f7a751898e78e155",
+    "tests/v1/core/test_single_type_kv_cache_manager.py":
+        "4b5c3cf26f780ace6f44981c363f19e92a7c6a1d9d9554e96d5e395471f5f3a5",
+    "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+    "tests/v1/core/test_kv_cache_utils.py": "85b9c6a1fc4ed9ff8b8e8e4b993a1ed806cd0d577a32316bf7543137d66c697d",
+    "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+        "c7741abc8efe4aa9d143aa96619852374bb217a35ffcd8e50acff4ad758fd426",
+}
+CONFTEST = '''"""kvspec's conftest for vLLM's tests: vLLM's markers, and with
+KVSPEC_DROPIN=1 kvspec's block manager in place of vLLM's before any test
+module imports it."""
+
+import os
+
+if os.environ.get("KVSPEC_DROPIN") == "1":
+    import kvspec.dropin
+
+    kvspec.dropin.install()
+
+
+def pytest_configure(config):
+    for marker in ("cpu_test", "core_model", "slow_test"):
+        config.addinivalue_line("markers", f"{marker}: vLLM's marker")
+'''
+
+
+class PeerSuiteError(Exception):
+    """The test files cannot be had, or are not the published ones."""
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def fetch_sdist(cache: Path) -> Path:
+    """vLLM 0.25.1's source archive from PyPI (cached)."""
+    path = cache / SDIST
+    if path.exists():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    index = urllib.request.urlopen("https://pypi.org/simple/vllm/", timeout=60).read().decode()
+    urls = re.findall(rf'href="([^"]*/{re.escape(SDIST)})#sha256=[0-9a-f]+"', index)
+    if not urls:
+        raise PeerSuiteError(f"PyPI's index lists no {SDIST}")
+    tmp = path.with_suffix(".part")
+    urllib.request.urlretrieve(urls[0], tmp)
+    tmp.rename(path)
+    return path
+
+
+def extract(sdist: Path, into: Path) -> dict[str, str]:
+    """The test files, checked, written under ``into``; their checksums."""
+    data = sdist.read_bytes()
+    if sha256(data) != SDIST_SHA256:
+        raise PeerSuiteError(f"{sdist} is not vLLM 0.25.1's published archive (SHA-256 {sha256(data)})")
+    sums = {}
+    with tarfile.open(sdist) as archive:
+        for name, expected in FILES.items():
+            member = archive.extractfile(PREFIX + name)
+            if member is None:
+                raise PeerSuiteError(f"{name} is not in {sdist}")
+            content = member.read()
+            sums[name] = sha256(content)
+            if sums[name] != expected:
+                raise PeerSuiteError(f"{name}: SHA-256 {sums[name]}, expected {expected}")
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+    for package in ("tests", "tests/v1", "tests/v1/core/prefix_cache"):
+        (into / package / "__init__.py").touch()
+    (into / "conftest.py").write_text(CONFTEST)
+    return sums
+
+
+def run(into: Path, dropin: bool, junit: Path, workers: int) -> None:
+    env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               KVSPEC_DROPIN="1" if dropin else "0")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(junit),
+           "-W", "ignore::DeprecationWarning", "tests/v1/core"]
+    if workers > 1:
+        cmd += ["-n", str(workers)]
+    subprocess.run(cmd, cwd=into, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
+    if not junit.exists():
+        raise PeerSuiteError(f"pytest wrote no report ({'kvspec' if dropin else 'vLLM'} run)")
+
+
+def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
+    """test id -> (passed / failed / skipped, first line of the failure)."""
+    out = {}
+    for case in ET.parse(junit).iter("testcase"):
+        test = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        test = re.sub(r"^(.*)/([^/]+)\.py::", lambda m: f"{m.group(1)}/{m.group(2)}.py::", test)
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if problem is not None:
+            message = (problem.get("message") or problem.text or "").strip().splitlines()
+            out[test] = ("failed", message[0][:160] if message else "")
+        elif case.find("skipped") is not None:
+            out[test] = ("skipped", "")
+        else:
+            out[test] = ("passed", "")
+    return out
+
+
+def compare(vllm: dict[str, tuple[str, str]], ours: dict[str, tuple[str, str]],
+            differences: dict[str, str]) -> tuple[list[tuple[str, str, str, str]], list[str]]:
+    """The table rows (test, vLLM, kvspec, note) and the problems that fail the run."""
+    rows, problems = [], []
+    for test in sorted(set(vllm) | set(ours)):
+        theirs, mine = vllm.get(test, ("missing", ""))[0], ours.get(test, ("missing", ""))
+        note = ""
+        if theirs == "passed" and mine[0] != "passed":
+            note = differences.get(test, "")
+            if not note:
+                problems.append(f"{test}: passes on vLLM, {mine[0]} on kvspec: {mine[1]}")
+                note = f"UNEXPLAINED: {mine[1]}"
+        elif test in differences:
+            problems.append(f"{test}: listed as a difference, but {mine[0]} on kvspec and {theirs} on vLLM")
+            note = "listed difference no longer holds"
+        elif theirs == "failed":
+            note = f"fails on vLLM too: {vllm[test][1]}"
+        rows.append((test, theirs, mine[0], note))
+    return rows, problems
+
+
+def table(rows: list[tuple[str, str, str, str]]) -> list[str]:
+    lines = ["| test | vLLM 0.25.1 | kvspec drop-in | note |", "|---|---|---|---|"]
+    lines += [f"| `{t}` | {a} | {b} | {n} |" for t, a, b, n in rows]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sdist", type=Path, help=f"a local {SDIST} (default: download, cached)")
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "kvspec", help="download cache")
+    parser.add_argument("--markdown", type=Path, help="write the table here too")
+    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
+    args = parser.parse_args(argv)
+    try:
+        sdist = args.sdist or fetch_sdist(args.cache)
+        with tempfile.TemporaryDirectory(prefix="kvspec-peer-") as scratch:
+            into = Path(scratch)
+            sums = extract(sdist, into)
+            run(into, False, into / "vllm.xml", args.workers)
+            run(into, True, into / "kvspec.xml", args.workers)
+            theirs, ours = outcomes(into / "vllm.xml"), outcomes(into / "kvspec.xml")
+    except (PeerSuiteError, OSError, subprocess.SubprocessError) as error:
+        print(f"peer suite: error: {error}", file=sys.stderr)
+        return 2
+    differences = json.loads(DIFFERENCES.read_text()) if DIFFERENCES.exists() else {}
+    rows, problems = compare(theirs, ours, differences)
+    lines = table(rows)
+    counts = {who: sum(1 for r in rows if r[i] == "passed") for who, i in (("vLLM", 1), ("kvspec", 2))}
+    summary = (f"vLLM 0.25.1's block-manager tests: {len(rows)}; passed on vLLM {counts['vLLM']}, "
+               f"on kvspec's drop-in {counts['kvspec']}; {len(differences)} listed differences; "
+               f"{len(problems)} unexplained")
+    print("\n".join(lines))
+    print()
+    print("files (SHA-256): " + ", ".join(f"{n.rsplit('/', 1)[-1]} {s[:12]}" for n, s in sums.items()))
+    print(summary)
+    for problem in problems:
+        print(f"  {problem}")
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text("\n".join([summary, "", *lines, ""]))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
