@@ -13,6 +13,7 @@ way) is noticed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -599,3 +600,28 @@ def test_maybe_convert_block_hash_unit(monkeypatch):
     monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "false")
     with pytest.raises(ValueError, match="must be an integer"):
         maybe_convert_block_hash(block_hash)
+
+
+def test_the_fast_plain_chain_is_canonical_cbor():
+    """Plain blocks are hashed through a hand-written CBOR encoding; it must
+    be byte for byte cbor2's (token ids of every size), and step aside for
+    anything else (negative ids, floats)."""
+    import os
+    import random
+
+    import cbor2
+
+    rng = random.Random(0)
+    for _ in range(500):
+        parent = os.urandom(32)
+        size = rng.choice([1, 2, 3, 16, 23, 24, 64, 255])
+        tokens = [rng.choice([rng.randrange(24), rng.randrange(256), rng.randrange(65536), rng.randrange(1 << 20),
+                              rng.randrange(1 << 40)]) for _ in range(size * rng.randint(1, 3))]
+        expected, chain = [], parent
+        for i in range(0, len(tokens), size):
+            chain = hashlib.sha256(cbor2.dumps((chain, tuple(tokens[i:i + size]), None), canonical=True)).digest()
+            expected.append(chain)
+        assert hashing._plain_chain(parent, tokens, size) == expected
+    for bad in ([1, -2], [1, 2.0], [70000, 2.0], [70000, -1]):
+        assert hashing._plain_chain(os.urandom(32), bad, 2) is None
+    assert hashing._plain_chain(b"short", [1, 2], 2) is None
