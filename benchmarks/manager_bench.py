@@ -33,7 +33,11 @@ same number of free blocks).  What is timed is the block manager's share of
 each step: the time inside the manager's methods (``get_computed_blocks``,
 ``allocate_slots``, ``free``, ``new_step_starts``) and the block hasher, not
 the requests' own bookkeeping nor the loop (``whole_loop_ratio`` reports
-the loop's wall time as well).  Steps are timed in chunks, kvspec's and
+the loop's wall time as well).  Each timed call pays for its two clock
+reads; that cost (``timer_overhead``: an empty region timed the same way,
+the least of several runs) is subtracted from both sides -- left in, it
+would add the same ~0.1 us to calls that take well under a microsecond on
+kvspec's side.  Steps are timed in chunks, kvspec's and
 vLLM's chunks interleaved with the order alternating; the ratio is the
 median over chunks of vLLM's time over kvspec's.  Garbage collection is off
 while timing.
@@ -59,6 +63,22 @@ BLOCK = 16
 clock = time.perf_counter
 
 
+def timer_overhead(runs: int = 7, regions: int = 100_000) -> float:
+    """Seconds one timed region adds by itself: an empty region timed the
+    way ``Side`` times the manager's calls, the least of several runs (so
+    subtracting it never flatters either side)."""
+    probe = Side.__new__(Side)
+    probe.spent = 0.0
+    best = float("inf")
+    for _ in range(runs):
+        spent = probe.spent
+        for _ in range(regions):
+            start = clock()
+            probe.spent += clock() - start
+        best = min(best, (probe.spent - spent) / regions)
+    return best
+
+
 class Side:
     """One manager under a miniature scheduler.  ``spent`` adds up the time
     inside the manager's methods and the block hasher -- the block manager's
@@ -70,11 +90,13 @@ class Side:
         self.waiting: dict[str, Any] = {}  # refused admissions, retried next step (as a scheduler would)
         self.hits = 0
         self.spent = 0.0
+        self.regions = 0  # timed regions, each costing timer_overhead() by itself
 
         def timed_hasher(request: Any) -> list:
             start = clock()
             hashes = hasher(request)
             self.spent += clock() - start
+            self.regions += 1
             return hashes
 
         self.hasher = timed_hasher
@@ -83,6 +105,7 @@ class Side:
         start = clock()
         self.manager.new_step_starts()
         self.spent += clock() - start
+        self.regions += 1
         for request_id, request in list(self.waiting.items()):
             del self.waiting[request_id]
             self._admit(request)
@@ -99,6 +122,7 @@ class Side:
         new = self.manager.allocate_slots(request, request.num_tokens - hit, hit, blocks,
                                           num_lookahead_tokens=2 if self.use_eagle else 0)
         self.spent += clock() - start
+        self.regions += 1
         if new is None:  # e.g. a Mamba state cached this step: not readable until the next
             self.waiting[request.request_id] = request
             return
@@ -117,6 +141,7 @@ class Side:
         start = clock()
         new = self.manager.allocate_slots(request, num_new, num_lookahead_tokens=2 if self.use_eagle else 0)
         self.spent += clock() - start
+        self.regions += 1
         if new is None:
             raise RuntimeError(f"{self.name}: the pool is too small for the benchmark")
         request.num_computed_tokens += 1 + accepted
@@ -128,6 +153,7 @@ class Side:
         start = clock()
         self.manager.free(request)
         self.spent += clock() - start
+        self.regions += 1
 
 
 class Workload:
@@ -205,7 +231,8 @@ def make_sides(groups: str, num_blocks: int) -> tuple[Side, Side]:
     return ours, vllm_side
 
 
-def bench_serving(groups: str, *, running: int, chunks: int, chunk_steps: int, seed: int = 0) -> dict:
+def bench_serving(groups: str, *, running: int, chunks: int, chunk_steps: int, overhead: float,
+                  seed: int = 0) -> dict:
     num_blocks = running * 260 * (2 if groups != "full" else 1) + 4096
     ours, theirs = make_sides(groups, num_blocks)
     workload = Workload(seed, running, eagle=groups == "eagle")
@@ -220,11 +247,11 @@ def bench_serving(groups: str, *, running: int, chunks: int, chunk_steps: int, s
         for side in order:
             gc.collect()
             gc.disable()
-            spent, start = side.spent, clock()
+            spent, regions, start = side.spent, side.regions, clock()
             for step in events:
                 apply(side, step)
             walls[side.name].append(clock() - start)
-            times[side.name].append(side.spent - spent)
+            times[side.name].append(side.spent - spent - (side.regions - regions) * overhead)
             gc.enable()
         if ours.hits != theirs.hits or (ours.manager.block_pool.get_num_free_blocks()
                                         != theirs.manager.block_pool.get_num_free_blocks()):
@@ -238,6 +265,7 @@ def bench_serving(groups: str, *, running: int, chunks: int, chunk_steps: int, s
         "vllm_manager_us_per_step": 1e6 * sum(times["vLLM"]) / steps,
         "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
         "whole_loop_ratio_median": statistics.median(wall_ratios),
+        "timer_overhead_ns": 1e9 * overhead, "timed_regions": ours.regions,
     }
 
 
@@ -296,6 +324,9 @@ def main(argv: list[str] | None = None) -> dict:
         print("manager_bench: vLLM is not installed here; run it from tools/install_vllm.sh's environment",
               file=sys.stderr)
         raise SystemExit(2) from None
+    overhead = timer_overhead()
+    results["timer_overhead_ns"] = 1e9 * overhead
+    print(f"timer overhead {1e9 * overhead:.0f} ns per timed call (subtracted from both sides)", flush=True)
     names = ["serve full", "serve full+swa", "serve full+mamba", "serve eagle", "hash 32k"]
     for name in names:
         if args.only and name not in args.only:
@@ -303,7 +334,8 @@ def main(argv: list[str] | None = None) -> dict:
         if name == "hash 32k":
             r = bench_hashing(tokens=2048 if args.quick else 32768, repeats=5 if args.quick else 21)
         else:
-            r = bench_serving(name.split()[1], running=running, chunks=chunks, chunk_steps=chunk_steps)
+            r = bench_serving(name.split()[1], running=running, chunks=chunks, chunk_steps=chunk_steps,
+                              overhead=overhead)
         results["workloads"][name] = r
         loop = f"; whole loop {r['whole_loop_ratio_median']:.2f}x" if "whole_loop_ratio_median" in r else ""
         spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"

@@ -19,6 +19,7 @@ metrics collector (accepted and ignored).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -54,6 +55,11 @@ def _group_suffix(group_id: int) -> bytes:
     return group_id.to_bytes(4, "big")
 
 
+def _oldest(entry: dict[int, KVCacheBlock]) -> KVCacheBlock:
+    """The block a hit takes from a key that names several: the first cached."""
+    return next(iter(entry.values()))
+
+
 def _hash_type_error(block_hash: Any) -> RuleTypeError:
     return RuleTypeError(
         "hash-map-consistency",
@@ -79,7 +85,7 @@ class BlockHashToBlockMap:
         blocks = self._cache.get(key)
         if blocks is None or blocks.__class__ is KVCacheBlock:
             return blocks  # type: ignore[return-value]
-        return next(iter(blocks.values()))  # type: ignore[union-attr]
+        return _oldest(blocks)  # type: ignore[arg-type]
 
     def contain(self, key: BlockHashWithGroupId, block_id: int) -> bool:
         blocks = self._cache.get(key)
@@ -191,8 +197,31 @@ class BlockPool:
             if blocks is None:
                 return None
             if blocks.__class__ is not KVCacheBlock:
-                blocks = next(iter(blocks.values()))  # type: ignore[union-attr]
+                blocks = _oldest(blocks)
             hits.append(blocks)
+        return hits
+
+    def cached_prefix(self, block_hashes: Sequence[BlockHash], max_blocks: int, group_id: int) -> list[KVCacheBlock]:
+        """The blocks of one group cached under the leading hashes, up to the
+        first miss and at most ``max_blocks``: ``get_cached_block`` hash by
+        hash with the group's key suffix built once (a full-attention hit
+        walks dozens of blocks).  Does not take the blocks."""
+        suffix = _group_suffix(group_id)
+        cache = self.cached_block_hash_to_block._cache
+        hits: list[KVCacheBlock] = []
+        block_hash = None
+        try:
+            for block_hash in itertools.islice(block_hashes, max(max_blocks, 0)):
+                block = cache.get(block_hash + suffix)  # TypeError unless bytes
+                if block is None:
+                    break
+                if block.__class__ is not KVCacheBlock:
+                    block = _oldest(block)
+                hits.append(block)
+        except TypeError:
+            raise _hash_type_error(block_hash) from None
+        if block_hash is not None and block_hash.__class__ is not bytes and not isinstance(block_hash, bytes):
+            raise _hash_type_error(block_hash)  # a bytes-like key that happened to work
         return hits
 
     # --- taking and returning blocks -----------------------------------------
@@ -320,6 +349,7 @@ class BlockPool:
         hashes = block_hashes_for_size(request.block_hashes, self.hash_block_size, block_size)
         chosen = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks, block_size, block_mask)
         insert = self.cached_block_hash_to_block.insert
+        cache = self.cached_block_hash_to_block._cache
         for i in chosen:
             block = blocks[i]
             if block._block_hash is not None:  # a partial entry promoted to the full block's hash
@@ -327,7 +357,10 @@ class BlockPool:
             key = hashes[i] + suffix
             block._block_hash = key
             block._block_hash_num_tokens = (i + 1) * block_size
-            insert(key, block)
+            if key in cache:
+                insert(key, block)  # a second block under this key
+            else:
+                cache[key] = block
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(
                 self._stored_event(
@@ -336,6 +369,14 @@ class BlockPool:
             )
 
     def _check_cache_args(self, block_size: int, group_id: int, num_cached: int, num_full: int) -> bytes:
+        if (
+            self.enable_caching
+            and block_size.__class__ is num_cached.__class__ is num_full.__class__ is int
+            and min(num_cached, num_full) >= 0
+            and block_size > 0
+            and not block_size % self.hash_block_size
+        ):  # the usual case, checked at once (the checks below explain the rest)
+            return _group_suffix(group_id)
         if not self.enable_caching:
             raise RuleError("hash-map-consistency", "prefix caching is disabled on this pool")
         for name, n in (("block_size", block_size), ("num_cached_blocks", num_cached), ("num_full_blocks", num_full)):
@@ -381,7 +422,7 @@ class BlockPool:
             if not isinstance(h, bytes):
                 raise _hash_type_error(h)
             chosen.append(i)
-        if len({id(blocks[i]) for i in chosen}) != len(chosen):
+        if len(chosen) > 1 and len({id(blocks[i]) for i in chosen}) != len(chosen):
             raise RuleError("no-aliasing", "the same block appears twice among new full blocks")
         return chosen
 

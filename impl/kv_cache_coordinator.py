@@ -25,6 +25,7 @@ sense for the groups (see :func:`validate_retention_interval`).
 
 from __future__ import annotations
 
+import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -376,6 +377,16 @@ class KVCacheCoordinator(ABC):
         """Carry out a ``skipped_block_plan`` made since the last change."""
         for manager, runs in plan:
             manager.release_blocks(request_id, runs)
+
+    def steady_limits(self, request_id: str, total_computed_tokens: int) -> tuple[float, float, float]:
+        """Every group's ``steady_limits`` at once: the tightest of each."""
+        if len(self.single_type_managers) == 1:
+            return self.single_type_managers[0].steady_limits(request_id, total_computed_tokens)
+        slots = full = skip = math.inf
+        for manager in self.single_type_managers:
+            group_slots, group_full, group_skip = manager.steady_limits(request_id, total_computed_tokens)
+            slots, full, skip = min(slots, group_slots), min(full, group_full), min(skip, group_skip)
+        return slots, full, skip
 
     # --- queries ----------------------------------------------------------------------------
 

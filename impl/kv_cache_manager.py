@@ -49,6 +49,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
@@ -73,6 +74,7 @@ from kvspec.request import RequestStatus
 logger = logging.getLogger(__name__)
 
 _ADMISSION_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_ZERO = 0
 _COUNT_NAMES = ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens", "num_external_computed_tokens",
                 "num_encoder_tokens", "reserved_blocks")
 
@@ -151,6 +153,16 @@ def _counts_ok(a: Any, b: Any, c: Any, d: Any, e: Any, f: Any) -> bool:
     ) >= 0
 
 
+def _all_pool_blocks(blocks: Sequence[Any], pool_blocks: list[KVCacheBlock]) -> bool:
+    """Whether every one of ``blocks`` is the pool's block of its id (the
+    whole list at C speed: a hit can be hundreds of blocks)."""
+    try:
+        ids = [block.block_id for block in blocks]
+        return not ids or (min(ids) >= 0 and all(map(operator.is_, map(pool_blocks.__getitem__, ids), blocks)))
+    except (AttributeError, IndexError, TypeError):
+        return False
+
+
 def _require_count(name: str, value: Any) -> None:
     if type(value) is not int:
         raise RuleTypeError("allocation-accounting", f"{name} must be an int, got {value!r}")
@@ -227,6 +239,9 @@ class KVCacheManager:
         )
         # Shared and immutable: "no blocks" without allocating.
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        # request id -> the coordinator's steady_limits after its last allocation
+        # (running requests only): the decode fast path in allocate_slots.
+        self._steady: dict[str, tuple[float, float, float]] = {}
 
     @property
     def usage(self) -> float:
@@ -285,9 +300,42 @@ class KVCacheManager:
         refusal leaves them released and nothing else changed.  Full blocks
         are cached unless ``delay_cache_blocks`` (a connector is still
         loading them); draft tokens never are."""
+        # The decode fast path.  Most calls are a running request's next
+        # token(s) with room left in every group's last block, no block
+        # filling up to be cached and none leaving the window: nothing changes
+        # and no blocks are new.  The limits (coordinator.steady_limits) say
+        # when that stops.  `plain` also stands for the argument checks below;
+        # its `is _ZERO` tests admit exactly the int 0 those checks accept
+        # (CPython shares small ints), so a False or 0.0 still goes there.
+        plain = (
+            new_computed_blocks is None
+            and num_new_computed_tokens is _ZERO
+            and num_external_computed_tokens is _ZERO
+            and num_encoder_tokens is _ZERO
+            and reserved_blocks is _ZERO
+            and full_sequence_must_fit is False
+            and num_new_tokens.__class__ is int
+            and num_lookahead_tokens.__class__ is int
+            and num_new_tokens > 0
+            and num_lookahead_tokens >= 0
+        )
+        steady = self._steady.get(request.request_id)
+        if plain and steady is not None:
+            computed = request.num_computed_tokens
+            committed = computed + num_new_tokens
+            if (
+                committed + num_lookahead_tokens <= steady[0]
+                and (committed < steady[1] or request.num_tokens < steady[1])
+                and computed < steady[2]
+                and (not self.watermark_blocks or not has_scheduled_reqs
+                     or request.status not in _ADMISSION_STATUSES)
+            ):
+                return self.empty_kv_cache_blocks
+        if steady is not None:
+            del self._steady[request.request_id]  # recomputed once this call is done
         no_hits = self.empty_kv_cache_blocks.blocks
         hits = no_hits if new_computed_blocks is None else new_computed_blocks.blocks
-        if not (
+        if not plain and not (
             _counts_ok(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_external_computed_tokens,
                        num_encoder_tokens, reserved_blocks)
             and (num_new_tokens or num_external_computed_tokens)
@@ -339,6 +387,7 @@ class KVCacheManager:
         if self.enable_caching and not delay_cache_blocks:
             # Only committed tokens: drafts beyond num_tokens may be rejected.
             coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        self._steady[request_id] = coordinator.steady_limits(request_id, total_computed)
         return self.create_kv_cache_blocks(new_blocks)
 
     def _full_sequence_fits(
@@ -390,7 +439,9 @@ class KVCacheManager:
         for i, (group, blocks) in enumerate(zip(self.kv_cache_config.kv_cache_groups, hits, strict=True)):
             if blocks and spec_is(group.kv_cache_spec, CrossAttentionSpec):
                 raise RuleError("hit-soundness", f"group {i} is cross attention: it has no prefix-cache hits")
-            for block in blocks:
+            if _all_pool_blocks(blocks, pool_blocks):
+                continue
+            for block in blocks:  # name the first stranger
                 block_id = getattr(block, "block_id", None)
                 ours = type(block_id) is int and 0 <= block_id < len(pool_blocks) and pool_blocks[block_id] is block
                 if not ours:
@@ -400,6 +451,7 @@ class KVCacheManager:
 
     def free(self, request: Any) -> None:
         """Return the request's blocks, tail first (so tails are evicted first)."""
+        self._steady.pop(request.request_id, None)
         self.coordinator.free(request.request_id)
 
     def remove_skipped_blocks(
@@ -408,12 +460,14 @@ class KVCacheManager:
         """Release blocks no future query of the request reads (out of the
         window); their table slots keep the null block."""
         _require_count("total_computed_tokens", total_computed_tokens)
+        self._steady.pop(request_id, None)
         self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens, num_prompt_tokens)
 
     def pop_blocks_for_free(self, request: Any) -> list[KVCacheBlock]:
         """Forget the request and return its blocks in token order, without
         freeing them: the caller passes them, reversed, to
         ``block_pool.free_blocks`` once no step can still write them."""
+        self._steady.pop(request.request_id, None)
         return self.coordinator.pop_blocks_for_free(request.request_id)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
@@ -473,6 +527,7 @@ class KVCacheManager:
         _require_count("num_computed_tokens", num_computed_tokens)
         if self.enable_caching:
             self._check_cacheable(request, num_computed_tokens)
+            self._steady.pop(request.request_id, None)
             self.coordinator.cache_blocks(request, num_computed_tokens)
 
     def _check_cacheable(self, request: Any, num_tokens: int) -> None:

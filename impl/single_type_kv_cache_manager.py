@@ -26,6 +26,7 @@ parallelism (``dcp_world_size``/``pcp_world_size`` > 1), refused with a
 from __future__ import annotations
 
 import itertools
+import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ from kvspec.kv_cache_interface import (
 )
 
 MAMBA_CACHE_MODES = ("none", "all", "align")
+_NEVER = math.inf
 
 
 def require_no_context_parallel(dcp_world_size: int, pcp_world_size: int) -> None:
@@ -74,7 +76,7 @@ def aligned_block_count(num_blocks: int, block_size: int, alignment_tokens: int)
 
 def _count_evictable(blocks: Sequence[KVCacheBlock]) -> int:
     """Hit blocks that sit in the free queue: touching them takes a free block."""
-    return sum(1 for block in blocks if block.ref_cnt == 0 and not block.is_null)
+    return len([block for block in blocks if block.ref_cnt == 0 and not block.is_null])
 
 
 class SingleTypeKVCacheManager(ABC):
@@ -118,6 +120,10 @@ class SingleTypeKVCacheManager(ABC):
         self._max_admission_blocks_per_request = max_admission_blocks_per_request
         self._null_block = block_pool.null_block
         self._records_new_blocks = type(kv_cache_spec).__name__ in self._ZEROED_SPEC_TYPES
+        self._releases = self.releases_skipped_blocks
+        # No mask to compute: every full block is worth caching (see reachable_block_mask).
+        base_mask = SingleTypeKVCacheManager.reachable_block_mask.__func__  # type: ignore[attr-defined]
+        self._caches_every_block = type(self).reachable_block_mask.__func__ is base_mask  # type: ignore[attr-defined]
         self.new_block_ids: list[int] = []
         # request id -> its blocks, in token order (null blocks where skipped).
         self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
@@ -257,7 +263,7 @@ class SingleTypeKVCacheManager(ABC):
         new_blocks = self.block_pool.get_new_blocks(num_blocks)
         req_blocks.extend(new_blocks)
         if self._records_new_blocks:
-            self.new_block_ids.extend(block.block_id for block in new_blocks)
+            self.new_block_ids.extend([block.block_id for block in new_blocks])
         return new_blocks
 
     def take_new_block_ids(self) -> list[int]:
@@ -277,7 +283,7 @@ class SingleTypeKVCacheManager(ABC):
         num_full = num_tokens // self.block_size
         if num_cached >= num_full:
             return
-        mask = self.reachable_block_mask(
+        mask = None if self._caches_every_block else self.reachable_block_mask(
             start_block=num_cached,
             end_block=num_full,
             alignment_tokens=self.scheduler_block_size,
@@ -312,6 +318,34 @@ class SingleTypeKVCacheManager(ABC):
         use; ``None``: all of them (every kind of attention but sliding
         window and Mamba)."""
         return None
+
+    # --- steady state (KVCacheManager's decode fast path) ------------------------------
+
+    def steady_limits(self, request_id: str, total_computed_tokens: int) -> tuple[float, float, float]:
+        """For a running request whose step just ended at ``total_computed_tokens``:
+        ``(slots, full, skip)`` such that a later ``allocate_slots`` without
+        hits, external or encoder tokens changes nothing in this group while
+        it needs at most ``slots`` slots, commits fewer than ``full`` tokens
+        (the next block to cache fills at ``full``) and has computed fewer
+        than ``skip`` tokens (the next block to leave the window leaves at
+        ``skip``).  Pure; ``math.inf`` where a limit never comes."""
+        num_held = len(self.req_to_blocks.get(request_id, ()))
+        full = (self.num_cached_block.get(request_id, 0) + 1) * self.block_size if self.enable_caching else _NEVER
+        return num_held * self.block_size, full, self._next_skip(total_computed_tokens)
+
+    def _next_skip(self, total_computed_tokens: int) -> float:
+        """The least computed-token count past ``total_computed_tokens`` at
+        which ``remove_skipped_blocks`` can release another block: once one
+        more whole block is skipped (blocks before it are null by then)."""
+        if not self._releases:
+            return _NEVER
+        skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        return self.first_computed_skipping((skipped_blocks + 1) * self.block_size)
+
+    def first_computed_skipping(self, num_skipped_tokens: int) -> float:
+        """The least computed-token count at which ``num_skipped_tokens``
+        leading tokens are skipped (inverts ``get_num_skipped_tokens``)."""
+        return _NEVER
 
     # --- freeing ------------------------------------------------------------------------
 
@@ -440,15 +474,19 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     ) -> tuple[list[KVCacheBlock], ...]:
         require_no_context_parallel(dcp_world_size, pcp_world_size)
         block_size = kv_cache_spec.block_size
-        hits: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)
-        lookup = block_pool.get_cached_block
         # The hashes chain, so the first miss ends the hit.
-        for block_hash in itertools.islice(block_hashes, max_length // block_size):
-            cached = lookup(block_hash, kv_cache_group_ids)
-            if cached is None:
-                break
-            for group_hits, block in zip(hits, cached, strict=True):
-                group_hits.append(block)
+        if len(kv_cache_group_ids) == 1:
+            hits: tuple[list[KVCacheBlock], ...] = (
+                block_pool.cached_prefix(block_hashes, max_length // block_size, kv_cache_group_ids[0]),
+            )
+        else:
+            hits = tuple([] for _ in kv_cache_group_ids)
+            for block_hash in itertools.islice(block_hashes, max_length // block_size):
+                cached = block_pool.get_cached_block(block_hash, kv_cache_group_ids)
+                if cached is None:
+                    break
+                for group_hits, block in zip(hits, cached, strict=True):
+                    group_hits.append(block)
         num_hit = len(hits[0]) if hits else 0
         if drop_eagle_block and num_hit:
             num_hit -= 1
@@ -589,6 +627,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         # The next query (position num_computed_tokens) reads the window ending at it.
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
+    def first_computed_skipping(self, num_skipped_tokens: int) -> float:
+        return num_skipped_tokens + self.sliding_window - 1
+
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         # The prefix slots hold null blocks; cascade attention is not offered.
         return 0
@@ -639,6 +680,9 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
+
+    def first_computed_skipping(self, num_skipped_tokens: int) -> float:
+        return cdiv(num_skipped_tokens, self.attention_chunk_size) * self.attention_chunk_size
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         return 0
@@ -733,6 +777,19 @@ class MambaManager(SingleTypeKVCacheManager):
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         # Only the state after the last computed token is read.
         return num_computed_tokens - 1
+
+    def first_computed_skipping(self, num_skipped_tokens: int) -> float:
+        return num_skipped_tokens + 1
+
+    def steady_limits(self, request_id: str, total_computed_tokens: int) -> tuple[float, float, float]:
+        if self.mamba_cache_mode == "align":
+            return 0, 0, 0  # the state block moves every step: never steady
+        slots, full, _ = super().steady_limits(request_id, total_computed_tokens)
+        # Draft states take the table's last blocks; the release lags by the
+        # speculative block count (see skipped_block_runs).
+        spec = self.num_speculative_blocks
+        skip = self._next_skip(max(0, total_computed_tokens - spec)) + spec
+        return slots - spec * self.block_size, full, skip
 
     def skipped_block_runs(self, request_id: str, total_computed_tokens: int) -> list[list[int]]:
         # Drafts of the previous step may all be rejected: assume they were.
@@ -936,6 +993,10 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
         raise RuleError("hit-soundness", "cross-attention blocks are never prefix-cache hits")
+
+    def steady_limits(self, request_id: str, total_computed_tokens: int) -> tuple[float, float, float]:
+        # Sized by encoder tokens once; decoder steps never change it.
+        return _NEVER, _NEVER, _NEVER
 
 
 # By spec class name, most specific first along the spec's MRO (MLA is a

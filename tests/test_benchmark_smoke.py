@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "pool_bench.py"
@@ -81,3 +84,22 @@ def test_kernel_bandwidth_smoke(tmp_path: Path) -> None:
     for label in ("kvspec manager", "contiguous"):
         assert _is_rate(record["results"][label]["GB/s"])
     assert _is_rate(record["fragmented_over_contiguous"]) and "fragmented / contiguous" in proc.stdout
+
+
+def test_manager_bench_quick(tmp_path: Path) -> None:
+    """The scheduler-level benchmark (vLLM's environment only) runs every
+    workload in lockstep and reports a ratio for each."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "manager.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "manager_bench.py"), "--quick", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert set(result["workloads"]) == {"serve full", "serve full+swa", "serve full+mamba", "serve eagle", "hash 32k"}
+    for name, row in result["workloads"].items():
+        assert _is_rate(row["ratio_median"]), (name, row)
+        assert name in proc.stdout
+    assert result["workloads"]["serve full"]["hit_tokens"] > 0  # the shared system prompt is hit
+    assert 0 < result["timer_overhead_ns"] < 1000

@@ -603,25 +603,33 @@ def test_maybe_convert_block_hash_unit(monkeypatch):
 
 
 def test_the_fast_plain_chain_is_canonical_cbor():
-    """Plain blocks are hashed through a hand-written CBOR encoding; it must
-    be byte for byte cbor2's (token ids of every size), and step aside for
-    anything else (negative ids, floats)."""
+    """Plain blocks are hashed by writing the CBOR of (parent, block, None)
+    around cbor2's encoding of the block alone; it must be byte for byte the
+    encoding of the whole tuple, whatever the token ids are (every size,
+    negative, bools, floats: vLLM hashes what it is given), and step aside
+    for a parent that is not 32 bytes."""
     import os
     import random
 
     import cbor2
 
+    def general(parent, tokens, size):
+        expected, chain = [], parent
+        for i in range(0, len(tokens) - size + 1, size):
+            chain = hashlib.sha256(cbor2.dumps((chain, tuple(tokens[i:i + size]), None), canonical=True)).digest()
+            expected.append(chain)
+        return expected
+
     rng = random.Random(0)
     for _ in range(500):
         parent = os.urandom(32)
-        size = rng.choice([1, 2, 3, 16, 23, 24, 64, 255])
+        size = rng.choice([1, 2, 3, 16, 23, 24, 64, 255, 256, 300])
         tokens = [rng.choice([rng.randrange(24), rng.randrange(256), rng.randrange(65536), rng.randrange(1 << 20),
-                              rng.randrange(1 << 40)]) for _ in range(size * rng.randint(1, 3))]
-        expected, chain = [], parent
-        for i in range(0, len(tokens), size):
-            chain = hashlib.sha256(cbor2.dumps((chain, tuple(tokens[i:i + size]), None), canonical=True)).digest()
-            expected.append(chain)
-        assert hashing._plain_chain(parent, tokens, size) == expected
-    for bad in ([1, -2], [1, 2.0], [70000, 2.0], [70000, -1]):
-        assert hashing._plain_chain(os.urandom(32), bad, 2) is None
+                              rng.randrange(1 << 40)]) for _ in range(size * rng.randint(1, 3) + rng.randrange(size))]
+        assert hashing._plain_chain(parent, tokens, size) == general(parent, tokens, size)
+    for odd in ([1, -2], [1, 2.0], [70000, 2.5], [True, 1], [1 << 70, -(1 << 70)], [3, 1 << 40]):
+        parent = os.urandom(32)
+        assert hashing._plain_chain(parent, odd, 2) == general(parent, odd, 2)
+        long = [rng.randrange(65536) for _ in range(64)] + odd
+        assert hashing._plain_chain(parent, long, 2) == general(parent, long, 2)
     assert hashing._plain_chain(b"short", [1, 2], 2) is None
