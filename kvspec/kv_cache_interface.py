@@ -29,7 +29,7 @@ Layers with the same spec form a **KV-cache group** sharing one block table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from math import prod
 from typing import Any
 
@@ -98,16 +98,80 @@ class KVCacheSpec:
         return specs[0]
 
 
+class KVQuantMode(IntEnum):
+    """How the KV cache is quantized (vLLM's values: a vLLM ``KVQuantMode``
+    compares equal to kvspec's).  It changes the bytes per head in a page,
+    so the page size; the block manager never looks at it."""
+
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+    INT4_PER_TOKEN_HEAD = 4  # two values per byte
+    NVFP4 = 5  # fp4 values plus one fp8 scale per 16 of them
+
+    @property
+    def is_per_token_head(self) -> bool:
+        """A float32 scale per token and head, for K and for V, in the page too."""
+        return self in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD,
+                        KVQuantMode.INT4_PER_TOKEN_HEAD)
+
+    def head_bytes(self, head_size: int) -> int:
+        """Elements stored per head of ``head_size`` (each of the spec's dtype)."""
+        if self is KVQuantMode.NVFP4:
+            return head_size // 2 + head_size // 16
+        if self is KVQuantMode.INT4_PER_TOKEN_HEAD:
+            return head_size // 2
+        return head_size
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttentionSpec(KVCacheSpec):
+    """Attention's KV for ``block_size`` tokens per page.
+
+    ``kv_quant_mode`` sets the bytes per head (``KVQuantMode``);
+    ``page_size_padded`` pads the page to a larger size (alignment, or one
+    size for every group); ``indexes_kv_by_block_stride`` records how the
+    attention backend addresses pages.  As in vLLM, none of them changes
+    which blocks a request holds."""
+
     num_kv_heads: int
     head_size: int
     dtype: Any
+    kv_quant_mode: KVQuantMode = KVQuantMode.NONE
+    page_size_padded: int | None = None
+    indexes_kv_by_block_stride: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            mode = KVQuantMode(self.kv_quant_mode)
+        except ValueError:
+            raise ValueError(f"kv_quant_mode must be a KVQuantMode, got {self.kv_quant_mode!r}") from None
+        object.__setattr__(self, "kv_quant_mode", mode)
+        padded = self.page_size_padded
+        if padded is not None and (type(padded) is not int or padded < self._unpadded_page_size_bytes()):
+            raise ValueError(
+                f"page_size_padded must be an int >= the page's {self._unpadded_page_size_bytes()} bytes, "
+                f"got {padded!r}"
+            )
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """K and V for ``block_size`` tokens, without scales or padding."""
+        head = self.kv_quant_mode.head_bytes(self.head_size)
+        return 2 * self.block_size * self.num_kv_heads * head * get_dtype_size(self.dtype)
+
+    def _unpadded_page_size_bytes(self) -> int:
+        size = self.real_page_size_bytes
+        if self.kv_quant_mode.is_per_token_head:  # the scales share the page's memory
+            size += 2 * self.block_size * self.num_kv_heads * 4
+        return size
 
     @property
     def page_size_bytes(self) -> int:
-        """K and V for ``block_size`` tokens."""
-        return 2 * self.block_size * self.num_kv_heads * self.head_size * get_dtype_size(self.dtype)
+        """The page: K and V, per-token-head scales, padding."""
+        return self.page_size_padded if self.page_size_padded is not None else self._unpadded_page_size_bytes()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,15 +185,15 @@ class FullAttentionSpec(AttentionSpec):
     non_causal: bool = False
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.head_size_v is None:
             object.__setattr__(self, "head_size_v", self.head_size)
+        super().__post_init__()
 
     @property
-    def page_size_bytes(self) -> int:
-        return (
-            self.block_size * self.num_kv_heads * (self.head_size + self.head_size_v) * get_dtype_size(self.dtype)
-        )
+    def real_page_size_bytes(self) -> int:
+        mode = self.kv_quant_mode
+        last_dim = mode.head_bytes(self.head_size) + mode.head_bytes(self.head_size_v)
+        return self.block_size * self.num_kv_heads * last_dim * get_dtype_size(self.dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,8 +205,14 @@ class MLAAttentionSpec(FullAttentionSpec):
     compress_ratio: int = 1
 
     @property
-    def page_size_bytes(self) -> int:
-        return self.block_size * self.num_kv_heads * self.head_size * get_dtype_size(self.dtype)
+    def real_page_size_bytes(self) -> int:
+        """One latent per token (``block_size // compress_ratio`` stored);
+        ``fp8_ds_mla`` is DeepSeek-V3.2's 656-byte layout per token; NVFP4
+        does not apply to the latent."""
+        if self.cache_dtype_str == "fp8_ds_mla":
+            return self.block_size * 656
+        head = self.head_size // 2 if self.kv_quant_mode is KVQuantMode.INT4_PER_TOKEN_HEAD else self.head_size
+        return self.block_size // self.compress_ratio * self.num_kv_heads * head * get_dtype_size(self.dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,10 +221,17 @@ class SlidingWindowSpec(AttentionSpec):
     head_size_v: int | None = None
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         _positive("sliding_window", self.sliding_window)
         if self.head_size_v is None:
             object.__setattr__(self, "head_size_v", self.head_size)
+        super().__post_init__()
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """K and V (``head_size_v`` wide); quantized only as NVFP4 (vLLM's rule)."""
+        mode = self.kv_quant_mode if self.kv_quant_mode is KVQuantMode.NVFP4 else KVQuantMode.NONE
+        last_dim = mode.head_bytes(self.head_size) + mode.head_bytes(self.head_size_v)
+        return self.block_size * self.num_kv_heads * last_dim * get_dtype_size(self.dtype)
 
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
         """At most the last ``sliding_window - 1`` computed tokens plus one
