@@ -361,13 +361,15 @@ class KVCacheCoordinator(ABC):
         for manager in self.single_type_managers:
             manager.remove_skipped_blocks(request_id, total_computed_tokens, num_prompt_tokens)
 
-    def skipped_block_plan(self, request_id: str, total_computed_tokens: int) -> SkipPlan:
+    def skipped_block_plan(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> SkipPlan:
         """What ``remove_skipped_blocks`` would release: (manager, runs) for
         each group with something to release (see
         ``SingleTypeKVCacheManager.skipped_block_runs``).  Pure."""
         plan = []
         for manager in self.releasing_managers:
-            runs = manager.skipped_block_runs(request_id, total_computed_tokens)
+            runs = manager.skipped_block_runs(request_id, total_computed_tokens, num_prompt_tokens)
             if runs:
                 plan.append((manager, runs))
         return plan
@@ -378,13 +380,17 @@ class KVCacheCoordinator(ABC):
         for manager, runs in plan:
             manager.release_blocks(request_id, runs)
 
-    def steady_limits(self, request_id: str, total_computed_tokens: int) -> tuple[float, float, float]:
+    def steady_limits(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> tuple[float, float, float]:
         """Every group's ``steady_limits`` at once: the tightest of each."""
         if len(self.single_type_managers) == 1:
-            return self.single_type_managers[0].steady_limits(request_id, total_computed_tokens)
+            return self.single_type_managers[0].steady_limits(request_id, total_computed_tokens, num_prompt_tokens)
         slots = full = skip = math.inf
         for manager in self.single_type_managers:
-            group_slots, group_full, group_skip = manager.steady_limits(request_id, total_computed_tokens)
+            group_slots, group_full, group_skip = manager.steady_limits(
+                request_id, total_computed_tokens, num_prompt_tokens
+            )
             slots, full, skip = min(slots, group_slots), min(full, group_full), min(skip, group_skip)
         return slots, full, skip
 

@@ -357,7 +357,11 @@ class KVCacheManager:
             return None
         # As vLLM: release the out-of-window blocks before the capacity check,
         # even if it refuses (the request never reads them again).
-        skipped = coordinator.skipped_block_plan(request_id, total_computed) if coordinator.releasing_managers else ()
+        num_prompt_tokens = request.num_prompt_tokens  # R-SWA's gap ends after the prompt
+        skipped = (
+            coordinator.skipped_block_plan(request_id, total_computed, num_prompt_tokens)
+            if coordinator.releasing_managers else ()
+        )
         if skipped:
             coordinator.release_skipped_blocks(request_id, skipped)
             num_free = self.block_pool.get_num_free_blocks()
@@ -387,7 +391,7 @@ class KVCacheManager:
         if self.enable_caching and not delay_cache_blocks:
             # Only committed tokens: drafts beyond num_tokens may be rejected.
             coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
-        self._steady[request_id] = coordinator.steady_limits(request_id, total_computed)
+        self._steady[request_id] = coordinator.steady_limits(request_id, total_computed, num_prompt_tokens)
         return self.create_kv_cache_blocks(new_blocks)
 
     def _full_sequence_fits(
@@ -460,6 +464,8 @@ class KVCacheManager:
         """Release blocks no future query of the request reads (out of the
         window); their table slots keep the null block."""
         _require_count("total_computed_tokens", total_computed_tokens)
+        if num_prompt_tokens is not None:
+            _require_count("num_prompt_tokens", num_prompt_tokens)
         self._steady.pop(request_id, None)
         self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens, num_prompt_tokens)
 

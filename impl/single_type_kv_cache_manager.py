@@ -17,7 +17,7 @@ offered as pure queries: which blocks a removal would release
 many free blocks an allocation takes (``num_blocks_taken``; it differs from
 vLLM's ``get_num_blocks_to_allocate`` only in Mamba's align mode).
 
-Not offered: vLLM's R-SWA, attention-sink, TurboQuant and hidden-state specs
+Not offered: vLLM's attention-sink, TurboQuant and hidden-state specs
 (not in :mod:`kvspec.kv_cache_interface`), and decode/prefill context
 parallelism (``dcp_world_size``/``pcp_world_size`` > 1), refused with a
 ``RuleError``.
@@ -44,6 +44,7 @@ from kvspec.kv_cache_interface import (
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
     SlidingWindowSpec,
     cdiv,
     spec_is,
@@ -321,7 +322,9 @@ class SingleTypeKVCacheManager(ABC):
 
     # --- steady state (KVCacheManager's decode fast path) ------------------------------
 
-    def steady_limits(self, request_id: str, total_computed_tokens: int) -> tuple[float, float, float]:
+    def steady_limits(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> tuple[float, float, float]:
         """For a running request whose step just ended at ``total_computed_tokens``:
         ``(slots, full, skip)`` such that a later ``allocate_slots`` without
         hits, external or encoder tokens changes nothing in this group while
@@ -331,9 +334,9 @@ class SingleTypeKVCacheManager(ABC):
         ``skip``).  Pure; ``math.inf`` where a limit never comes."""
         num_held = len(self.req_to_blocks.get(request_id, ()))
         full = (self.num_cached_block.get(request_id, 0) + 1) * self.block_size if self.enable_caching else _NEVER
-        return num_held * self.block_size, full, self._next_skip(total_computed_tokens)
+        return num_held * self.block_size, full, self._next_skip(total_computed_tokens, num_prompt_tokens)
 
-    def _next_skip(self, total_computed_tokens: int) -> float:
+    def _next_skip(self, total_computed_tokens: int, num_prompt_tokens: int | None = None) -> float:
         """The least computed-token count past ``total_computed_tokens`` at
         which ``remove_skipped_blocks`` can release another block: once one
         more whole block is skipped (blocks before it are null by then)."""
@@ -372,10 +375,12 @@ class SingleTypeKVCacheManager(ABC):
         chunked local, Mamba); if not, ``remove_skipped_blocks`` never acts."""
         return type(self).get_num_skipped_tokens is not SingleTypeKVCacheManager.get_num_skipped_tokens
 
-    def skipped_block_runs(self, request_id: str, total_computed_tokens: int) -> list[list[int]]:
+    def skipped_block_runs(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> list[list[int]]:
         """Indices of the blocks ``remove_skipped_blocks`` would release, one
         list per ``free_blocks`` call in call order, each in free order.
-        Pure: changes nothing."""
+        ``num_prompt_tokens`` matters to R-SWA only.  Pure: changes nothing."""
         num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
         blocks = self.req_to_blocks.get(request_id)
         if num_skipped_tokens < self.block_size or not blocks:
@@ -421,7 +426,7 @@ class SingleTypeKVCacheManager(ABC):
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
         """Release the blocks no future query reads; their slots keep the null block."""
-        runs = self.skipped_block_runs(request_id, total_computed_tokens)
+        runs = self.skipped_block_runs(request_id, total_computed_tokens, num_prompt_tokens)
         if runs:
             self.release_blocks(request_id, runs)
 
@@ -503,6 +508,47 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 break
             num_common += 1
         return num_common
+
+
+class RSWAManager(FullAttentionManager):
+    """Reference sliding-window attention (R-SWA): allocated and hit as full
+    attention, but once decoding has moved ``rswa_window`` tokens past the
+    prompt, the blocks between the prompt and the window -- the gap -- are
+    released (their slots keep the null block), so a request holds
+    O(prompt + window) blocks however long it decodes.  The gap needs the
+    prompt length: without ``num_prompt_tokens`` nothing is released."""
+
+    def __init__(self, kv_cache_spec: RSWASpec, **kwargs: Any) -> None:
+        super().__init__(kv_cache_spec, **kwargs)
+        self.rswa_window = kv_cache_spec.rswa_window
+
+    @property
+    def releases_skipped_blocks(self) -> bool:
+        return True
+
+    def gap_blocks(self, total_computed_tokens: int, num_prompt_tokens: int) -> range:
+        """Table positions wholly between the prompt and the window: from the
+        first block after the prompt's last to the block the window starts in."""
+        window_start = max(num_prompt_tokens, total_computed_tokens - self.rswa_window)
+        return range(cdiv(num_prompt_tokens, self.block_size), window_start // self.block_size)
+
+    def skipped_block_runs(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> list[list[int]]:
+        blocks = self.req_to_blocks.get(request_id)
+        if num_prompt_tokens is None or not blocks:
+            return []
+        gap = self.gap_blocks(total_computed_tokens, num_prompt_tokens)
+        run = self._tail_first_run(blocks, gap.start, gap.stop) if gap else []
+        return [run] if run else []
+
+    def _next_skip(self, total_computed_tokens: int, num_prompt_tokens: int | None = None) -> float:
+        if num_prompt_tokens is None:
+            return _NEVER
+        # The gap gains a block once the window starts a whole block later.
+        end = max(self.gap_blocks(total_computed_tokens, num_prompt_tokens).stop,
+                  cdiv(num_prompt_tokens, self.block_size))
+        return (end + 1) * self.block_size + self.rswa_window
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
@@ -781,7 +827,9 @@ class MambaManager(SingleTypeKVCacheManager):
     def first_computed_skipping(self, num_skipped_tokens: int) -> float:
         return num_skipped_tokens + 1
 
-    def steady_limits(self, request_id: str, total_computed_tokens: int) -> tuple[float, float, float]:
+    def steady_limits(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> tuple[float, float, float]:
         if self.mamba_cache_mode == "align":
             return 0, 0, 0  # the state block moves every step: never steady
         slots, full, _ = super().steady_limits(request_id, total_computed_tokens)
@@ -791,7 +839,9 @@ class MambaManager(SingleTypeKVCacheManager):
         skip = self._next_skip(max(0, total_computed_tokens - spec)) + spec
         return slots - spec * self.block_size, full, skip
 
-    def skipped_block_runs(self, request_id: str, total_computed_tokens: int) -> list[list[int]]:
+    def skipped_block_runs(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> list[list[int]]:
         # Drafts of the previous step may all be rejected: assume they were.
         # (vLLM subtracts the speculative *block* count from a token count.)
         num_computed = max(0, total_computed_tokens - self.num_speculative_blocks)
@@ -994,7 +1044,9 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
     ) -> tuple[list[KVCacheBlock], ...]:
         raise RuleError("hit-soundness", "cross-attention blocks are never prefix-cache hits")
 
-    def steady_limits(self, request_id: str, total_computed_tokens: int) -> tuple[float, float, float]:
+    def steady_limits(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> tuple[float, float, float]:
         # Sized by encoder tokens once; decoder steps never change it.
         return _NEVER, _NEVER, _NEVER
 
@@ -1003,6 +1055,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
 # FullAttentionSpec): vLLM's own spec classes, of the same names, map alike.
 _MANAGER_FOR_SPEC: dict[str, type[SingleTypeKVCacheManager]] = {
     MLAAttentionSpec.__name__: FullAttentionManager,
+    RSWASpec.__name__: RSWAManager,
     FullAttentionSpec.__name__: FullAttentionManager,
     SlidingWindowSpec.__name__: SlidingWindowManager,
     ChunkedLocalAttentionSpec.__name__: ChunkedLocalAttentionManager,

@@ -15,6 +15,9 @@ The kinds of attention, as the block manager sees them:
   ``sliding_window`` tokens only, so blocks that fall out of the window are
   freed (their slot keeps the null block), and a hit needs only the blocks of
   the last window before the hit boundary.
+- **reference sliding window** (``RSWASpec``): the prompt stays visible,
+  generated tokens only within ``rswa_window``; blocks between the prompt and
+  the window are freed as decoding moves on.
 - **chunked local** (``ChunkedLocalAttentionSpec``): tokens attend within
   their ``attention_chunk_size`` chunk; earlier chunks are freed.
 - **Mamba** (``MambaSpec``): a state-space layer keeps one recurrent state
@@ -194,6 +197,20 @@ class FullAttentionSpec(AttentionSpec):
         mode = self.kv_quant_mode
         last_dim = mode.head_bytes(self.head_size) + mode.head_bytes(self.head_size_v)
         return self.block_size * self.num_kv_heads * last_dim * get_dtype_size(self.dtype)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RSWASpec(FullAttentionSpec):
+    """Reference sliding-window attention: the prompt stays visible to
+    every later token, generated tokens only to the next ``rswa_window``.
+    Allocated and hit like full attention; the blocks between the prompt
+    and the window (the gap) are released as decoding moves on."""
+
+    rswa_window: int
+
+    def __post_init__(self) -> None:
+        _positive("rswa_window", self.rswa_window)
+        super().__post_init__()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,6 +31,10 @@ The attention types
 type                    a hit of length L needs                tokens skipped after n computed
 ======================  =====================================  ==============================
 full (and MLA)          every position ``0 .. L/B - 1``        none
+reference sliding       every position ``0 .. L/B - 1``        the gap: positions from
+window ``w`` (R-SWA)    (as full attention)                    ``cdiv(P, B)`` up to
+                                                               ``max(P, n - w) // B``
+                                                               (``P``: prompt length)
 sliding window ``w``    the last ``cdiv(w-1, B)`` positions    ``max(0, n - w + 1)``
                         before ``L`` (all of them if fewer;
                         at least one)
@@ -67,6 +71,7 @@ from kvspec.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
+    RSWASpec,
     SlidingWindowSpec,
     cdiv,
 )
@@ -294,10 +299,13 @@ class GroupManager:
 
     # -- leaving the window -----------------------------------------------------------------------------
 
-    def removal_plan(self, rid: str, total_computed_tokens: int) -> list[list[int]]:
+    def removal_plan(
+        self, rid: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> list[list[int]]:
         """The positions whose blocks leave the window once
         ``total_computed_tokens`` are computed, as the free calls that release
-        them (each call tail-first).
+        them (each call tail-first).  ``num_prompt_tokens`` matters to R-SWA
+        only.
 
         Walking back from the last skipped position, blocks are released until
         the first position that already holds the null block (everything
@@ -306,10 +314,14 @@ class GroupManager:
         skipped = self.skipped_tokens(total_computed_tokens)
         if skipped <= 0:
             return []
+        return self._released_back_from(rid, 0, skipped // self.block_size)
+
+    def _released_back_from(self, rid: str, first: int, last: int) -> list[list[int]]:
+        """Positions ``last-1, last-2, ... >= first`` up to the first null
+        entry, as one free call (or none)."""
         table = self.table(rid)
-        last = min(skipped // self.block_size, len(table))
         positions = []
-        for i in range(last - 1, -1, -1):
+        for i in range(min(last, len(table)) - 1, first - 1, -1):
             if table[i] == NULL:
                 break
             positions.append(i)
@@ -374,6 +386,27 @@ class FullAttention(GroupManager):
                 break
             n += 1
         return n
+
+
+# --- reference sliding window (R-SWA) ------------------------------------------------------------
+
+
+class ReferenceSlidingWindow(FullAttention):
+    """The prompt (``P`` tokens) stays visible to every later token; a
+    generated token ``t`` sees the prompt and tokens ``[t - w, t]``.
+    Allocated and hit exactly as full attention.  The blocks wholly between
+    the prompt and the window -- positions ``cdiv(P, B)`` up to
+    ``max(P, n - w) // B`` once ``n`` tokens are computed -- are released;
+    without the prompt length nothing is."""
+
+    kind = "rswa"
+
+    def removal_plan(self, rid, total_computed_tokens, num_prompt_tokens=None):
+        if num_prompt_tokens is None:
+            return []
+        window_start = max(num_prompt_tokens, total_computed_tokens - self.spec.rswa_window)
+        return self._released_back_from(rid, cdiv(num_prompt_tokens, self.block_size),
+                                        window_start // self.block_size)
 
 
 # --- sliding window ----------------------------------------------------------------------------
@@ -659,7 +692,7 @@ class Mamba(GroupManager):
         self.allocated.add(rid)
         return table[before:]
 
-    def removal_plan(self, rid, total_computed_tokens):
+    def removal_plan(self, rid, total_computed_tokens, num_prompt_tokens=None):
         """Draft tokens may still be rejected, so ``s`` fewer tokens count as
         computed.  Besides the skipped prefix, align mode also frees the
         previous running state once it lies before the current state
@@ -726,6 +759,7 @@ class CrossAttention(GroupManager):
 def group_class(spec: KVCacheSpec) -> type[GroupManager]:
     """The group manager for a spec (MLA is full attention)."""
     for spec_type, cls in (
+        (RSWASpec, ReferenceSlidingWindow),
         (FullAttentionSpec, FullAttention),
         (SlidingWindowSpec, SlidingWindow),
         (ChunkedLocalAttentionSpec, ChunkedLocal),

@@ -160,8 +160,9 @@ class Coordinator:
 
     # -- removal, release --------------------------------------------------------------------------
 
-    def removal_plan(self, rid: str, total_computed_tokens: int) -> RemovalPlan:
-        plans = [(g, group.removal_plan(rid, total_computed_tokens)) for g, group in enumerate(self.groups)]
+    def removal_plan(self, rid: str, total_computed_tokens: int, num_prompt_tokens: int | None = None) -> RemovalPlan:
+        plans = [(g, group.removal_plan(rid, total_computed_tokens, num_prompt_tokens))
+                 for g, group in enumerate(self.groups)]
         return [(g, plan) for g, plan in plans if plan]
 
     def remove(self, rid: str, plan: RemovalPlan) -> None:

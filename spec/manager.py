@@ -446,7 +446,7 @@ class SpecKVCacheManager:
                 return None
 
         # 2. release what left the window -- even if step 3 refuses
-        removal = coordinator.removal_plan(rid, total)
+        removal = coordinator.removal_plan(rid, total, request.num_prompt_tokens)
         if removal:
             with self._all_or_nothing():
                 self.coordinator.remove(rid, removal)
@@ -498,14 +498,19 @@ class SpecKVCacheManager:
         with self._all_or_nothing():
             self.coordinator.cache(request, num_computed_tokens)
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         """Free the blocks no future token attends to once
         ``total_computed_tokens`` are computed (tail-first within each group;
-        their entries become the null block)."""
+        their entries become the null block).  R-SWA also needs the prompt
+        length ``num_prompt_tokens`` (without it, it releases nothing)."""
         rid = self._require_request_id(request_id)
         _require_int(total_computed_tokens, "total_computed_tokens")
+        if num_prompt_tokens is not None:
+            _require_int(num_prompt_tokens, "num_prompt_tokens")
         with self._all_or_nothing():
-            self.coordinator.remove(rid, self.coordinator.removal_plan(rid, total_computed_tokens))
+            self.coordinator.remove(rid, self.coordinator.removal_plan(rid, total_computed_tokens, num_prompt_tokens))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Forget the cached content of these blocks (an external cache said

@@ -44,6 +44,7 @@ from kvspec.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     MambaSpec,
+    RSWASpec,
     SlidingWindowSpec,
     cdiv,
 )
@@ -52,7 +53,7 @@ from kvspec.spec.interface import NULL_BLOCK_ID, ManagerSnapshot, ManagerTarget,
 from kvspec.spec.rules import Violation
 
 NULL = NULL_BLOCK_ID
-ATTENTION_KINDS = ("full_attention", "sliding_window", "chunked_local_attention")
+ATTENTION_KINDS = ("full_attention", "rswa", "sliding_window", "chunked_local_attention")
 
 
 # --- what the caller knows -----------------------------------------------------------------------
@@ -62,9 +63,10 @@ ATTENTION_KINDS = ("full_attention", "sliding_window", "chunked_local_attention"
 class GroupLayout:
     """One KV-cache group as the rules see it."""
 
-    kind: str  # full_attention, sliding_window, chunked_local_attention, mamba, cross_attention
+    kind: str  # full_attention, rswa, sliding_window, chunked_local_attention, mamba, cross_attention
     block_size: int
     sliding_window: int | None = None
+    rswa_window: int | None = None
     attention_chunk_size: int | None = None
     mamba_cache_mode: str | None = None
     num_speculative_blocks: int = 0
@@ -104,7 +106,9 @@ class Layout:
         for i, g in enumerate(cfg_groups):
             spec = g.kv_cache_spec
             common = dict(block_size=spec.block_size, eagle=i in eagle)
-            if isinstance(spec, FullAttentionSpec):
+            if isinstance(spec, RSWASpec):
+                groups.append(GroupLayout("rswa", rswa_window=spec.rswa_window, **common))
+            elif isinstance(spec, FullAttentionSpec):
                 groups.append(GroupLayout("full_attention", **common))
             elif isinstance(spec, SlidingWindowSpec):
                 groups.append(GroupLayout("sliding_window", sliding_window=spec.sliding_window, **common))
@@ -303,6 +307,15 @@ class ManagerStep:
     result: Any = None
     error: BaseException | None = None
     expected_pulled: int | None = None
+    computed_before: int | None = None  # the request's num_computed_tokens at the call
+
+
+def _computed_at_call(step: ManagerStep) -> int:
+    """The request's ``num_computed_tokens`` when the operation was called
+    (the caller may advance it before the rules look)."""
+    if step.computed_before is not None:
+        return step.computed_before
+    return getattr(step.args.get("request"), "num_computed_tokens", 0)
 
 
 def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | None = None,
@@ -317,12 +330,14 @@ def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | N
     except TypeError:
         named = {"args": args, **kwargs}
     before = target.snapshot()
+    computed = getattr(named.get("request"), "num_computed_tokens", None)
     result, error = None, None
     try:
         result = method(*args, **kwargs)
     except (ValueError, TypeError) as e:
         error = e
-    return ManagerStep(op, named, before, target.snapshot(), result, error, expected_pulled)
+    return ManagerStep(op, named, before, target.snapshot(), result, error, expected_pulled,
+                       computed if type(computed) is int else None)
 
 
 # --- registries ----------------------------------------------------------------------------------------
@@ -414,7 +429,7 @@ def group_can_serve(pool: PoolSnapshot, request: Any, layout: Layout, g: int, le
     if length % bs or group.kind == "cross_attention":
         return False
     n = length // bs
-    if group.kind == "full_attention":
+    if group.kind in ("full_attention", "rswa"):
         needed = list(range(n))
     elif group.kind == "sliding_window":
         needed = list(range(max(0, n - max(1, cdiv(group.sliding_window - 1, bs))), n))
@@ -661,6 +676,19 @@ def _released(step: ManagerStep, rid: str, num_groups: int, layout: Layout | Non
     return sum(1 for b, n in dropped.items() if step.before.pool.ref[b] == n)
 
 
+def _out_of_window(group: GroupLayout, num_computed: int, num_prompt_tokens: int | None) -> range:
+    """The table positions a request with ``num_computed`` tokens computed
+    (and a prompt of ``num_prompt_tokens``) never reads again: those before
+    :func:`_window_start`, or for R-SWA (window ``w``) the gap between the
+    prompt and the window, positions ``cdiv(P, B)`` up to ``max(P, n - w) // B``."""
+    if group.kind != "rswa":
+        return range(_window_start(group, num_computed))
+    if num_prompt_tokens is None:
+        return range(0)
+    window_start = max(num_prompt_tokens, num_computed - group.rswa_window)
+    return range(cdiv(num_prompt_tokens, group.block_size), window_start // group.block_size)
+
+
 def _window_start(group: GroupLayout, num_computed: int) -> int:
     """The first table position a request with ``num_computed`` tokens
     computed may still read; every block before it left the attention window:
@@ -668,7 +696,7 @@ def _window_start(group: GroupLayout, num_computed: int) -> int:
     local ``c``: the chunks before the one of token ``num_computed``; Mamba
     (``s`` speculative blocks; drafts may be rejected): all but the state
     after ``max(0, num_computed - s)`` tokens; full and cross attention:
-    none."""
+    none (R-SWA: see :func:`_out_of_window`)."""
     if group.kind == "sliding_window":
         skipped = num_computed - group.sliding_window + 1
     elif group.kind == "chunked_local_attention":
@@ -712,14 +740,51 @@ def _refused_release_problems(step: ManagerStep, layout: Layout | None) -> list[
     changed = [(g, i, b, a) for g in range(n) for i, (b, a) in enumerate(zip(bt[g], at[g], strict=True)) if a != b]
     problems = [f"put block {a} at group {g}, position {i} (was {b})" for g, i, b, a in changed if a != NULL]
     if layout is not None:
-        counts = (getattr(request, "num_computed_tokens", 0), step.args.get("num_new_computed_tokens", 0),
+        counts = (_computed_at_call(step), step.args.get("num_new_computed_tokens", 0),
                   step.args.get("num_external_computed_tokens", 0))
         computed = sum(c for c in counts if type(c) is int)
-        starts = [_window_start(group, computed) for group in layout.groups]
+        prompt = getattr(request, "num_prompt_tokens", None)
+        gone = [_out_of_window(group, computed, prompt) for group in layout.groups]
         problems += [f"released block {b} (group {g}, position {i}) inside the attention window"
-                     for g, i, b, _ in changed if i >= starts[g]]
+                     for g, i, b, _ in changed if i not in gone[g]]
     if _after_frees(before.pool, _release_calls(bt, at)).without_null_ref() != after.pool.without_null_ref():
         problems.append("changed the pool beyond freeing the blocks it nulled")
+    return problems
+
+
+@step_rule("content-soundness")
+def released_out_of_window(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """A request's block is released only once no future query of it reads
+    the block's tokens: an accepted ``allocate_slots`` (after its
+    ``num_computed_tokens + num_new_computed_tokens +
+    num_external_computed_tokens`` tokens) or ``remove_skipped_blocks``
+    (after ``total_computed_tokens``) releases positions out of the window
+    only (:func:`_out_of_window`; R-SWA's gap needs the prompt length).  A
+    block released while still read would be reused and overwritten under
+    the request: wrong KV, no error.  (A refused ``allocate_slots``:
+    :func:`refusal_changes_nothing`.)"""
+    if step.error is not None or ctx.layout is None:
+        return []
+    if step.op == "allocate_slots" and step.result is not None:
+        request = step.args["request"]
+        rid, prompt = request.request_id, getattr(request, "num_prompt_tokens", None)
+        counts = (_computed_at_call(step), step.args.get("num_new_computed_tokens", 0),
+                  step.args.get("num_external_computed_tokens", 0))
+        computed = sum(c for c in counts if type(c) is int)
+    elif step.op == "remove_skipped_blocks":
+        rid, computed = step.args["request_id"], step.args["total_computed_tokens"]
+        prompt = step.args.get("num_prompt_tokens")
+    else:
+        return []
+    groups = ctx.layout.groups
+    before, after = _tables_of(step.before, rid, len(groups)), _tables_of(step.after, rid, len(groups))
+    problems = []
+    for g, (bt, at) in enumerate(zip(before, after, strict=False)):
+        gone = _out_of_window(groups[g], computed, prompt)
+        kept = set(at)
+        problems += [f"{step.op} released block {b} of {rid} (group {g}, position {i}) inside the attention window"
+                     for i, b in enumerate(bt)
+                     if b != NULL and i < len(at) and at[i] == NULL and b not in kept and i not in gone]
     return problems
 
 

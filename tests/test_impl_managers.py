@@ -526,3 +526,27 @@ def test_cross_attention_refuses_caching_and_hits():
         cross_manager.cache_blocks(request("r", range(4)), 4)
     with pytest.raises(RuleError, match="never prefix-cache hits"):
         type(cross_manager).find_longest_cache_hit([], 4, [1], m.block_pool, cross_manager.kv_cache_spec, False, 4)
+
+
+def test_rswa_releases_the_gap_between_prompt_and_window():
+    """vLLM 0.25.1's own R-SWA expectations (its test_rswa_remove_skipped_blocks_gap_range,
+    with held blocks: kvspec refuses to free unheld ones): nothing without the prompt
+    length; then the blocks wholly between the prompt and the window, tail first."""
+    from kvspec.impl.single_type_kv_cache_manager import RSWAManager
+    from kvspec.kv_cache_interface import RSWASpec
+
+    spec = RSWASpec(block_size=4, num_kv_heads=1, head_size=1, dtype="float32", rswa_window=8)
+    pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=4)
+    manager = RSWAManager(spec, block_pool=pool, enable_caching=True, kv_cache_group_id=0, scheduler_block_size=4)
+    table = pool.get_new_blocks(10)
+    ids = [block.block_id for block in table]
+    manager.req_to_blocks["r"] = table
+    manager.remove_skipped_blocks("r", 28)
+    assert [block.block_id for block in table] == ids
+    manager.remove_skipped_blocks("r", 28, num_prompt_tokens=16)  # the window starts at 20: gap = block 4
+    ids[4] = 0
+    assert [block.block_id for block in table] == ids
+    manager.remove_skipped_blocks("r", 36, num_prompt_tokens=16)  # the window starts at 28: blocks 5, 6 too
+    ids[5] = ids[6] = 0
+    assert [block.block_id for block in table] == ids
+    assert pool.get_num_free_blocks() == 63 - 10 + 3

@@ -61,6 +61,7 @@ from kvspec.kv_cache_interface import (
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
     SlidingWindowSpec,
 )
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
@@ -79,6 +80,10 @@ def mla(bs: int = 4) -> MLAAttentionSpec:
 
 def swa(bs: int = 4, window: int = 8) -> SlidingWindowSpec:
     return SlidingWindowSpec(block_size=bs, sliding_window=window, **_ATTN)
+
+
+def rswa(bs: int = 4, window: int = 8) -> RSWASpec:
+    return RSWASpec(block_size=bs, rswa_window=window, **_ATTN)
 
 
 def chunked(bs: int = 4, chunk: int = 8) -> ChunkedLocalAttentionSpec:
@@ -141,6 +146,9 @@ LAYOUTS: dict[str, Layout] = {
     ),
     "full+swa-retention": Layout((full(), swa(4, 6)), retention_interval=16),
     "full+chunked": Layout((full(), chunked(4, 8))),
+    # reference sliding window: the gap between prompt and window is released as decoding goes on
+    "rswa": Layout((rswa(4, 8),), max_model_len=96),
+    "rswa+swa": Layout((rswa(4, 8), swa(4, 6)), max_model_len=96),
     # EAGLE over three spec groups (chunked local attention cannot draft: the others are flagged)
     "full+swa+chunked-eagle": Layout(
         (full(), swa(4, 8), chunked(4, 8)), use_eagle=True, eagle_groups=(0, 1), max_drafts=2, num_blocks=48
@@ -529,7 +537,8 @@ class Driver:
             lock.both("free_block_ids", self.deferred.pop(0))
         if self.running and rng.random() < 0.3:
             request = rng.choice(self.running).request
-            lock.both("remove_skipped_blocks", request.request_id, request.num_computed_tokens)
+            prompt = (request.num_prompt_tokens,) if self.rng.random() < 0.5 else ()  # R-SWA's gap needs it
+            lock.both("remove_skipped_blocks", request.request_id, request.num_computed_tokens, *prompt)
             lock.both("get_num_common_prefix_blocks", request.request_id)
             lock.both("get_block_ids_for_computed_tokens", request.request_id, request.num_computed_tokens)
             if self.layout.enable_caching:

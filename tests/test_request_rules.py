@@ -10,14 +10,14 @@ import random
 from dataclasses import replace
 
 import pytest
-from test_spec_manager import chunked, config, cross, full, mamba, mla, swa
+from test_spec_manager import chunked, config, cross, full, mamba, mla, rswa, swa
 
 from broken_managers import IgnoresTenant, hasher_ignoring_embeddings
 from kvspec.conformance.manager_machine import embedding_rows
 from kvspec.errors import RuleError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request, RequestStatus
-from kvspec.spec.attention import FullAttention, SlidingWindow
+from kvspec.spec.attention import FullAttention, ReferenceSlidingWindow, SlidingWindow
 from kvspec.spec.coordinator import HybridCoordinator
 from kvspec.spec.manager import SpecKVCacheManager
 from kvspec.spec.pool import SpecBlockPool
@@ -505,6 +505,68 @@ def test_free_order_of_removed_window_blocks():
     h.op("remove_skipped_blocks", "a", 16)
     assert h.m.get_block_ids("a") == ([0, 0, 0, 4],)
     assert not h.violations
+
+
+class ReleasesThePrompt(ReferenceSlidingWindow):
+    """R-SWA that forgets the prompt stays visible: releases from position 0."""
+
+    def removal_plan(self, rid, total_computed_tokens, num_prompt_tokens=None):
+        if num_prompt_tokens is None:
+            return []
+        window_start = max(num_prompt_tokens, total_computed_tokens - self.spec.rswa_window)
+        return self._released_back_from(rid, 0, window_start // self.block_size)
+
+
+class ReleasesEarly(SlidingWindow):
+    """A sliding window one token short: releases a block the next query still reads."""
+
+    def skipped_tokens(self, num_computed_tokens):
+        return max(0, num_computed_tokens - self.spec.sliding_window + 2)
+
+
+def _decode(h: Harness, request: Request, steps: int) -> None:
+    for _ in range(steps):
+        request.append_output_token_ids(1)
+        h.allocate(request, 1)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_content_soundness_catches_rswa_releasing_the_prompt(broken):
+    h = harness(rswa(2, window=4), num_blocks=24)
+    if broken:
+        h.m.groups[0].__class__ = ReleasesThePrompt
+    a = h.request("a", range(5))
+    h.allocate(a, 5)
+    _decode(h, a, 12)
+    # The last step starts at 16 tokens: the window starts at token 12, so the
+    # gap is positions 3 .. 5; the prompt's positions 0 .. 2 and the window stay.
+    table = h.m.get_block_ids("a")[0]
+    assert (table[:3].count(0), table[3:6].count(0), table[6:].count(0)) == ((3 if broken else 0), 3, 0)
+    assert bool(rule_problems(h, "content-soundness")) == broken
+
+
+def test_rswa_releases_the_gap_only_with_the_prompt_length():
+    h = harness(rswa(2, window=4), num_blocks=24)
+    a = h.request("a", range(5))
+    h.allocate(a, 5)
+    a.append_output_token_ids(1)
+    h.op("remove_skipped_blocks", "a", 16)  # no prompt length: nothing released
+    assert 0 not in h.m.get_block_ids("a")[0]
+    h.allocate(a, 12)
+    h.op("remove_skipped_blocks", "a", 17, 5)
+    assert h.m.get_block_ids("a")[0][:7] == [1, 2, 3, 0, 0, 0, 7]  # the window starts at token 13
+    assert not h.violations
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_content_soundness_catches_a_window_block_released_early(broken):
+    h = harness(swa(4, window=5), num_blocks=12)
+    if broken:
+        h.m.groups[0].__class__ = ReleasesEarly
+    a = h.request("a", range(10))
+    h.allocate(a, 10)
+    _decode(h, a, 3)
+    assert bool(rule_problems(h, "content-soundness")) == broken
 
 
 @pytest.mark.parametrize("broken", [False, True])

@@ -22,6 +22,7 @@ from kvspec.kv_cache_interface import (
     KVCacheGroupSpec,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
     SlidingWindowSpec,
 )
 from kvspec.request import Request, RequestStatus
@@ -41,6 +42,10 @@ def mla(bs=4):
 
 def swa(bs=4, window=5):
     return SlidingWindowSpec(block_size=bs, sliding_window=window, **ATTN)
+
+
+def rswa(bs=4, window=8):
+    return RSWASpec(block_size=bs, rswa_window=window, **ATTN)
 
 
 def chunked(bs=4, chunk=8):

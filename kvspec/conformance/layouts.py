@@ -19,6 +19,7 @@ from kvspec.kv_cache_interface import (
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
     SlidingWindowSpec,
 )
 
@@ -35,6 +36,10 @@ def mla(block_size: int = 2) -> MLAAttentionSpec:
 
 def swa(block_size: int = 2, window: int = 4) -> SlidingWindowSpec:
     return SlidingWindowSpec(block_size=block_size, sliding_window=window, **_ATTN)
+
+
+def rswa(block_size: int = 2, window: int = 4) -> RSWASpec:
+    return RSWASpec(block_size=block_size, rswa_window=window, **_ATTN)
 
 
 def chunked(block_size: int = 2, chunk: int = 4) -> ChunkedLocalAttentionSpec:
@@ -109,6 +114,8 @@ MANAGER_LAYOUTS: dict[str, ManagerLayout] = {
     "mla": ManagerLayout((mla(),)),
     "full+swa": ManagerLayout((full(), swa())),
     "full+swa-bigger-blocks": ManagerLayout((full(2), swa(4, window=6))),
+    # Reference sliding window: the prompt stays, generated tokens beyond the window are released.
+    "rswa": ManagerLayout((rswa(2, window=4),), max_model_len=48),
     "full+chunked": ManagerLayout((full(), chunked())),
     "full+mamba-align": ManagerLayout((full(), mamba(mode="align"))),
     "full+mamba-all": ManagerLayout((full(), mamba(mode="all"))),

@@ -63,6 +63,7 @@ def manager_machine(
     rules_layout = RulesLayout.from_config(
         layout.kv_cache_config(), sbs, layout.hash_block_size, layout.enable_caching, layout.use_eagle
     )
+    has_rswa = any(group.kind == "rswa" for group in rules_layout.groups)
 
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
 
@@ -315,7 +316,10 @@ def manager_machine(
         def drop_out_of_window(self, data: st.DataObject) -> None:
             """Blocks that left every window are returned to the pool."""
             request = self.running[data.draw(st.integers(0, len(self.running) - 1), label="request")]
-            self.each("remove_skipped_blocks", request.request_id, request.num_computed_tokens)
+            args = [request.request_id, request.num_computed_tokens]
+            if has_rswa and data.draw(st.booleans(), label="with the prompt length"):  # R-SWA's gap needs it
+                args.append(request.num_prompt_tokens)
+            self.each("remove_skipped_blocks", *args)
 
         def bad_allocation(self, kind: str) -> None:
             """Impossible requests are refused and change nothing."""

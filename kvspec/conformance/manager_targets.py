@@ -30,6 +30,7 @@ from kvspec.kv_cache_interface import (
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
     SlidingWindowSpec,
 )
 from kvspec.request import Request
@@ -330,11 +331,16 @@ def _torch_dtype(dtype: Any) -> Any:
 
 
 def _attention_fields(spec: Any) -> dict[str, Any]:
+    from vllm.v1 import kv_cache_interface as v
+
     return dict(
         block_size=spec.block_size,
         num_kv_heads=spec.num_kv_heads,
         head_size=spec.head_size,
         dtype=_torch_dtype(spec.dtype),
+        kv_quant_mode=v.KVQuantMode(int(spec.kv_quant_mode)),
+        page_size_padded=spec.page_size_padded,
+        indexes_kv_by_block_stride=spec.indexes_kv_by_block_stride,
     )
 
 
@@ -347,6 +353,11 @@ def to_vllm_spec(spec: KVCacheSpec) -> Any:
             **_attention_fields(spec), head_size_v=spec.head_size_v, sliding_window=spec.sliding_window,
             attention_chunk_size=spec.attention_chunk_size, cache_dtype_str=spec.cache_dtype_str,
             compress_ratio=spec.compress_ratio,
+        )
+    if isinstance(spec, RSWASpec):
+        return v.RSWASpec(
+            **_attention_fields(spec), head_size_v=spec.head_size_v, non_causal=spec.non_causal,
+            rswa_window=spec.rswa_window,
         )
     if isinstance(spec, FullAttentionSpec):
         return v.FullAttentionSpec(
