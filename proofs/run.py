@@ -28,7 +28,8 @@ error                           anything else: a condition that does not        
 Only "confirmed over all paths" is a pass.  CrossHair's exit code is not
 trusted: it is 0 for "Not confirmed" and for "Unable to meet precondition".
 
-The default run proves :mod:`kvspec.proofs.pool_model`;  ``--planted`` also
+The default run proves :mod:`kvspec.proofs.pool_model` and
+:mod:`kvspec.proofs.impl_windows` (impl's own window arithmetic);  ``--planted`` also
 checks that every planted bug in :mod:`kvspec.proofs.pool_model_buggy` is
 caught -- a counterexample on an obligation tagged with the rule the bug
 breaks.  ``--target`` checks other modules or files instead (every
@@ -62,6 +63,8 @@ from enum import StrEnum
 from pathlib import Path
 
 MODEL_MODULE = "kvspec.proofs.pool_model"
+IMPL_MODULE = "kvspec.proofs.impl_windows"
+"""Obligations over impl's production code (its window arithmetic)."""
 PLANTED_MODULE = "kvspec.proofs.pool_model_buggy"
 
 DEFAULT_PER_CONDITION_TIMEOUT = 30.0
@@ -566,7 +569,7 @@ def planted_bugs(module: str = PLANTED_MODULE) -> dict[str, tuple[str, str]]:
 
 
 def run(
-    targets: Sequence[str | Target] = (MODEL_MODULE,),
+    targets: Sequence[str | Target] = (MODEL_MODULE, IMPL_MODULE),
     *,
     planted: bool = False,
     only: Sequence[str] | None = None,
@@ -619,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--target",
         action="append",
         metavar="MODULE|FILE.py[:FUNCTION]",
-        help=f"check these instead of {MODEL_MODULE} (repeatable)",
+        help=f"check these instead of {MODEL_MODULE} and {IMPL_MODULE} (repeatable)",
     )
     parser.add_argument(
         "--planted",
@@ -635,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         report = run(
-            args.target or (MODEL_MODULE,),
+            args.target or (MODEL_MODULE, IMPL_MODULE),
             planted=args.planted,
             only=args.only,
             per_condition_timeout=args.per_condition_timeout,

@@ -36,6 +36,8 @@ from kvspec.proofs import run as R
 from kvspec.spec.pool import SpecBlockPool
 
 MODEL_CONTRACTS = R.find_contracts(R.module_path(R.MODEL_MODULE))
+IMPL_CONTRACTS = R.find_contracts(R.module_path(R.IMPL_MODULE))
+IMPL_OBLIGATIONS = [o for c in IMPL_CONTRACTS.values() for o in c.obligations]
 BUGGY_CONTRACTS = R.find_contracts(R.module_path(R.PLANTED_MODULE))
 OBLIGATIONS = [o for c in MODEL_CONTRACTS.values() for o in c.obligations]
 PLANTED = R.planted_bugs()
@@ -68,6 +70,50 @@ def test_model_obligation_confirmed(report, obligation):
     )
 
 
+@pytest.mark.parametrize("obligation", IMPL_OBLIGATIONS, ids=lambda o: f"{o.function}:{o.line}")
+def test_impl_obligation_confirmed(report, obligation):
+    """impl's own window arithmetic (the decode fast path's inverses, R-SWA's gap)."""
+    verdict = _verdict(report, obligation)
+    assert verdict.status is R.Status.CONFIRMED, f"{obligation.condition}: {verdict.status.value}\n{verdict.detail}"
+
+
+# Wrong production code, patched in before the obligations are imported: each must be refuted.
+IMPL_FAULTS = {
+    "swa_skip_inverse": "SlidingWindowManager.first_computed_skipping = lambda self, n: n + self.sliding_window",
+    "chunked_skip_inverse": (
+        "ChunkedLocalAttentionManager.first_computed_skipping = "
+        "lambda self, n: n // self.attention_chunk_size * self.attention_chunk_size"
+    ),
+    "mamba_skip_inverse": "MambaManager.first_computed_skipping = lambda self, n: n + 2",
+    "rswa_gap_is_between_prompt_and_window": (
+        "RSWAManager.gap_blocks = lambda self, computed, prompt: "
+        "range(prompt // self.block_size, max(prompt, computed - self.rswa_window) // self.block_size)"
+    ),
+    "rswa_next_release": (
+        "_next_skip = RSWAManager._next_skip\n"
+        "RSWAManager._next_skip = lambda self, computed, prompt=None: "
+        "_next_skip(self, computed, prompt) + self.block_size"
+    ),
+}
+
+
+@pytest.mark.parametrize("function", sorted(IMPL_FAULTS))
+def test_a_wrong_impl_function_is_refuted(tmp_path, function):
+    assert set(IMPL_FAULTS) == set(IMPL_CONTRACTS)
+    source = R.module_path(R.IMPL_MODULE).read_text().replace("from __future__ import annotations\n", "")
+    patch = (
+        "from kvspec.impl.single_type_kv_cache_manager import (ChunkedLocalAttentionManager, MambaManager,\n"
+        "    RSWAManager, SlidingWindowManager)\n" + IMPL_FAULTS[function] + "\n"
+    )
+    path = tmp_path / "planted_windows.py"
+    path.write_text(patch + source)
+    report = R.run([str(path)], only=[function])
+    (result,) = report.proofs
+    examples = result.counterexamples("content-soundness")
+    assert examples, "\n".join(f"{v.status.value}: {v.detail}" for v in result.verdicts)
+    assert f"when calling {function}(" in examples[0].detail
+
+
 @pytest.mark.parametrize("bug", PLANTED)
 def test_planted_bug_caught(report, bug):
     (planted,) = [p for p in report.planted if p.bug == bug]
@@ -80,7 +126,7 @@ def test_report_is_ok_and_serialisable(report):
     assert report.ok, report.render()
     data = json.loads(json.dumps(report.to_json()))
     assert data["ok"] is True
-    assert sum(len(p["obligations"]) for p in data["proofs"]) == len(OBLIGATIONS)
+    assert sum(len(p["obligations"]) for p in data["proofs"]) == len(OBLIGATIONS) + len(IMPL_OBLIGATIONS)
     assert {p["bug"] for p in data["planted"] if p["caught"]} == set(PLANTED)
 
 

@@ -1,0 +1,117 @@
+"""CrossHair obligations over impl's own window arithmetic (not a model).
+
+impl's decode fast path (``KVCacheManager.allocate_slots``) trusts each
+manager's ``first_computed_skipping`` to invert its
+``get_num_skipped_tokens``: the least computed-token count at which ``n``
+leading tokens are skipped.  If the inverse were one too large, the fast
+path would skip a release vLLM makes; one too small only costs a checked
+call.  Each function below calls the production methods -- on a bare
+object carrying the one field they read, so no pool is built -- and states
+both halves of "least" as postconditions, over every window, chunk, block
+size and count in the stated bounds.  R-SWA's gap (``RSWAManager.gap_blocks``)
+and its next-release point are checked the same way.
+
+``python -m kvspec.proofs.run`` proves these with the pool model; each
+``post:`` line names the rule it protects.  ``tests/test_proofs.py`` also
+plants a wrong inverse in memory and has CrossHair refute it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kvspec.impl.single_type_kv_cache_manager import (
+    ChunkedLocalAttentionManager,
+    MambaManager,
+    RSWAManager,
+    SlidingWindowManager,
+)
+
+
+def _swa(window: int) -> SimpleNamespace:
+    return SimpleNamespace(sliding_window=window)
+
+
+def swa_skip_inverse(window: int, n: int) -> int:
+    """Sliding window: the inverse is exact.
+
+    pre: 1 <= window <= 4096
+    pre: 1 <= n <= 1 << 20
+    post: SlidingWindowManager.get_num_skipped_tokens(_swa(window), __return__) >= n  # content-soundness
+    post: SlidingWindowManager.get_num_skipped_tokens(_swa(window), __return__ - 1) < n  # content-soundness
+    """
+    return SlidingWindowManager.first_computed_skipping(_swa(window), n)
+
+
+def _chunk_skipped(chunk: int, computed: int) -> int:
+    return ChunkedLocalAttentionManager.get_num_skipped_tokens(SimpleNamespace(attention_chunk_size=chunk), computed)
+
+
+def chunked_skip_inverse(chunk: int, n: int) -> int:
+    """Chunked local attention: the inverse is exact.
+
+    pre: 1 <= chunk <= 8192
+    pre: 1 <= n <= 1 << 20
+    post: _chunk_skipped(chunk, __return__) >= n  # content-soundness
+    post: _chunk_skipped(chunk, __return__ - 1) < n  # content-soundness
+    """
+    return ChunkedLocalAttentionManager.first_computed_skipping(SimpleNamespace(attention_chunk_size=chunk), n)
+
+
+def mamba_skip_inverse(n: int) -> int:
+    """Mamba: only the last state is read, so the inverse is ``n + 1``.
+
+    pre: 1 <= n <= 1 << 20
+    post: MambaManager.get_num_skipped_tokens(None, __return__) >= n  # content-soundness
+    post: MambaManager.get_num_skipped_tokens(None, __return__ - 1) < n  # content-soundness
+    """
+    return MambaManager.first_computed_skipping(None, n)
+
+
+def _rswa(window: int, block_size: int) -> SimpleNamespace:
+    manager = SimpleNamespace(rswa_window=window, block_size=block_size)
+    manager.gap_blocks = lambda computed, prompt: RSWAManager.gap_blocks(manager, computed, prompt)
+    return manager
+
+
+def _reaches_the_window(gap: range, block_size: int, window_start: int) -> bool:
+    """An empty gap, or one that ends at the block holding the window's first token."""
+    return gap.stop <= gap.start or (gap.stop + 1) * block_size > window_start
+
+
+def rswa_gap_is_between_prompt_and_window(window: int, block_size: int, prompt: int, computed: int) -> range:
+    """R-SWA's gap holds only blocks wholly after the prompt and wholly
+    before the window's first token.
+
+    pre: 1 <= window <= 256
+    pre: 1 <= block_size <= 64
+    pre: 1 <= prompt <= 1024
+    pre: prompt <= computed <= 4096
+    post: __return__.start * block_size >= prompt  # content-soundness
+    post: __return__.stop * block_size <= max(prompt, computed - window)  # content-soundness
+    post: _reaches_the_window(__return__, block_size, max(prompt, computed - window))  # content-soundness
+    """
+    return RSWAManager.gap_blocks(_rswa(window, block_size), computed, prompt)
+
+
+def _no_new_gap_block(window: int, block_size: int, prompt: int, computed: int, later: int) -> bool:
+    """At ``later`` computed tokens the gap reaches no block past where it
+    ended at ``computed`` (its stop, or its start while it was empty)."""
+    before = RSWAManager.gap_blocks(_rswa(window, block_size), computed, prompt)
+    after = RSWAManager.gap_blocks(_rswa(window, block_size), later, prompt)
+    return after.stop <= max(before.stop, before.start)
+
+
+def rswa_next_release(window: int, block_size: int, prompt: int, computed: int, later: int) -> float:
+    """R-SWA's steady limit: below it, the gap has no block the last
+    release did not cover.
+
+    pre: 1 <= window <= 256
+    pre: 1 <= block_size <= 64
+    pre: 1 <= prompt <= 1024
+    pre: prompt <= computed <= 4096
+    pre: computed <= later
+    post: later >= __return__ or _no_new_gap_block(window, block_size, prompt, computed, later)  # content-soundness
+    """
+    manager = _rswa(window, block_size)
+    return RSWAManager._next_skip(manager, computed, prompt)
