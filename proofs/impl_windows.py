@@ -20,11 +20,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from kvspec.hashing import get_block_hash, get_group_id, make_block_hash_with_group_id  # noqa: F401 (contracts)
+from kvspec.impl.block_pool import _group_suffix  # noqa: F401 (read by the contracts)
 from kvspec.impl.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
     MambaManager,
     RSWAManager,
     SlidingWindowManager,
+    aligned_block_count,
 )
 
 
@@ -115,3 +118,32 @@ def rswa_next_release(window: int, block_size: int, prompt: int, computed: int, 
     """
     manager = _rswa(window, block_size)
     return RSWAManager._next_skip(manager, computed, prompt)
+
+
+def aligned_hit_blocks(num_blocks: int, block_size: int, alignment: int) -> int:
+    """``aligned_block_count``: a hit cut back to the alignment keeps only
+    blocks that were found and ends on an alignment boundary.  (That it is
+    the *longest* such prefix times out in CrossHair -- nonlinear in three
+    symbols -- and is left to the hit-optimality oracle of the lockstep
+    machines.)
+
+    pre: 0 <= num_blocks <= 12
+    pre: 1 <= block_size <= 8
+    pre: 1 <= alignment <= 16
+    post: 0 <= __return__ <= num_blocks  # hit-soundness
+    post: __return__ * block_size % alignment == 0  # hit-soundness
+    """
+    return aligned_block_count(num_blocks, block_size, alignment)
+
+
+def group_key_roundtrip(block_hash: bytes, group_id: int) -> bytes:
+    """A pool key is the block hash and the group id, both recoverable, and
+    the pool's lookups build the same key [hash-map-consistency].
+
+    pre: len(block_hash) == 32
+    pre: 0 <= group_id < 1 << 32
+    post: get_block_hash(__return__) == block_hash  # hash-map-consistency
+    post: get_group_id(__return__) == group_id  # hash-map-consistency
+    post: __return__ == block_hash + _group_suffix(group_id)  # hash-map-consistency
+    """
+    return make_block_hash_with_group_id(block_hash, group_id)

@@ -89,6 +89,15 @@ IMPL_FAULTS = {
         "RSWAManager.gap_blocks = lambda self, computed, prompt: "
         "range(prompt // self.block_size, max(prompt, computed - self.rswa_window) // self.block_size)"
     ),
+    "aligned_hit_blocks": (
+        "import kvspec.impl.single_type_kv_cache_manager as _managers\n"
+        "_managers.aligned_block_count = lambda num_blocks, block_size, alignment: num_blocks"
+    ),
+    "group_key_roundtrip": (
+        "import kvspec.hashing as _hashing\n"
+        "_hashing.make_block_hash_with_group_id = lambda block_hash, group_id: "
+        "block_hash + group_id.to_bytes(4, 'little')"
+    ),
     "rswa_next_release": (
         "_next_skip = RSWAManager._next_skip\n"
         "RSWAManager._next_skip = lambda self, computed, prompt=None: "
@@ -109,7 +118,7 @@ def test_a_wrong_impl_function_is_refuted(tmp_path, function):
     path.write_text(patch + source)
     report = R.run([str(path)], only=[function])
     (result,) = report.proofs
-    examples = result.counterexamples("content-soundness")
+    examples = result.counterexamples()
     assert examples, "\n".join(f"{v.status.value}: {v.detail}" for v in result.verdicts)
     assert f"when calling {function}(" in examples[0].detail
 
