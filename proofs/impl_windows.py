@@ -9,7 +9,10 @@ call.  Each function below calls the production methods -- on a bare
 object carrying the one field they read, so no pool is built -- and states
 both halves of "least" as postconditions, over every window, chunk, block
 size and count in the stated bounds.  R-SWA's gap (``RSWAManager.gap_blocks``)
-and its next-release point are checked the same way.
+and its next-release point are checked the same way, as are hit alignment
+(``aligned_block_count``) and group-id key packing.  The last section proves
+spec == impl where both compute the same numbers: the tokens each kind of
+attention skips, and R-SWA's gap.
 
 ``python -m kvspec.proofs.run`` proves these with the pool model; each
 ``post:`` line names the rule it protects.  ``tests/test_proofs.py`` also
@@ -29,6 +32,7 @@ from kvspec.impl.single_type_kv_cache_manager import (
     SlidingWindowManager,
     aligned_block_count,
 )
+from kvspec.spec import attention as spec_attention
 
 
 def _swa(window: int) -> SimpleNamespace:
@@ -147,3 +151,58 @@ def group_key_roundtrip(block_hash: bytes, group_id: int) -> bytes:
     post: __return__ == block_hash + _group_suffix(group_id)  # hash-map-consistency
     """
     return make_block_hash_with_group_id(block_hash, group_id)
+
+
+# --- spec == impl: the same numbers from the executable spec and from impl -----------------------
+
+
+def _spec_group(**fields: int) -> SimpleNamespace:
+    block_size = fields.pop("block_size", 1)
+    return SimpleNamespace(spec=SimpleNamespace(**fields), block_size=block_size)
+
+
+def _spec_skipped(kind: str, computed: int, **fields: int) -> int:
+    """The spec's ``skipped_tokens`` of that group kind."""
+    return getattr(spec_attention, kind).skipped_tokens(_spec_group(**fields), computed)
+
+
+def swa_skipped_agree(window: int, computed: int) -> int:
+    """pre: 1 <= window <= 4096
+    pre: 0 <= computed <= 1 << 20
+    post: __return__ == _spec_skipped("SlidingWindow", computed, sliding_window=window)  # spec-equivalence
+    """
+    return SlidingWindowManager.get_num_skipped_tokens(_swa(window), computed)
+
+
+def chunked_skipped_agree(chunk: int, computed: int) -> int:
+    """pre: 1 <= chunk <= 8192
+    pre: 0 <= computed <= 1 << 20
+    post: __return__ == _spec_skipped("ChunkedLocal", computed, attention_chunk_size=chunk)  # spec-equivalence
+    """
+    return _chunk_skipped(chunk, computed)
+
+
+def mamba_skipped_agree(computed: int) -> int:
+    """pre: 0 <= computed <= 1 << 20
+    post: __return__ == spec_attention.Mamba.skipped_tokens(None, computed)  # spec-equivalence
+    """
+    return MambaManager.get_num_skipped_tokens(None, computed)
+
+
+def rswa_gap_agrees(window: int, block_size: int, prompt: int, computed: int) -> range:
+    """pre: 1 <= window <= 256
+    pre: 1 <= block_size <= 64
+    pre: 1 <= prompt <= 1024
+    pre: prompt <= computed <= 4096
+    post: _same_range(__return__, _spec_rswa_gap(window, block_size, prompt, computed))  # spec-equivalence
+    """
+    return RSWAManager.gap_blocks(_rswa(window, block_size), computed, prompt)
+
+
+def _spec_rswa_gap(window: int, block_size: int, prompt: int, computed: int) -> range:
+    group = _spec_group(rswa_window=window, block_size=block_size)
+    return spec_attention.ReferenceSlidingWindow.gap(group, computed, prompt)
+
+
+def _same_range(a: range, b: range) -> bool:
+    return a.start == b.start and a.stop == b.stop

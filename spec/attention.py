@@ -401,12 +401,18 @@ class ReferenceSlidingWindow(FullAttention):
 
     kind = "rswa"
 
+    def gap(self, total_computed_tokens: int, num_prompt_tokens: int) -> range:
+        """The positions wholly after the prompt and before the window's
+        first token (the window starts ``w`` tokens back, never inside the
+        prompt)."""
+        window_start = max(num_prompt_tokens, total_computed_tokens - self.spec.rswa_window)
+        return range(cdiv(num_prompt_tokens, self.block_size), window_start // self.block_size)
+
     def removal_plan(self, rid, total_computed_tokens, num_prompt_tokens=None):
         if num_prompt_tokens is None:
             return []
-        window_start = max(num_prompt_tokens, total_computed_tokens - self.spec.rswa_window)
-        return self._released_back_from(rid, cdiv(num_prompt_tokens, self.block_size),
-                                        window_start // self.block_size)
+        gap = self.gap(total_computed_tokens, num_prompt_tokens)
+        return self._released_back_from(rid, gap.start, gap.stop)
 
 
 # --- sliding window ----------------------------------------------------------------------------

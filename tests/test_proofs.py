@@ -98,6 +98,17 @@ IMPL_FAULTS = {
         "_hashing.make_block_hash_with_group_id = lambda block_hash, group_id: "
         "block_hash + group_id.to_bytes(4, 'little')"
     ),
+    "swa_skipped_agree": (
+        "SlidingWindowManager.get_num_skipped_tokens = lambda self, n: max(0, n - self.sliding_window)"
+    ),
+    "chunked_skipped_agree": (
+        "ChunkedLocalAttentionManager.get_num_skipped_tokens = lambda self, n: max(0, n - self.attention_chunk_size)"
+    ),
+    "mamba_skipped_agree": "MambaManager.get_num_skipped_tokens = lambda self, n: n",
+    "rswa_gap_agrees": (
+        "RSWAManager.gap_blocks = lambda self, computed, prompt: range(prompt // self.block_size + 1, "
+        "max(prompt, computed - self.rswa_window) // self.block_size)"
+    ),
     "rswa_next_release": (
         "_next_skip = RSWAManager._next_skip\n"
         "RSWAManager._next_skip = lambda self, computed, prompt=None: "

@@ -513,8 +513,7 @@ class ReleasesThePrompt(ReferenceSlidingWindow):
     def removal_plan(self, rid, total_computed_tokens, num_prompt_tokens=None):
         if num_prompt_tokens is None:
             return []
-        window_start = max(num_prompt_tokens, total_computed_tokens - self.spec.rswa_window)
-        return self._released_back_from(rid, 0, window_start // self.block_size)
+        return self._released_back_from(rid, 0, self.gap(total_computed_tokens, num_prompt_tokens).stop)
 
 
 class ReleasesEarly(SlidingWindow):
