@@ -523,20 +523,23 @@ class ReleasesEarly(SlidingWindow):
         return max(0, num_computed_tokens - self.spec.sliding_window + 2)
 
 
-def _decode(h: Harness, request: Request, steps: int) -> None:
+def _prefill_and_decode(spec, broken_class, num_blocks: int, prompt: int, steps: int) -> Harness:
+    """One request: its prompt, then ``steps`` decode steps, on a group of
+    ``broken_class`` when given."""
+    h = harness(spec, num_blocks=num_blocks)
+    if broken_class:
+        h.m.groups[0].__class__ = broken_class
+    a = h.request("a", range(prompt))
+    h.allocate(a, prompt)
     for _ in range(steps):
-        request.append_output_token_ids(1)
-        h.allocate(request, 1)
+        a.append_output_token_ids(1)
+        h.allocate(a, 1)
+    return h
 
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_content_soundness_catches_rswa_releasing_the_prompt(broken):
-    h = harness(rswa(2, window=4), num_blocks=24)
-    if broken:
-        h.m.groups[0].__class__ = ReleasesThePrompt
-    a = h.request("a", range(5))
-    h.allocate(a, 5)
-    _decode(h, a, 12)
+    h = _prefill_and_decode(rswa(2, window=4), broken and ReleasesThePrompt, 24, prompt=5, steps=12)
     # The last step starts at 16 tokens: the window starts at token 12, so the
     # gap is positions 3 .. 5; the prompt's positions 0 .. 2 and the window stay.
     table = h.m.get_block_ids("a")[0]
@@ -559,12 +562,7 @@ def test_rswa_releases_the_gap_only_with_the_prompt_length():
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_content_soundness_catches_a_window_block_released_early(broken):
-    h = harness(swa(4, window=5), num_blocks=12)
-    if broken:
-        h.m.groups[0].__class__ = ReleasesEarly
-    a = h.request("a", range(10))
-    h.allocate(a, 10)
-    _decode(h, a, 3)
+    h = _prefill_and_decode(swa(4, window=5), broken and ReleasesEarly, 12, prompt=10, steps=3)
     assert bool(rule_problems(h, "content-soundness")) == broken
 
 
