@@ -245,11 +245,18 @@ def prompt_embeds_bytes(embeds: Any, start: int, end: int) -> bytes:
     return memoryview(rows).tobytes()
 
 
-def tensor_bytes(tensor: Any) -> memoryview:
-    """A torch tensor's memory as bytes (vLLM's ``tensor_data``)."""
+def tensor_bytes(tensor: Any) -> bytes:
+    """A torch tensor's memory as bytes: what vLLM's ``tensor_data`` gives,
+    read out of a CPU, contiguous ``uint8`` view of it (vLLM goes through
+    numpy, which torch does not require)."""
+    import ctypes
+
     import torch
 
-    return tensor.detach().flatten().cpu().contiguous().view(torch.uint8).numpy().data
+    flat = tensor.detach().flatten().cpu().contiguous().view(torch.uint8)
+    if flat.numel() == 0:
+        return b""
+    return ctypes.string_at(flat.data_ptr(), flat.numel())
 
 
 TENSOR_BYTES: Callable[[Any], Any] = tensor_bytes

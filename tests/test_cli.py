@@ -279,4 +279,5 @@ def test_kernels_name_the_check_that_caught_a_broken_manager(capsys):
                  "--profile", "quick"])
     out = capsys.readouterr().out
     assert code == 1
-    assert "[exact-gather]" in out and "Falsifying example" in out and "1 layout(s) failed" in out
+    assert "[exact-gather]" in out and "1 layout(s) failed" in out
+    assert "Falsifying example" in out or "Failing test case" in out  # Hypothesis's wording, by version
