@@ -40,7 +40,7 @@ pool stamps blocks 1, 2, 3 with 1, 2, 3: the queue in id order, as
 Rules
 -----
 :func:`wf` (well-formed) is the conjunction of four predicates, each the
-fixed-size form of a rule from the catalogue in ``DESIGN.md``:
+fixed-size form of a rule from the catalogue in ``docs/rules.md``:
 
 - :func:`ref_conservation` -- no reference count is negative;
 - :func:`free_queue_consistency` -- a block is in the free queue exactly when
