@@ -147,10 +147,9 @@ class KVCacheBlocks:
 
 
 def _counts_ok(a: Any, b: Any, c: Any, d: Any, e: Any, f: Any) -> bool:
-    """All plain ints >= 0 (the fast path; ``_require_count`` explains failures)."""
-    return a.__class__ is b.__class__ is c.__class__ is d.__class__ is e.__class__ is f.__class__ is int and min(
-        a, b, c, d, e, f
-    ) >= 0
+    """All plain ints >= 0 (the fast path; ``_require_count`` explains
+    failures, so both test the type the same way)."""
+    return type(a) is type(b) is type(c) is type(d) is type(e) is type(f) is int and min(a, b, c, d, e, f) >= 0
 
 
 def _all_pool_blocks(blocks: Sequence[Any], pool_blocks: list[KVCacheBlock]) -> bool:

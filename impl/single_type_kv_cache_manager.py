@@ -539,7 +539,7 @@ class RSWAManager(FullAttentionManager):
         if num_prompt_tokens is None or not blocks:
             return []
         gap = self.gap_blocks(total_computed_tokens, num_prompt_tokens)
-        run = self._tail_first_run(blocks, gap.start, gap.stop) if gap else []
+        run = self._tail_first_run(blocks, gap.start, gap.stop) if gap.start < gap.stop else []
         return [run] if run else []
 
     def _next_skip(self, total_computed_tokens: int, num_prompt_tokens: int | None = None) -> float:

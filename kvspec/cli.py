@@ -318,10 +318,27 @@ def build_parser() -> argparse.ArgumentParser:
     ker.add_argument("--vllm-tables", action="store_true",
                      help="also compare with vLLM's worker MultiGroupBlockTable (needs vLLM)")
     ker.set_defaults(func=kernels_command)
+
+    prove = sub.add_parser(
+        "prove", add_help=False,
+        help="prove the CrossHair obligations over the pool model and impl's own code (kvspec prove --help)",
+    )
+    prove.set_defaults(func=lambda args: prove_command([]))
     return parser
 
 
+def prove_command(argv: list[str]) -> int:
+    """``kvspec prove``: :mod:`kvspec.proofs.run` under the kvspec command
+    (its own options, so ``main`` hands it the arguments unparsed)."""
+    from kvspec.proofs.run import main as prove_main
+
+    return prove_main(argv, prog="kvspec prove")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["prove"]:
+        return prove_command(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -23,7 +23,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kvspec.hashing import get_block_hash, get_group_id, make_block_hash_with_group_id  # noqa: F401 (contracts)
+from kvspec.hashing import (  # noqa: F401 (contracts)
+    block_hashes_for_size,
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
+)
 from kvspec.impl.block_pool import _group_suffix  # noqa: F401 (read by the contracts)
 from kvspec.impl.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
@@ -42,6 +47,7 @@ def _swa(window: int) -> SimpleNamespace:
 def swa_skip_inverse(window: int, n: int) -> int:
     """Sliding window: the inverse is exact.
 
+    covers: SlidingWindowManager.first_computed_skipping
     pre: 1 <= window <= 4096
     pre: 1 <= n <= 1 << 20
     post: SlidingWindowManager.get_num_skipped_tokens(_swa(window), __return__) >= n  # content-soundness
@@ -57,6 +63,7 @@ def _chunk_skipped(chunk: int, computed: int) -> int:
 def chunked_skip_inverse(chunk: int, n: int) -> int:
     """Chunked local attention: the inverse is exact.
 
+    covers: ChunkedLocalAttentionManager.first_computed_skipping
     pre: 1 <= chunk <= 8192
     pre: 1 <= n <= 1 << 20
     post: _chunk_skipped(chunk, __return__) >= n  # content-soundness
@@ -68,6 +75,7 @@ def chunked_skip_inverse(chunk: int, n: int) -> int:
 def mamba_skip_inverse(n: int) -> int:
     """Mamba: only the last state is read, so the inverse is ``n + 1``.
 
+    covers: MambaManager.first_computed_skipping
     pre: 1 <= n <= 1 << 20
     post: MambaManager.get_num_skipped_tokens(None, __return__) >= n  # content-soundness
     post: MambaManager.get_num_skipped_tokens(None, __return__ - 1) < n  # content-soundness
@@ -90,6 +98,7 @@ def rswa_gap_is_between_prompt_and_window(window: int, block_size: int, prompt: 
     """R-SWA's gap holds only blocks wholly after the prompt and wholly
     before the window's first token.
 
+    covers: RSWAManager.gap_blocks
     pre: 1 <= window <= 256
     pre: 1 <= block_size <= 64
     pre: 1 <= prompt <= 1024
@@ -113,6 +122,7 @@ def rswa_next_release(window: int, block_size: int, prompt: int, computed: int, 
     """R-SWA's steady limit: below it, the gap has no block the last
     release did not cover.
 
+    covers: RSWAManager._next_skip
     pre: 1 <= window <= 256
     pre: 1 <= block_size <= 64
     pre: 1 <= prompt <= 1024
@@ -131,6 +141,7 @@ def aligned_hit_blocks(num_blocks: int, block_size: int, alignment: int) -> int:
     symbols -- and is left to the hit-optimality oracle of the lockstep
     machines.)
 
+    covers: aligned_block_count
     pre: 0 <= num_blocks <= 12
     pre: 1 <= block_size <= 8
     pre: 1 <= alignment <= 16
@@ -144,6 +155,7 @@ def group_key_roundtrip(block_hash: bytes, group_id: int) -> bytes:
     """A pool key is the block hash and the group id, both recoverable, and
     the pool's lookups build the same key [hash-map-consistency].
 
+    covers: make_block_hash_with_group_id, get_block_hash, get_group_id
     pre: len(block_hash) == 32
     pre: 0 <= group_id < 1 << 32
     post: get_block_hash(__return__) == block_hash  # hash-map-consistency
@@ -167,7 +179,8 @@ def _spec_skipped(kind: str, computed: int, **fields: int) -> int:
 
 
 def swa_skipped_agree(window: int, computed: int) -> int:
-    """pre: 1 <= window <= 4096
+    """covers: SlidingWindowManager.get_num_skipped_tokens == spec SlidingWindow.skipped_tokens
+    pre: 1 <= window <= 4096
     pre: 0 <= computed <= 1 << 20
     post: __return__ == _spec_skipped("SlidingWindow", computed, sliding_window=window)  # spec-equivalence
     """
@@ -175,7 +188,8 @@ def swa_skipped_agree(window: int, computed: int) -> int:
 
 
 def chunked_skipped_agree(chunk: int, computed: int) -> int:
-    """pre: 1 <= chunk <= 8192
+    """covers: ChunkedLocalAttentionManager.get_num_skipped_tokens == spec ChunkedLocal.skipped_tokens
+    pre: 1 <= chunk <= 8192
     pre: 0 <= computed <= 1 << 20
     post: __return__ == _spec_skipped("ChunkedLocal", computed, attention_chunk_size=chunk)  # spec-equivalence
     """
@@ -183,14 +197,16 @@ def chunked_skipped_agree(chunk: int, computed: int) -> int:
 
 
 def mamba_skipped_agree(computed: int) -> int:
-    """pre: 0 <= computed <= 1 << 20
+    """covers: MambaManager.get_num_skipped_tokens == spec Mamba.skipped_tokens
+    pre: 0 <= computed <= 1 << 20
     post: __return__ == spec_attention.Mamba.skipped_tokens(None, computed)  # spec-equivalence
     """
     return MambaManager.get_num_skipped_tokens(None, computed)
 
 
 def rswa_gap_agrees(window: int, block_size: int, prompt: int, computed: int) -> range:
-    """pre: 1 <= window <= 256
+    """covers: RSWAManager.gap_blocks == spec ReferenceSlidingWindow.gap
+    pre: 1 <= window <= 256
     pre: 1 <= block_size <= 64
     pre: 1 <= prompt <= 1024
     pre: prompt <= computed <= 4096
@@ -206,3 +222,52 @@ def _spec_rswa_gap(window: int, block_size: int, prompt: int, computed: int) -> 
 
 def _same_range(a: range, b: range) -> bool:
     return a.start == b.start and a.stop == b.stop
+
+
+# --- the hash view: a group's block hashes from the pool's finer ones ----------------------------------------
+
+
+def hash_view_names_the_same_prefix(hashes: list[int], hash_block_size: int, factor: int, j: int) -> int:
+    """A group of block size ``B = factor * H`` sees the request's hashes
+    (one per ``H`` tokens) through ``block_hashes_for_size``: its block ``j``
+    must carry the fine hash that names the same token prefix, ``[0, (j+1)*B)``
+    -- fine block ``(j+1)*B/H - 1`` -- and the view holds only whole blocks;
+    negative indices and slices see the same blocks.  (Hashes are stand-in
+    ints: the view never looks inside them.)
+
+    covers: block_hashes_for_size, BlockHashListWithBlockSize
+    pre: len(hashes) <= 12
+    pre: 1 <= hash_block_size <= 4
+    pre: 1 <= factor <= 4
+    pre: 0 <= j < len(hashes) // factor
+    post: __return__ == _fine_hash_ending_with(hashes, j, factor, hash_block_size)  # hash-map-consistency
+    post: _whole_blocks_only(hashes, hash_block_size, factor)  # hash-map-consistency
+    post: _view(hashes, hash_block_size, factor)[j - len(hashes) // factor] == __return__  # hash-map-consistency
+    post: _slice_from(hashes, hash_block_size, factor, j)[0] == __return__  # hash-map-consistency
+    """
+    return _view(hashes, hash_block_size, factor)[j]
+
+
+def _fine_hash_ending_with(hashes: list[int], j: int, factor: int, hash_block_size: int) -> int:
+    """The fine hash that names the prefix coarse block ``j`` ends, ``[0,
+    (j+1)*B)``: the hash of the fine block holding its last token."""
+    tokens = (j + 1) * factor * hash_block_size
+    return hashes[(tokens - 1) // hash_block_size]
+
+
+def _whole_blocks_only(hashes: list[int], hash_block_size: int, factor: int) -> bool:
+    """The view has a block for every whole coarse block of fine hashes, no more."""
+    n = len(_view(hashes, hash_block_size, factor))
+    return n * factor <= len(hashes) < (n + 1) * factor
+
+
+def _slice_from(hashes: list[int], hash_block_size: int, factor: int, j: int) -> list[int]:
+    """``view[j:]``, which must equal the blocks ``j, j+1, ...`` one by one."""
+    view = _view(hashes, hash_block_size, factor)
+    tail = list(view[j:])
+    assert tail == [view[i] for i in range(j, len(view))]
+    return tail
+
+
+def _view(hashes: list[int], hash_block_size: int, factor: int):
+    return block_hashes_for_size(hashes, hash_block_size, factor * hash_block_size)

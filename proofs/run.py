@@ -13,11 +13,11 @@ confirmed over all paths        ``info: Confirmed over all paths.``             
 counterexample                  ``error: ... when calling f(...)`` -- the        a failure
                                 postcondition returned False (or raised, or the
                                 function raised) for the inputs shown
-timed out                       ``info: Not confirmed.`` -- no counterexample   a failure
-                                within ``--per_condition_timeout``, but not
-                                every path was explored -- or the process ran
-                                past its wall-clock limit
-unable to meet precondition     ``info: Unable to meet precondition`` -- no     a failure
+not confirmed in budget         ``info: Not confirmed.`` -- no counterexample   a failure
+                                within the budget, but not every path was
+                                explored -- or the process ran past its
+                                wall-clock limit
+precondition unsatisfiable      ``info: Unable to meet precondition`` -- no     a failure
                                 input satisfied ``pre:``, so *nothing* was
                                 checked (CrossHair still exits 0!)
 error                           anything else: a condition that does not        a failure
@@ -25,20 +25,31 @@ error                           anything else: a condition that does not        
                                 verdict at all for the line
 ==============================  ==============================================  =========
 
-Only "confirmed over all paths" is a pass.  CrossHair's exit code is not
-trusted: it is 0 for "Not confirmed" and for "Unable to meet precondition".
+Only "confirmed over all paths" is a pass -- except for a function whose
+docstring says ``search-only: REASON``: there "not confirmed in budget" is
+accepted (and shown with the reason); a counterexample still fails.
+CrossHair's exit code is not trusted: it is 0 for "Not confirmed" and for
+"Unable to meet precondition".
 
-The default run proves :mod:`kvspec.proofs.pool_model` and
-:mod:`kvspec.proofs.impl_windows` (impl's own window arithmetic);  ``--planted`` also
-checks that every planted bug in :mod:`kvspec.proofs.pool_model_buggy` is
-caught -- a counterexample on an obligation tagged with the rule the bug
-breaks.  ``--target`` checks other modules or files instead (every
-obligation must be confirmed).  Exit status: 0 when every obligation is
+Besides ``pre:``/``post:``, a contract may carry lines CrossHair ignores:
+``budget: SECONDS`` (per condition; default ``--per-condition-timeout``),
+``covers: NAME, NAME`` (the production code it is about, for the table)
+and ``search-only: REASON``.  A ``post:`` line ends with ``# rule, rule``:
+the rules of ``docs/rules.md`` it protects.
+
+The default run proves :mod:`kvspec.proofs.pool_model` (a model of the
+pool) and the obligations over impl's own code (:data:`IMPL_MODULES`);
+``--planted`` also requires every planted bug to be caught: each bug of
+:mod:`kvspec.proofs.pool_model_buggy` by a counterexample on the rule it
+breaks, and, for every obligation over impl, the mutation of impl's code in
+:mod:`kvspec.proofs.impl_faults` by any counterexample.  ``--target`` checks
+other modules or files instead.  Exit status: 0 when every obligation is
 confirmed (and every planted bug caught), 1 otherwise, 2 on a usage error.
+``kvspec prove`` is the same command.
 
 Usage::
 
-    python -m kvspec.proofs.run                    # prove the pool model
+    python -m kvspec.proofs.run                    # prove everything
     python -m kvspec.proofs.run --planted          # ... and catch the planted bugs
     python -m kvspec.proofs.run --only free_block --per-condition-timeout 60
     python -m kvspec.proofs.run --target path/to/module.py --json report.json
@@ -55,22 +66,28 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 MODEL_MODULE = "kvspec.proofs.pool_model"
-IMPL_MODULE = "kvspec.proofs.impl_windows"
-"""Obligations over impl's production code (its window arithmetic)."""
+IMPL_MODULES = ("kvspec.proofs.impl_windows", "kvspec.proofs.impl_pool", "kvspec.proofs.impl_managers")
+"""Obligations over impl's production code: its window and hash arithmetic,
+the block pool over operation sequences, the managers and coordinators."""
+DEFAULT_TARGETS = (MODEL_MODULE, *IMPL_MODULES)
 PLANTED_MODULE = "kvspec.proofs.pool_model_buggy"
+FAULTS_MODULE = "kvspec.proofs.impl_faults"
 
 DEFAULT_PER_CONDITION_TIMEOUT = 30.0
-"""CPU seconds CrossHair may spend on one postcondition.  Every obligation of
-the pool model is confirmed in well under 5 s; the limit only bounds a run
-whose model has grown too big to prove."""
+"""Seconds CrossHair may spend on one postcondition unless its function
+states a ``budget:``.  Every obligation of the pool model is confirmed in
+well under 5 s; the limit only bounds a run whose model has grown too big to
+prove."""
 
 DEFAULT_PER_PATH_TIMEOUT = 10.0
 """CPU seconds CrossHair may spend on one execution path (milliseconds here)."""
@@ -81,15 +98,21 @@ class Status(StrEnum):
 
     CONFIRMED = "confirmed over all paths"
     COUNTEREXAMPLE = "counterexample"
-    TIMED_OUT = "timed out"
-    PRE_UNSAT = "unable to meet precondition"
+    TIMED_OUT = "not confirmed in budget"
+    PRE_UNSAT = "precondition unsatisfiable"
     ERROR = "error"
 
 
 # --- finding the obligations -----------------------------------------------------
 
 _CONDITION_RE = re.compile(r"^\s*(?P<kind>pre|post)(?:\[[^\]]*\])?:\s*(?P<expr>.*?)\s*$")
-_TAG_RE = re.compile(r"^(?P<expr>.*?)\s+#\s*(?P<tag>[A-Za-z][\w\- ]*?)\s*$")
+_META_RE = re.compile(r"^\s*(?P<key>budget|covers|search-only):\s*(?P<value>.*?)\s*$")
+"""Lines CrossHair ignores and the runner reads: ``budget: 60`` (CPU seconds
+per condition), ``covers: BlockPool.free_blocks`` (the production code the
+obligation is about; repeatable) and ``search-only: REASON`` (the obligation
+cannot be confirmed over all paths, for the reason given: only a
+counterexample fails it)."""
+_TAG_RE = re.compile(r"^(?P<expr>.*?)\s+#\s*(?P<tag>[A-Za-z][\w\-, ]*?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,11 @@ class Obligation:
     line: int
     rule: str
     condition: str
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """The rule names of the tag (``# rule-a, rule-b``)."""
+        return tuple(r.strip() for r in self.rule.split(",") if r.strip())
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,9 @@ class Contract:
     params: int
     pre: tuple[tuple[int, str], ...]
     obligations: tuple[Obligation, ...]
+    budget: float | None = None
+    covers: tuple[str, ...] = ()
+    search_only: str | None = None
 
     def contract_lines(self) -> list[str]:
         """The ``pre:`` and ``post:`` lines as text, in order (used to check
@@ -139,8 +170,13 @@ def find_contracts(path: str | os.PathLike) -> dict[str, Contract]:
             continue
         pre: list[tuple[int, str]] = []
         posts: list[Obligation] = []
+        meta: dict[str, list[str]] = {}
         for lineno in range(doc.lineno, (doc.end_lineno or doc.lineno) + 1):
-            m = _CONDITION_RE.match(lines[lineno - 1].replace('"""', "").replace("'''", ""))
+            text_line = lines[lineno - 1].replace('"""', "").replace("'''", "")
+            if (m := _META_RE.match(text_line)) is not None:
+                meta.setdefault(m["key"], []).append(m["value"])
+                continue
+            m = _CONDITION_RE.match(text_line)
             if not m:
                 continue
             expr, rule = m["expr"], ""
@@ -160,8 +196,23 @@ def find_contracts(path: str | os.PathLike) -> dict[str, Contract]:
                 params=len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs),
                 pre=tuple(pre),
                 obligations=tuple(posts),
+                budget=_budget(meta.get("budget", []), node.name),
+                covers=tuple(c for line in meta.get("covers", []) for c in line.split(", ") if c),
+                search_only=" ".join(meta["search-only"]) if "search-only" in meta else None,
             )
     return contracts
+
+
+def _budget(values: list[str], function: str) -> float | None:
+    if not values:
+        return None
+    try:
+        budget = float(values[-1].removesuffix("s").strip())
+    except ValueError:
+        raise ValueError(f"{function}: budget must be a number of seconds, got {values[-1]!r}") from None
+    if budget <= 0:
+        raise ValueError(f"{function}: budget must be positive, got {budget:g}")
+    return budget
 
 
 def module_path(module: str) -> Path:
@@ -201,6 +252,9 @@ class FunctionResult:
     messages: list[str] = field(default_factory=list)
     """CrossHair output that belongs to no ``post:`` line (an exception in the
     body, an unsatisfiable precondition, an import error, stderr)."""
+    budget: float = DEFAULT_PER_CONDITION_TIMEOUT
+    covers: tuple[str, ...] = ()
+    search_only: str | None = None
 
     @property
     def name(self) -> str:
@@ -211,6 +265,24 @@ class FunctionResult:
     def confirmed(self) -> bool:
         """Every obligation confirmed over all paths (and there is at least one)."""
         return bool(self.verdicts) and all(v.confirmed for v in self.verdicts)
+
+    @property
+    def passed(self) -> bool:
+        """Confirmed -- or, for a search-only function, at least not refuted:
+        no counterexample, no error, a satisfiable precondition."""
+        if self.search_only is None:
+            return self.confirmed
+        return bool(self.verdicts) and all(v.status in (Status.CONFIRMED, Status.TIMED_OUT) for v in self.verdicts)
+
+    @property
+    def result(self) -> str:
+        """One word for the table: the worst status, or "search-only"."""
+        for status in (Status.ERROR, Status.PRE_UNSAT, Status.COUNTEREXAMPLE, Status.TIMED_OUT):
+            if any(v.status is status for v in self.verdicts):
+                if status is Status.TIMED_OUT and self.search_only is not None:
+                    return f"search-only ({self.search_only})"
+                return status.value
+        return Status.CONFIRMED.value if self.verdicts else Status.ERROR.value
 
     def counterexamples(self, rule: str | None = None) -> list[Verdict]:
         return [
@@ -350,6 +422,8 @@ def check_function(
     condition to use its whole CPU budget twice over).
     """
     target = f"{module}.{contract.function}" if module else f"{os.fspath(path)}:{contract.first_line}"
+    if contract.budget is not None:
+        per_condition_timeout = contract.budget
     if wall_timeout is None:
         wall_timeout = 60 + 2 * per_condition_timeout * (len(contract.obligations) + 1)
     command = crosshair_command(target, per_condition_timeout, per_path_timeout)
@@ -375,6 +449,9 @@ def check_function(
         seconds=seconds,
         returncode=returncode,
         messages=messages,
+        budget=per_condition_timeout,
+        covers=contract.covers,
+        search_only=contract.search_only,
     )
 
 
@@ -419,13 +496,13 @@ def check_targets(
 ) -> list[FunctionResult]:
     """Check many functions, ``workers`` CrossHair processes at a time.
 
-    Functions with more parameters go first (they have the most paths), so
-    the slowest proof does not start last.  Results come back in the order
-    given.
+    Functions with the largest budgets (then the most parameters) go first,
+    so the slowest proof does not start last.  Results come back in the
+    order given.
     """
     jobs = list(jobs)
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
-    order = sorted(range(len(jobs)), key=lambda i: -jobs[i][1].params)
+    order = sorted(range(len(jobs)), key=lambda i: (-(jobs[i][1].budget or 0), -jobs[i][1].params))
     results: list[FunctionResult | None] = [None] * len(jobs)
 
     def one(i: int) -> None:
@@ -448,16 +525,18 @@ def check_targets(
 
 @dataclass
 class PlantedResult:
-    """One planted bug: the rule that must catch it, and whether it did."""
+    """One planted bug: a model bug (it must break ``rule``) or a mutation of
+    impl's code (``rule`` empty: any counterexample refutes it)."""
 
     bug: str
     imitates: str
     rule: str
     result: FunctionResult
+    why: str = ""
 
     @property
     def caught(self) -> bool:
-        return bool(self.result.counterexamples(self.rule))
+        return bool(self.result.counterexamples(self.rule or None))
 
 
 @dataclass
@@ -472,34 +551,47 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """Every obligation confirmed, every planted bug caught."""
+        """Every obligation confirmed (or, search-only, not refuted), every
+        planted bug caught."""
         return (
             bool(self.proofs or self.planted)
-            and all(r.confirmed for r in self.proofs)
+            and all(r.passed for r in self.proofs)
             and all(p.caught for p in self.planted)
         )
 
+    def table(self) -> str:
+        """One row per contracted function: obligation, rules, the code it is
+        about, result, seconds (a Markdown table)."""
+        rows = ["| obligation | rules | covers | result | seconds |", "|---|---|---|---|---|"]
+        for r in self.proofs:
+            rules = sorted({rule for v in r.verdicts for rule in v.obligation.rules})
+            covers = ", ".join(f"`{c}`" for c in r.covers) or "model"
+            n_ok = sum(v.confirmed for v in r.verdicts)
+            result = r.result if r.result != Status.CONFIRMED.value else f"{n_ok}/{len(r.verdicts)} confirmed"
+            rows.append(f"| `{r.function}` | {', '.join(rules) or '-'} | {covers} | {result} | {r.seconds:.1f} |")
+        return "\n".join(rows)
+
     def render(self, verbose: bool = False) -> str:
         out = [
-            f"CrossHair proof obligations (--per_condition_timeout={self.per_condition_timeout:g} "
-            f"--per_path_timeout={self.per_path_timeout:g})",
+            f"CrossHair proof obligations (--per_condition_timeout={self.per_condition_timeout:g} unless a "
+            f"function states its budget; --per_path_timeout={self.per_path_timeout:g})",
+            "",
+            self.table(),
         ]
         for r in self.proofs:
-            n_ok = sum(v.confirmed for v in r.verdicts)
-            out.append(f"\n{r.name}  [{n_ok}/{len(r.verdicts)} confirmed, {r.seconds:.1f} s]")
-            for v in r.verdicts:
-                if v.confirmed and not verbose:
-                    continue
-                out.append(_verdict_line(v))
+            if r.confirmed and not verbose:
+                continue
+            out.append(f"\n{r.name}  [{r.result}, {r.seconds:.1f} s of budget {r.budget:g} s per condition]")
+            out += [_verdict_line(v) for v in r.verdicts if verbose or not v.confirmed]
             if not r.confirmed:
                 out += _unshown_messages(r)
         for p in self.planted:
             mark = "caught" if p.caught else "NOT CAUGHT"
-            out.append(
-                f"\nplanted bug {p.bug} (imitates {p.imitates}; must break {p.rule}): "
-                f"{mark}  [{p.result.seconds:.1f} s]"
-            )
-            shown = p.result.counterexamples(p.rule)[:1] if not verbose else p.result.verdicts
+            must = f"must break {p.rule}" if p.rule else "must be refuted"
+            what = f" -- {p.why}" if p.why else ""
+            out.append(f"\nplanted bug {p.bug} (imitates {p.imitates}; {must}){what}: {mark}  "
+                       f"[{p.result.seconds:.1f} s]")
+            shown = p.result.counterexamples(p.rule or None)[:1] if not verbose else p.result.verdicts
             out += [_verdict_line(v) for v in shown]
             if not p.caught:
                 out += [_verdict_line(v) for v in p.result.verdicts]
@@ -507,6 +599,9 @@ class Report:
         n = sum(len(r.verdicts) for r in self.proofs)
         n_ok = sum(v.confirmed for r in self.proofs for v in r.verdicts)
         summary = f"\n{n_ok}/{n} obligations confirmed over all paths"
+        search_only = [r for r in self.proofs if r.search_only is not None]
+        if search_only:
+            summary += f" ({len(search_only)} search-only functions)"
         if self.planted:
             summary += f"; {sum(p.caught for p in self.planted)}/{len(self.planted)} planted bugs caught"
         summary += f"; {self.seconds:.1f} s -- {'OK' if self.ok else 'FAILED'}"
@@ -520,6 +615,10 @@ class Report:
                 "target": r.target,
                 "function": r.function,
                 "path": r.path,
+                "covers": list(r.covers),
+                "budget": r.budget,
+                "search_only": r.search_only,
+                "result": r.result,
                 "seconds": round(r.seconds, 3),
                 "returncode": r.returncode,
                 "confirmed": r.confirmed,
@@ -543,7 +642,8 @@ class Report:
             "per_path_timeout": self.per_path_timeout,
             "proofs": [fn(r) for r in self.proofs],
             "planted": [
-                {"bug": p.bug, "imitates": p.imitates, "rule": p.rule, "caught": p.caught, **fn(p.result)}
+                {"bug": p.bug, "imitates": p.imitates, "rule": p.rule, "why": p.why, "caught": p.caught,
+                 **fn(p.result)}
                 for p in self.planted
             ],
         }
@@ -568,8 +668,22 @@ def planted_bugs(module: str = PLANTED_MODULE) -> dict[str, tuple[str, str]]:
     return dict(importlib.import_module(module).PLANTED_BUGS)
 
 
+def impl_faults(module: str = FAULTS_MODULE) -> dict[str, Any]:
+    """``{obligation over impl: the Mutation of impl's code it must refute}``."""
+    return dict(importlib.import_module(module).IMPL_FAULTS)
+
+
+def mutant_file(directory: Path, obligation_module: str, function: str, mutation: Any) -> Path:
+    """A copy of ``obligation_module`` whose first lines apply ``mutation``
+    (CrossHair then checks ``function`` of it against the mutated code)."""
+    source = module_path(obligation_module).read_text().replace("from __future__ import annotations\n", "", 1)
+    path = directory / f"mutant_{function}.py"
+    path.write_text(mutation.preamble() + source)
+    return path
+
+
 def run(
-    targets: Sequence[str | Target] = (MODEL_MODULE, IMPL_MODULE),
+    targets: Sequence[str | Target] = DEFAULT_TARGETS,
     *,
     planted: bool = False,
     only: Sequence[str] | None = None,
@@ -578,34 +692,52 @@ def run(
     workers: int | None = None,
 ) -> Report:
     """Prove every obligation of ``targets`` and, with ``planted``, check that
-    every planted bug is caught.  ``only`` keeps the functions (and planted
-    bugs, or the bugs imitating them) with these names."""
+    every planted bug is caught: the model's bugs, and a mutation of impl's
+    code for every obligation over impl among the targets.  ``only`` keeps
+    the functions (and planted bugs, or the bugs imitating them) with these
+    names."""
     start = time.perf_counter()
     jobs: list[tuple[Target, Contract]] = []
+    impl_obligations: list[tuple[str, Contract]] = []
     for t in targets:
         target = t if isinstance(t, Target) else Target.parse(t)
-        jobs += [(target, c) for c in target.contracts() if not only or c.function in only]
-    bugs: list[tuple[str, str, str]] = []
-    if planted:
-        buggy = Target(module_path(PLANTED_MODULE), PLANTED_MODULE)
-        found = find_contracts(buggy.path)
-        for bug, (imitates, rule) in planted_bugs().items():
-            if only and bug not in only and imitates not in only:
+        for c in target.contracts():
+            if only and c.function not in only:
                 continue
-            bugs.append((bug, imitates, rule))
-            jobs.append((buggy, found[bug]))
-    results = check_targets(
-        jobs,
-        per_condition_timeout=per_condition_timeout,
-        per_path_timeout=per_path_timeout,
-        workers=workers,
-    )
+            jobs.append((target, c))
+            if target.module in IMPL_MODULES:
+                impl_obligations.append((target.module, c))
+    bugs: list[tuple[str, str, str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="kvspec-mutants-") as scratch:
+        if planted:
+            buggy = Target(module_path(PLANTED_MODULE), PLANTED_MODULE)
+            found = find_contracts(buggy.path)
+            for bug, (imitates, rule) in planted_bugs().items():
+                if only and bug not in only and imitates not in only:
+                    continue
+                bugs.append((bug, imitates, rule, ""))
+                jobs.append((buggy, found[bug]))
+            faults = impl_faults()
+            for module, contract in impl_obligations:
+                mutation = faults.get(contract.function)
+                if mutation is None:
+                    raise LookupError(f"no planted fault for the impl obligation {contract.function} "
+                                      f"({FAULTS_MODULE}.IMPL_FAULTS)")
+                path = mutant_file(Path(scratch), module, contract.function, mutation)
+                bugs.append((f"{mutation.qualname} mutated", contract.function, "", mutation.why))
+                jobs.append((Target(path), find_contracts(path)[contract.function]))
+        results = check_targets(
+            jobs,
+            per_condition_timeout=per_condition_timeout,
+            per_path_timeout=per_path_timeout,
+            workers=workers,
+        )
     n_proofs = len(results) - len(bugs)
     return Report(
         proofs=results[:n_proofs],
         planted=[
-            PlantedResult(bug, imitates, rule, result)
-            for (bug, imitates, rule), result in zip(bugs, results[n_proofs:], strict=True)
+            PlantedResult(bug, imitates, rule, result, why)
+            for (bug, imitates, rule, why), result in zip(bugs, results[n_proofs:], strict=True)
         ],
         per_condition_timeout=per_condition_timeout,
         per_path_timeout=per_path_timeout,
@@ -613,32 +745,42 @@ def run(
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser(prog: str = "python -m kvspec.proofs.run") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m kvspec.proofs.run",
+        prog=prog,
         description="Prove kvspec's CrossHair obligations; exit 0 only if every one is confirmed over all paths.",
     )
     parser.add_argument(
         "--target",
         action="append",
         metavar="MODULE|FILE.py[:FUNCTION]",
-        help=f"check these instead of {MODEL_MODULE} and {IMPL_MODULE} (repeatable)",
+        help=f"check these instead of {', '.join(DEFAULT_TARGETS)} (repeatable)",
     )
     parser.add_argument(
         "--planted",
         action="store_true",
-        help=f"also check that every planted bug in {PLANTED_MODULE} is caught",
+        help=f"also check that every planted bug ({PLANTED_MODULE}, and the mutation of impl's code in "
+             f"{FAULTS_MODULE} for every obligation over impl) is caught",
     )
     parser.add_argument("--only", action="append", metavar="FUNCTION", help="only these functions")
-    parser.add_argument("--per-condition-timeout", type=float, default=DEFAULT_PER_CONDITION_TIMEOUT, metavar="S")
+    parser.add_argument("--per-condition-timeout", type=float, default=DEFAULT_PER_CONDITION_TIMEOUT, metavar="S",
+                        help="seconds per condition for functions without a budget: line")
     parser.add_argument("--per-path-timeout", type=float, default=DEFAULT_PER_PATH_TIMEOUT, metavar="S")
-    parser.add_argument("--jobs", type=int, default=None, help="CrossHair processes at once")
+    parser.add_argument("--jobs", type=int, default=None, help="CrossHair processes at once (default: one per core)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--markdown", metavar="FILE", help="also write the obligation table as Markdown")
     parser.add_argument("-v", "--verbose", action="store_true", help="list confirmed obligations too")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kvspec.proofs.run") -> int:
+    args = build_parser(prog).parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        print(f"error: --jobs must be at least 1, got {args.jobs}", file=sys.stderr)
+        return 2
     try:
         report = run(
-            args.target or (MODEL_MODULE, IMPL_MODULE),
+            args.target or DEFAULT_TARGETS,
             planted=args.planted,
             only=args.only,
             per_condition_timeout=args.per_condition_timeout,
@@ -654,6 +796,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.render(verbose=args.verbose))
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(report.table() + "\n")
     return 0 if report.ok else 1
 
 

@@ -36,8 +36,9 @@ from kvspec.proofs import run as R
 from kvspec.spec.pool import SpecBlockPool
 
 MODEL_CONTRACTS = R.find_contracts(R.module_path(R.MODEL_MODULE))
-IMPL_CONTRACTS = R.find_contracts(R.module_path(R.IMPL_MODULE))
+IMPL_CONTRACTS = {name: c for m in R.IMPL_MODULES for name, c in R.find_contracts(R.module_path(m)).items()}
 IMPL_OBLIGATIONS = [o for c in IMPL_CONTRACTS.values() for o in c.obligations]
+IMPL_FAULTS = R.impl_faults()
 BUGGY_CONTRACTS = R.find_contracts(R.module_path(R.PLANTED_MODULE))
 OBLIGATIONS = [o for c in MODEL_CONTRACTS.values() for o in c.obligations]
 PLANTED = R.planted_bugs()
@@ -77,61 +78,21 @@ def test_impl_obligation_confirmed(report, obligation):
     assert verdict.status is R.Status.CONFIRMED, f"{obligation.condition}: {verdict.status.value}\n{verdict.detail}"
 
 
-# Wrong production code, patched in before the obligations are imported: each must be refuted.
-IMPL_FAULTS = {
-    "swa_skip_inverse": "SlidingWindowManager.first_computed_skipping = lambda self, n: n + self.sliding_window",
-    "chunked_skip_inverse": (
-        "ChunkedLocalAttentionManager.first_computed_skipping = "
-        "lambda self, n: n // self.attention_chunk_size * self.attention_chunk_size"
-    ),
-    "mamba_skip_inverse": "MambaManager.first_computed_skipping = lambda self, n: n + 2",
-    "rswa_gap_is_between_prompt_and_window": (
-        "RSWAManager.gap_blocks = lambda self, computed, prompt: "
-        "range(prompt // self.block_size, max(prompt, computed - self.rswa_window) // self.block_size)"
-    ),
-    "aligned_hit_blocks": (
-        "import kvspec.impl.single_type_kv_cache_manager as _managers\n"
-        "_managers.aligned_block_count = lambda num_blocks, block_size, alignment: num_blocks"
-    ),
-    "group_key_roundtrip": (
-        "import kvspec.hashing as _hashing\n"
-        "_hashing.make_block_hash_with_group_id = lambda block_hash, group_id: "
-        "block_hash + group_id.to_bytes(4, 'little')"
-    ),
-    "swa_skipped_agree": (
-        "SlidingWindowManager.get_num_skipped_tokens = lambda self, n: max(0, n - self.sliding_window)"
-    ),
-    "chunked_skipped_agree": (
-        "ChunkedLocalAttentionManager.get_num_skipped_tokens = lambda self, n: max(0, n - self.attention_chunk_size)"
-    ),
-    "mamba_skipped_agree": "MambaManager.get_num_skipped_tokens = lambda self, n: n",
-    "rswa_gap_agrees": (
-        "RSWAManager.gap_blocks = lambda self, computed, prompt: range(prompt // self.block_size + 1, "
-        "max(prompt, computed - self.rswa_window) // self.block_size)"
-    ),
-    "rswa_next_release": (
-        "_next_skip = RSWAManager._next_skip\n"
-        "RSWAManager._next_skip = lambda self, computed, prompt=None: "
-        "_next_skip(self, computed, prompt) + self.block_size"
-    ),
-}
+@pytest.mark.parametrize("function", sorted(IMPL_CONTRACTS))
+def test_a_mutated_impl_function_is_refuted(report, function):
+    """Every obligation over impl refutes a mutation of the code it covers
+    (:mod:`kvspec.proofs.impl_faults`), with a counterexample in the report."""
+    (planted,) = [p for p in report.planted if p.imitates == function and not p.rule]
+    assert planted.caught, "\n".join(f"{v.status.value}: {v.detail}" for v in planted.result.verdicts)
+    assert f"when calling {function}(" in planted.result.counterexamples()[0].detail
+    assert "planted bug" in report.render() and planted.why in report.render()
 
 
-@pytest.mark.parametrize("function", sorted(IMPL_FAULTS))
-def test_a_wrong_impl_function_is_refuted(tmp_path, function):
+def test_every_impl_obligation_has_exactly_one_fault_and_covers_code():
     assert set(IMPL_FAULTS) == set(IMPL_CONTRACTS)
-    source = R.module_path(R.IMPL_MODULE).read_text().replace("from __future__ import annotations\n", "")
-    patch = (
-        "from kvspec.impl.single_type_kv_cache_manager import (ChunkedLocalAttentionManager, MambaManager,\n"
-        "    RSWAManager, SlidingWindowManager)\n" + IMPL_FAULTS[function] + "\n"
-    )
-    path = tmp_path / "planted_windows.py"
-    path.write_text(patch + source)
-    report = R.run([str(path)], only=[function])
-    (result,) = report.proofs
-    examples = result.counterexamples()
-    assert examples, "\n".join(f"{v.status.value}: {v.detail}" for v in result.verdicts)
-    assert f"when calling {function}(" in examples[0].detail
+    for name, contract in IMPL_CONTRACTS.items():
+        assert contract.covers, f"{name} names no production code (covers:)"
+        assert all(o.rules for o in contract.obligations), f"{name}: every post: line names its rules"
 
 
 @pytest.mark.parametrize("bug", PLANTED)
@@ -147,7 +108,11 @@ def test_report_is_ok_and_serialisable(report):
     data = json.loads(json.dumps(report.to_json()))
     assert data["ok"] is True
     assert sum(len(p["obligations"]) for p in data["proofs"]) == len(OBLIGATIONS) + len(IMPL_OBLIGATIONS)
-    assert {p["bug"] for p in data["planted"] if p["caught"]} == set(PLANTED)
+    assert {p["bug"] for p in data["planted"] if p["caught"] and p["rule"]} == set(PLANTED)
+    assert {p["imitates"] for p in data["planted"] if p["caught"] and not p["rule"]} == set(IMPL_CONTRACTS)
+    table = report.table()
+    for name in IMPL_CONTRACTS:
+        assert f"| `{name}` |" in table
 
 
 def test_planted_bugs_carry_the_model_contract_unchanged():
@@ -235,7 +200,7 @@ def test_unsatisfiable_precondition_is_a_failure(tmp_path):
         text=True,
     )
     assert cli.returncode == 1, cli.stdout + cli.stderr
-    assert "unable to meet precondition" in cli.stdout
+    assert "precondition unsatisfiable" in cli.stdout
     assert "FAILED" in cli.stdout
 
 
@@ -253,6 +218,114 @@ def test_broken_condition_is_a_failure(tmp_path):
     (verdict,) = report.proofs[0].verdicts
     assert verdict.status is R.Status.ERROR
     assert not report.ok
+
+
+SEARCH_ONLY = '''
+def triangle(n: int) -> int:
+    """Unboundedly many paths, so never confirmed: marked search-only.
+
+    search-only: the loop has a path per n; only a counterexample would count
+    budget: 1
+    pre: n >= 0
+    post: __return__ >= 0  # sum
+    """
+    total, i = 0, 0
+    while i < n:
+        total += i
+        i += 1
+    return total
+
+
+def wrong(n: int) -> int:
+    """search-only: a counterexample still fails
+    budget: 2
+    pre: 0 <= n < 4
+    post: __return__ < 3  # sum
+    """
+    return n
+'''
+
+
+def test_search_only_accepts_an_unfinished_search_but_not_a_counterexample(tmp_path):
+    path = _module(tmp_path, "search_only", SEARCH_ONLY)
+    contracts = R.find_contracts(path)
+    assert contracts["triangle"].budget == 1 and contracts["wrong"].budget == 2
+    assert contracts["triangle"].search_only.startswith("the loop has a path per n")
+    report = R.run([f"{path}:triangle"], per_path_timeout=0.5)
+    (result,) = report.proofs
+    assert result.verdicts[0].status is R.Status.TIMED_OUT
+    assert result.passed and report.ok, report.render()
+    assert "search-only (the loop has a path per n" in report.table()
+    report = R.run([f"{path}:wrong"])
+    assert not report.ok and report.proofs[0].result == "counterexample"
+
+
+def test_a_budget_must_be_a_positive_number(tmp_path):
+    path = _module(tmp_path, "bad_budget", SEARCH_ONLY.replace("budget: 2", "budget: soon"))
+    with pytest.raises(ValueError, match="wrong: budget must be a number of seconds"):
+        R.find_contracts(path)
+
+
+def test_a_tag_may_name_several_rules():
+    o = R.Obligation("f", 1, "pool-rules, spec-equivalence", "x")
+    assert o.rules == ("pool-rules", "spec-equivalence")
+
+
+def test_a_mutation_changes_only_this_process_and_keeps_super_working():
+    """A mutant of a method that calls super() runs (the __class__ cell), and
+    a mutation whose snippet is not in the source is refused by name."""
+    code = (
+        "from kvspec.proofs.impl_faults import IMPL_FAULTS\n"
+        "from kvspec.impl.single_type_kv_cache_manager import MambaManager, aligned_block_count\n"
+        "import kvspec.impl.single_type_kv_cache_manager as m\n"
+        "assert aligned_block_count(3, 2, 4) == 2\n"
+        "IMPL_FAULTS['aligned_hit_blocks'].apply()\n"
+        "assert m.aligned_block_count(3, 2, 4) == 3\n"
+        "IMPL_FAULTS['allocate_mamba_align'].apply()\n"
+        "from kvspec.conformance.layouts import ManagerLayout, full, mamba\n"
+        "from kvspec.conformance.manager_targets import ImplManagerTarget\n"
+        "layout = ManagerLayout((full(2), mamba(2, mode='all')))\n"
+        "manager = ImplManagerTarget(*layout.target_args()).manager.coordinator.single_type_managers[1]\n"
+        "print(manager._num_new_blocks('r', 0, 4, 4))\n"  # mode 'all' goes through super()
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "2", out.stderr
+    from kvspec.impl.single_type_kv_cache_manager import aligned_block_count
+
+    assert aligned_block_count(3, 2, 4) == 2, "the mutation leaked into this process"
+    wrong = R.impl_faults()["mamba_hit"].__class__("kvspec.impl.block_pool", "BlockPool.touch", "nowhere", "x", "-")
+    with pytest.raises(ValueError, match="BlockPool.touch: 'nowhere' occurs 0 times"):
+        wrong.apply()
+
+
+def test_kvspec_prove_is_the_runner(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "prove", "--only", "mamba_skipped_agree", "--markdown",
+         str(tmp_path / "table.md")],
+        capture_output=True, text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "| `mamba_skipped_agree` | spec-equivalence |" in out.stdout
+    assert "1/1 obligations confirmed over all paths" in out.stdout
+    assert "mamba_skipped_agree" in (tmp_path / "table.md").read_text()
+    bad = subprocess.run([sys.executable, "-m", "kvspec.cli", "prove", "--jobs", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--jobs must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_harnesses_hold_on_plain_calls():
+    """Outside CrossHair the harnesses are ordinary functions: a sample of
+    inputs, each keeping every rule (a broken harness fails here first)."""
+    from kvspec.proofs import impl_managers as HM
+    from kvspec.proofs import impl_pool as HP
+
+    for first in range(8):
+        for second in range(8):
+            assert HP.get_new_blocks_keeps_the_rules(first, second, 3) == ()
+            assert HP.free_blocks_keeps_the_rules(first, second, 1, 2) == ()
+            assert HP.reset_keeps_the_rules(first, second, 0) == ()
+    assert HM.three_group_eagle_hit(7, 3, 5) == ()
+    assert HM.allocate_mamba_align(4, 5, 1) == ()
+    assert HM.rswa_release(12, 3) == ()
 
 
 def test_parse_crosshair_output():

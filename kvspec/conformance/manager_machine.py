@@ -37,6 +37,27 @@ from kvspec.spec.rules import EventMirror, Violation, check_events
 ENCODER_TOKENS = 6
 
 
+def manager_divergence(where: str, target: tuple[Any, Any, Any, Any], spec: tuple[Any, Any, Any, Any]) -> str | None:
+    """How the target's outcome of one manager operation -- ``(result,
+    refusal, snapshot after, events)`` -- differs from the spec's (``None``:
+    it does not): both accept or both refuse, equal results, equal block
+    tables, equal pools (the null block's count aside), equal events."""
+    result, error, snap, events = target
+    spec_result, spec_error, spec_snap, spec_events = spec
+    if (error is None) != (spec_error is None):
+        return (f"{where}: target {'refused ' + repr(error) if error else 'accepted'}, "
+                f"spec {'refused ' + repr(spec_error) if spec_error else 'accepted'}")
+    if error is None and result != spec_result:
+        return f"{where}: target returned {result!r}, spec {spec_result!r}"
+    if snap.tables != spec_snap.tables:
+        return f"{where}: block tables differ\n  target {snap.tables}\n  spec   {spec_snap.tables}"
+    if snap.pool.without_null_ref() != spec_snap.pool.without_null_ref():
+        return f"{where}: pools differ\n  target {snap.pool}\n  spec   {spec_snap.pool}"
+    if events != spec_events:
+        return f"{where}: events differ\n  target {events}\n  spec   {spec_events}"
+    return None
+
+
 def embedding_rows(source: str, length: int) -> list[bytes]:
     """Prompt embeddings as raw rows (8 bytes a token), a fixed function of
     their source and position: a stand-in for a tensor, hashed byte for byte."""
@@ -114,21 +135,10 @@ def manager_machine(
 
         def compare(self, where, op, args, kwargs, result, error, snap, events) -> None:
             spec_result, spec_error = call(getattr(self.spec, op), args, kwargs)
-            if (error is None) != (spec_error is None):
-                self.fail(divergence=f"{where}: target {'refused ' + repr(error) if error else 'accepted'}, "
-                          f"spec {'refused ' + repr(spec_error) if spec_error else 'accepted'}")
-            if error is None and result != spec_result:
-                self.fail(divergence=f"{where}: target returned {result!r}, spec {spec_result!r}")
-            spec_snap = self.spec.snapshot()
-            if snap.tables != spec_snap.tables:
-                self.fail(
-                    divergence=f"{where}: block tables differ\n  target {snap.tables}\n  spec   {spec_snap.tables}"
-                )
-            if snap.pool.without_null_ref() != spec_snap.pool.without_null_ref():
-                self.fail(divergence=f"{where}: pools differ\n  target {snap.pool}\n  spec   {spec_snap.pool}")
-            spec_events = self.spec.take_events()
-            if events != spec_events:
-                self.fail(divergence=f"{where}: events differ\n  target {events}\n  spec   {spec_events}")
+            spec_outcome = (spec_result, spec_error, self.spec.snapshot(), self.spec.take_events())
+            divergence = manager_divergence(where, (result, error, snap, events), spec_outcome)
+            if divergence:
+                self.fail(divergence=divergence)
 
         def each(self, op: str, *args: Any, **kwargs: Any) -> Any:
             """Apply an operation that both sides must accept."""

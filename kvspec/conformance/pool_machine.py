@@ -44,11 +44,11 @@ from kvspec.conformance.machinery import (
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import block_hashes_for_size, get_request_block_hasher
 from kvspec.request import LoRARequest, Request
-from kvspec.spec.interface import NULL_BLOCK_ID, PoolTarget
+from kvspec.spec.interface import NULL_BLOCK_ID, PoolSnapshot, PoolTarget
 from kvspec.spec.pool import SpecBlockPool
 from kvspec.spec.rules import EventMirror, Step, Violation, check_events, check_state, check_step
 
-__all__ = ["LAYOUTS", "ConformanceError", "PoolLayout", "Refused", "pool_machine"]
+__all__ = ["LAYOUTS", "ConformanceError", "PoolLayout", "Refused", "holds_delta", "pool_divergence", "pool_machine"]
 
 
 @dataclass
@@ -151,7 +151,7 @@ def pool_machine(
             after = self.target.snapshot()
             step = Step(op, args, before, after, result, error)
             if error is None:
-                self.ledger.update(_holds_delta(op, args, result))
+                self.ledger.update(holds_delta(op, args, result))
             problems = check_step(step) + check_state(after, self.ledger)
             events = self.target.take_events()
             self.mirror.apply(events)
@@ -167,22 +167,12 @@ def pool_machine(
 
         def _compare_with_spec(self, where, op, args, result, error, after, events) -> None:
             spec_result, spec_error = call(getattr(self.spec, op), args)
-            if (error is None) != (spec_error is None):
-                self.fail(
-                    divergence=f"{where}: target {'refused: ' + repr(error) if error else 'accepted'}, "
-                    f"spec {'refused: ' + repr(spec_error) if spec_error else 'accepted'}"
-                )
-            same_kind = isinstance(error, type(spec_error)) or isinstance(spec_error, type(error))
-            if error is not None and not same_kind:
-                self.fail(divergence=f"{where}: target raised {error!r}, spec {spec_error!r}")
-            if error is None and result != spec_result:
-                self.fail(divergence=f"{where}: target returned {result!r}, spec {spec_result!r}")
             spec_after = self.spec.snapshot()
-            if after.without_null_ref() != spec_after.without_null_ref():
-                self.fail(divergence=f"{where}: state differs\n  target {after}\n  spec   {spec_after}")
-            spec_events = self.spec.take_events()
-            if events != spec_events:
-                self.fail(divergence=f"{where}: events differ\n  target {events}\n  spec   {spec_events}")
+            divergence = pool_divergence(
+                where, (result, error, after, events), (spec_result, spec_error, spec_after, self.spec.take_events())
+            )
+            if divergence:
+                self.fail(divergence=divergence)
 
         def holders(self) -> Counter[int]:
             """What the owners hold -- must always equal the ledger."""
@@ -384,7 +374,34 @@ def pool_machine(
     return PoolMachine
 
 
-def _holds_delta(op: str, args: tuple[Any, ...], result: Any) -> Counter[int]:
+Outcome = tuple[Any, BaseException | None, PoolSnapshot, list[Any]]
+"""What one pool operation did: its result, its refusal (or ``None``), the
+snapshot after it and the events it emitted."""
+
+
+def pool_divergence(where: str, target: Outcome, spec: Outcome) -> str | None:
+    """How the target's outcome of one operation differs from the spec's
+    (``None``: it does not): both accept or both refuse, with the same kind of
+    error; equal results, equal states (the null block's count aside) and
+    equal events."""
+    result, error, after, events = target
+    spec_result, spec_error, spec_after, spec_events = spec
+    if (error is None) != (spec_error is None):
+        return (f"{where}: target {'refused: ' + repr(error) if error else 'accepted'}, "
+                f"spec {'refused: ' + repr(spec_error) if spec_error else 'accepted'}")
+    same_kind = isinstance(error, type(spec_error)) or isinstance(spec_error, type(error))
+    if error is not None and not same_kind:
+        return f"{where}: target raised {error!r}, spec {spec_error!r}"
+    if error is None and result != spec_result:
+        return f"{where}: target returned {result!r}, spec {spec_result!r}"
+    if after.without_null_ref() != spec_after.without_null_ref():
+        return f"{where}: state differs\n  target {after}\n  spec   {spec_after}"
+    if events != spec_events:
+        return f"{where}: events differ\n  target {events}\n  spec   {spec_events}"
+    return None
+
+
+def holds_delta(op: str, args: tuple[Any, ...], result: Any) -> Counter[int]:
     """How a successful operation changes who holds what (null excluded)."""
     if op == "get_new_blocks":
         return Counter(result)
