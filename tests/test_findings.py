@@ -3,6 +3,12 @@ our implementation and the spec conform over it, and -- where vLLM 0.25.1 is
 installed -- vLLM still diverges at the recorded step, breaking the recorded
 rules.  When vLLM fixes one, the last test fails and the finding is retired."""
 
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from kvspec.cli import main
@@ -58,3 +64,28 @@ def test_vllm_still_diverges_where_recorded(finding, capsys):
     assert set(outcome.rules) == set(finding.rules), outcome.message
     assert main(["replay", str(finding.trace_path), "--quiet"]) == 1
     assert f"diverges at step {trace.failure['step']}" in capsys.readouterr().out
+
+
+REPRODUCTIONS = sorted((Path(__file__).parent.parent / "docs" / "findings" / "repro").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", REPRODUCTIONS, ids=lambda p: p.stem)
+def test_standalone_reproduction_imports_vllm_alone(script):
+    """A bug report's script must run where kvspec is not installed."""
+    imported = set()
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert "kvspec" not in imported and "vllm" in imported, imported
+
+
+@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.25.1 is not installed (tools/install_vllm.sh)")
+@pytest.mark.parametrize("script", REPRODUCTIONS, ids=lambda p: p.stem)
+def test_standalone_reproduction_still_shows_the_bug(script):
+    """Run against vLLM alone, each script still prints BUG and exits 1
+    (when vLLM fixes it, the script says ok and this fails: retire it)."""
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONHASHSEED": "0"})
+    assert out.returncode == 1 and "BUG:" in out.stdout, out.stdout + out.stderr[-2000:]
