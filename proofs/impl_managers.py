@@ -56,6 +56,9 @@ class ManagerBench:
         self.layout = layout
         with untraced():  # configuration only: nothing symbolic reaches the constructors
             args = layout.target_args(enable_kv_cache_events=True)
+            # (CrossHair's stand-in for math.gcd/lcm takes two arguments only: read these untraced.)
+            self.scheduler_block_size = layout.scheduler_block_size
+            self.block_sizes = [g.block_size for g in layout.groups]
             self.impl = ImplManagerTarget(*args)
             self.spec = SpecManagerTarget(*args)
             rules_layout = Layout.from_config(layout.kv_cache_config(), layout.scheduler_block_size,
@@ -66,10 +69,21 @@ class ManagerBench:
             self.mirror = EventMirror()
         self.broken: set[str] = set()
 
+    @classmethod
+    def over(cls, layout: ManagerLayout, positions: int) -> ManagerBench:
+        """A bench whose request is ``positions`` scheduler blocks and one token long."""
+        with untraced():
+            block = layout.scheduler_block_size
+        return cls(layout, positions * block + 1)
+
+    def cache_scheduler_blocks(self, group: int, bits: int, positions: int) -> None:
+        """:meth:`cache` over the first ``positions`` scheduler blocks of ``group``."""
+        self.cache(group, bits, positions * self.scheduler_block_size // self.block_sizes[group])
+
     def cache(self, group: int, bits: int, positions: int) -> None:
         """Position ``i < positions`` of ``group`` is cached iff bit ``i`` of
         ``bits`` is set: blocks are taken, cached through that mask, freed."""
-        block_size = self.layout.groups[group].block_size
+        block_size = self.block_sizes[group]
         mask = [bits >> i & 1 == 1 for i in range(positions)]
         ids = self.impl.pool.get_new_blocks(positions)
         self.impl.pool.cache_full_blocks(self.request, ids, 0, positions, block_size, group, mask)
@@ -79,7 +93,6 @@ class ManagerBench:
             ids = self.spec.pool.get_new_blocks(positions)
             self.spec.pool.cache_full_blocks(self.request, ids, 0, positions, block_size, group, mask)
             self.spec.pool.free_blocks(ids[::-1])
-        with untraced():
             self.mirror.apply(self.impl.take_events())
             self.spec.take_events()
 
@@ -130,11 +143,9 @@ def _hit_rules(layout: ManagerLayout, bits: tuple[int, ...], positions: int) -> 
     """Cache ``bits[g]`` in group ``g`` (``positions`` blocks of the
     scheduler block size each), look up the hit of a request one token
     longer; the rules broken."""
-    with untraced():  # (CrossHair's stand-in for math.gcd takes two arguments only)
-        block, sizes = layout.scheduler_block_size, [g.block_size for g in layout.groups]
-    bench = ManagerBench(layout, positions * block + 1)
+    bench = ManagerBench.over(layout, positions)
     for g, group_bits in enumerate(bits):
-        bench.cache(g, group_bits, positions * block // sizes[g])
+        bench.cache_scheduler_blocks(g, group_bits, positions)
     bench.hit()
     return bench.outcome()
 
@@ -234,12 +245,10 @@ def _allocation_rules(layout: ManagerLayout, cached: int, positions: int, **coun
     """The first ``cached`` positions cached in every group (the hit search
     over every cache state is proved above), a hit, then one allocation."""
     counts = concrete(counts)
-    with untraced():
-        block, sizes = layout.scheduler_block_size, [g.block_size for g in layout.groups]
-    bench = ManagerBench(layout, positions * block + 1)
+    bench = ManagerBench.over(layout, positions)
     if layout.enable_caching:
-        for g, size in enumerate(sizes):
-            bench.cache(g, (1 << cached) - 1, positions * block // size)
+        for g in range(len(bench.block_sizes)):
+            bench.cache_scheduler_blocks(g, (1 << cached) - 1, positions)
     bench.allocate(bench.hit(), **counts)
     return bench.outcome()
 

@@ -32,14 +32,14 @@ from collections import Counter
 from typing import Any
 
 from kvspec.conformance.machinery import call
-from kvspec.conformance.pool_machine import holds_delta, pool_divergence
+from kvspec.conformance.pool_machine import pool_divergence, step_violations
 from kvspec.conformance.targets import ImplPoolTarget
 from kvspec.hashing import get_request_block_hasher
 from kvspec.proofs.tracing import concrete, untraced
 from kvspec.request import Request
 from kvspec.spec.interface import NULL_BLOCK_ID
 from kvspec.spec.pool import SpecBlockPool
-from kvspec.spec.rules import EventMirror, Step, check_events, check_state, check_step
+from kvspec.spec.rules import EventMirror, Step
 
 NUM_BLOCKS = 5
 """The null block and four blocks to share."""
@@ -76,13 +76,10 @@ class Bench:
 
     def _check(self, op: str, args: tuple[Any, ...], before: Any, result: Any, error: Any, events: list[Any]) -> None:
         after = self.impl.snapshot()
-        if error is None:
-            self.ledger.update(holds_delta(op, args, result))
-        elif not isinstance(error, (ValueError, TypeError)):
+        if error is not None and not isinstance(error, (ValueError, TypeError)):
             self.broken.add("refusal-kind")
-        self.mirror.apply(events)
-        violations = check_step(Step(op, args, before, after, result, error)) + check_state(after, self.ledger)
-        self.broken.update(v.rule for v in violations + check_events(after, self.mirror))
+        step = Step(op, args, before, after, result, error)
+        self.broken.update(v.rule for v in step_violations(step, events, self.ledger, self.mirror))
         spec_result, spec_error = call(getattr(self.spec, op), args)
         spec_outcome = (spec_result, spec_error, self.spec.snapshot(), self.spec.take_events())
         if pool_divergence(op, (result, error, after, events), spec_outcome):

@@ -676,9 +676,13 @@ def impl_faults(module: str = FAULTS_MODULE) -> dict[str, Any]:
 def mutant_file(directory: Path, obligation_module: str, function: str, mutation: Any) -> Path:
     """A copy of ``obligation_module`` whose first lines apply ``mutation``
     (CrossHair then checks ``function`` of it against the mutated code)."""
-    source = module_path(obligation_module).read_text().replace("from __future__ import annotations\n", "", 1)
+    source = module_path(obligation_module).read_text()
+    future = "from __future__ import annotations\n"
+    head, found, rest = source.partition(future)
+    # The preamble goes after any __future__ import (which must stay first), before the rest.
+    text = head + found + mutation.preamble() + rest if found else mutation.preamble() + source
     path = directory / f"mutant_{function}.py"
-    path.write_text(mutation.preamble() + source)
+    path.write_text(text)
     return path
 
 

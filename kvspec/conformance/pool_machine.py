@@ -48,7 +48,8 @@ from kvspec.spec.interface import NULL_BLOCK_ID, PoolSnapshot, PoolTarget
 from kvspec.spec.pool import SpecBlockPool
 from kvspec.spec.rules import EventMirror, Step, Violation, check_events, check_state, check_step
 
-__all__ = ["LAYOUTS", "ConformanceError", "PoolLayout", "Refused", "holds_delta", "pool_divergence", "pool_machine"]
+__all__ = ["LAYOUTS", "ConformanceError", "PoolLayout", "Refused", "holds_delta", "pool_divergence", "pool_machine",
+           "step_violations"]
 
 
 @dataclass
@@ -149,14 +150,9 @@ def pool_machine(
             if error is not None and not isinstance(error, (ValueError, TypeError)):
                 self.fail(divergence=f"{where} crashed with {error!r}; a refusal must raise ValueError or TypeError")
             after = self.target.snapshot()
-            step = Step(op, args, before, after, result, error)
-            if error is None:
-                self.ledger.update(holds_delta(op, args, result))
-            problems = check_step(step) + check_state(after, self.ledger)
             events = self.target.take_events()
-            self.mirror.apply(events)
-            if layout.events:
-                problems += check_events(after, self.mirror)
+            step = Step(op, args, before, after, result, error)
+            problems = step_violations(step, events, self.ledger, self.mirror if layout.events else None)
             if problems:
                 self.fail(problems)
             if self.spec is not None:
@@ -399,6 +395,22 @@ def pool_divergence(where: str, target: Outcome, spec: Outcome) -> str | None:
     if events != spec_events:
         return f"{where}: events differ\n  target {events}\n  spec   {spec_events}"
     return None
+
+
+def step_violations(
+    step: Step, events: list[Any], ledger: Counter[int], mirror: EventMirror | None
+) -> list[Violation]:
+    """Every pool rule after one operation: the step rules, the state rules
+    with ``ledger`` (who holds what, updated here by a successful step) as the
+    truth for ref counts, and -- with a ``mirror`` of the events so far,
+    updated here with ``events`` -- the event rule."""
+    if step.error is None:
+        ledger.update(holds_delta(step.op, step.args, step.result))
+    problems = check_step(step) + check_state(step.after, ledger)
+    if mirror is not None:
+        mirror.apply(events)
+        problems += check_events(step.after, mirror)
+    return problems
 
 
 def holds_delta(op: str, args: tuple[Any, ...], result: Any) -> Counter[int]:
