@@ -220,12 +220,14 @@ class Shadow:
         self.slots: dict[tuple[int, int], dict[int, tuple[Any, ...]]] = {}
         self.states: dict[tuple[int, int], tuple[Any, ...]] = {}
 
-    def write(self, request: Any, tables: tuple[list[int], ...], start: int, end: int) -> None:
+    def write(self, request: Any, tables: tuple[list[int], ...], start: int, end: int,
+              kinds: tuple[str, ...] | None = None) -> None:
         """Record that ``request`` computed tokens ``[start, end)`` into its
-        ``tables`` (one list per group, as the manager returned them)."""
+        ``tables`` (one list per group, as the manager returned them); with
+        ``kinds``, only into groups of those kinds."""
         for g, (group, table) in enumerate(zip(self.layout.groups, tables, strict=True)):
             bs = group.block_size
-            if group.kind == "cross_attention":
+            if group.kind == "cross_attention" or (kinds is not None and group.kind not in kinds):
                 continue
             if group.kind == "mamba":
                 for n in mamba_states_written(group, start, end):
@@ -266,6 +268,34 @@ class Shadow:
                 return [f"slot {s} holds {_short(slots.get(s))}, position {position} names {_short(want)}"]
         return []
 
+    def backs(self, g: int, table: tuple[int, ...], request: Any, n: int) -> list[str]:
+        """How group ``g``'s ``table`` fails to hold what ``request``'s next
+        step reads after ``n`` computed tokens (empty: it holds it all).
+        Attention: the KV of every computed token the window still reads
+        (every one, for full attention; R-SWA: the prompt and the window);
+        Mamba: the state after ``n`` tokens at position ``cdiv(n, B) - 1``;
+        cross attention: nothing (the encoder's output is not a prefix)."""
+        group = self.layout.groups[g]
+        bs = group.block_size
+        if n == 0 or group.kind == "cross_attention":
+            return []
+        if group.kind == "mamba":
+            p = cdiv(n, bs) - 1
+            have = self.states.get((g, table[p])) if p < len(table) and table[p] != NULL else None
+            want = state_content(request, n)
+            return [] if have == want else [f"position {p} holds state {_short(have)}, not the state after {n}"]
+        gone = set(_out_of_window(group, n, getattr(request, "num_prompt_tokens", None)))
+        for t in range(n):
+            p = t // bs
+            if p in gone:
+                continue
+            block = table[p] if p < len(table) else NULL
+            have = None if block == NULL else self.slots.get((g, block), {}).get(t % bs)
+            if have != token_content(request, t):
+                where = "no block" if block == NULL else f"block {block} slot {t % bs} holds {_short(have)}"
+                return [f"token {t} (position {p}): {where}"]
+        return []
+
     def writers(self, g: int, block_id: int) -> set[tuple[Any, Any]]:
         """The tenants whose writes the block holds."""
         if self.layout.groups[g].kind == "mamba":
@@ -291,6 +321,7 @@ class RequestContext:
     requests: Mapping[str, Any] = field(default_factory=dict)
     shadow: Shadow | None = None
     pins: Mapping[int, int] = field(default_factory=dict)
+    computed: Mapping[str, int] = field(default_factory=dict)  # request -> tokens it counts as computed
 
 
 @dataclass(frozen=True)
@@ -518,6 +549,26 @@ def cached_content_sound(snap: ManagerSnapshot, ctx: RequestContext) -> list[str
         if key in names:
             request, g, i = names[key]
             problems += [f"cached block {b} (group {g}, position {i}): {p}" for p in ctx.shadow.holds(g, b, request, i)]
+    return problems
+
+
+@state_rule("content-soundness")
+def computed_content_sound(snap: ManagerSnapshot, ctx: RequestContext) -> list[str]:
+    """A request that counts ``n`` tokens as computed holds, in every group,
+    what its next step reads of them: the KV its own tokens produced (or the
+    state after them), as the shadow records -- whether they were computed,
+    hit in the cache or loaded.  (The caller says who counts what computed.)"""
+    if ctx.shadow is None or ctx.layout is None or not ctx.computed:
+        return []
+    problems = []
+    for rid, n in ctx.computed.items():
+        request = ctx.requests.get(rid)
+        if request is None or n == 0:
+            continue
+        tables = _tables_of(snap, rid, len(ctx.layout.groups))
+        for g in range(len(ctx.layout.groups)):
+            problems += [f"{rid} counts {n} tokens computed; group {g}: {p}"
+                         for p in ctx.shadow.backs(g, tables[g], request, n)]
     return problems
 
 

@@ -17,10 +17,12 @@ be compared decision by decision.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvspec.conformance.layouts import ManagerLayout
+from kvspec.kv_cache_interface import MambaSpec
 
 
 class ModelStandIn:
@@ -48,9 +50,12 @@ class ModelStandIn:
         return None
 
 
-def make_scheduler(layout: ManagerLayout, *, max_num_seqs: int = 16, max_num_batched_tokens: int = 256) -> Any:
-    """A vLLM ``Scheduler`` over ``layout``'s KV cache (vLLM's spec classes)."""
-    from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
+def make_scheduler(layout: ManagerLayout, *, max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
+                   connector: bool = False) -> Any:
+    """A vLLM ``Scheduler`` over ``layout``'s KV cache (vLLM's spec classes);
+    with ``connector``, vLLM loads :class:`~kvspec.conformance.vllm_connector.ScriptedConnector`
+    as a deployment loads a third-party connector (failed loads recomputed)."""
+    from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -64,12 +69,39 @@ def make_scheduler(layout: ManagerLayout, *, max_num_seqs: int = 16, max_num_bat
     cache_config = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                                enable_prefix_caching=layout.enable_caching)
     cache_config.num_gpu_blocks = layout.num_blocks
+    modes = {g.mamba_cache_mode for g in layout.groups if isinstance(g, MambaSpec)}
+    if modes:
+        cache_config.mamba_cache_mode = modes.pop()
+    transfer = None
+    if connector:
+        transfer = KVTransferConfig(kv_connector="ScriptedConnector", kv_role="kv_both",
+                                    kv_connector_module_path="kvspec.conformance.vllm_connector",
+                                    kv_load_failure_policy="recompute")
     vllm_config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
-                             device_config=DeviceConfig(device="cpu"))
+                             device_config=DeviceConfig(device="cpu"), kv_transfer_config=transfer)
     object.__setattr__(vllm_config, "model_config", ModelStandIn(layout.max_model_len))
     return Scheduler(vllm_config=vllm_config, kv_cache_config=to_vllm_config(layout.kv_cache_config()),
                      log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config),
                      block_size=block_size)
+
+
+def request_factory(hash_block_size: int) -> Callable[[str, list[int], int], Any]:
+    """``new(request_id, prompt, max_tokens)``: a vLLM ``Request`` hashed
+    with vLLM's own block hasher (sha256-cbor, as its engine does) that
+    samples exactly ``max_tokens`` tokens."""
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256_cbor)  # as vLLM's engine does at start
+    hasher = get_request_block_hasher(hash_block_size, sha256_cbor)
+
+    def new(request_id: str, prompt: list[int], max_tokens: int) -> Any:
+        return Request(request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), None,
+                       block_hasher=hasher)
+
+    return new
 
 
 @dataclass
@@ -88,23 +120,17 @@ def serve(scheduler: Any, *, steps: int, seed: int = 0, hash_block_size: int = 1
     """Drive ``scheduler`` for ``steps`` steps; a request arrives on most
     steps (a shared system prompt on half of them), every scheduled request
     whose prompt is done samples one token, and stops after ``max_tokens``."""
-    from vllm import SamplingParams
-    from vllm.utils.hashing import sha256_cbor
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.request import Request
 
-    init_none_hash(sha256_cbor)  # as vLLM's engine does at start
     rng = random.Random(seed)
-    hasher = get_request_block_hasher(hash_block_size, sha256_cbor)
+    new_request = request_factory(hash_block_size)
     system = [rng.randrange(1000) for _ in range(48)]
     records: list[StepRecord] = []
     for step in range(steps):
         if rng.random() < 0.7:
             prompt = (system if rng.random() < 0.5 else []) + [rng.randrange(1000)
                                                               for _ in range(rng.randint(*prompt_len))]
-            scheduler.add_request(Request(f"req-{step}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                                          None, block_hasher=hasher))
+            scheduler.add_request(new_request(f"req-{step}", prompt, max_tokens))
         out = scheduler.schedule()
         ids = list(out.num_scheduled_tokens)
         sampled = []

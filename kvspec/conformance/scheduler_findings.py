@@ -1,0 +1,112 @@
+"""Findings at scheduler scope: minimal traces of vLLM's scheduler over its
+block manager, each replayed by :class:`~kvspec.conformance.scheduler_machine.SchedulerHarness`.
+
+Each trace is what the scheduler machine found, shrunk and written out as
+calls.  :func:`replay` runs one against whatever vLLM is installed and says
+whether it reproduces: a rule broken (the finding's rule) or the scheduler
+raising.  docs/findings.md has the write-ups; ``tools/version_matrix.py``
+replays every trace against every vLLM release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvspec.conformance.layouts import ManagerLayout, full, mamba
+from kvspec.conformance.scheduler_machine import SchedulerHarness
+
+
+@dataclass(frozen=True)
+class SchedulerFinding:
+    id: str
+    title: str
+    layout: ManagerLayout
+    trace: Callable[[SchedulerHarness], list]  # returns the violations of the trace's steps
+    upstream: str
+
+
+def _hybrid(mode: str) -> ManagerLayout:
+    return ManagerLayout((full(16), mamba(16, mode=mode)), num_blocks=16, max_model_len=256)
+
+
+def _steps(h: SchedulerHarness, n: int) -> list:
+    problems = []
+    for _ in range(n):
+        problems += h.step()
+    return problems
+
+
+def _shallow_state_served_as_deep(h: SchedulerHarness) -> list:
+    """Two prompts of 49 tokens fill the pool; the first's Mamba states are
+    evicted (they sit ahead of its attention blocks in the free queue)
+    except its first, while its attention blocks survive.  The same prompt
+    again: attention hits 48 tokens, Mamba 16, and the scheduler (with a
+    connector, on a Mamba hybrid) takes the larger as computed -- the state
+    after 16 tokens is read as the state after 48."""
+    a, b = [137] * 48 + [0], [864] * 48 + [0]
+    h.arrive(a, max_tokens=1)
+    problems = _steps(h, 1)
+    h.arrive(b, max_tokens=2)
+    problems += _steps(h, 1)
+    h.arrive(b, max_tokens=1)
+    h.arrive(a, max_tokens=1)
+    return problems + _steps(h, 2)
+
+
+def _failed_load_served_after_abort(h: SchedulerHarness) -> list:
+    """A synchronous load fails; under the recompute policy its blocks stay
+    cached for the request to recompute.  The request is aborted before it
+    runs again, and the next request with the same prompt hits the blocks
+    the load never filled."""
+    prompt = [864] * 48 + [0]
+    h.arrive(prompt, max_tokens=1, remote_tokens=49, load="sync-fail")
+    problems = _steps(h, 1)
+    h.arrive(prompt, max_tokens=1)
+    h.abort("r0")
+    return problems + _steps(h, 1)
+
+
+def _hybrid_load_failure(h: SchedulerHarness) -> list:
+    """A load fails on a hybrid (attention + Mamba) model: the scheduler's
+    recovery unpacks one group's block ids."""
+    h.arrive([864] * 48 + [0], max_tokens=1, remote_tokens=48, load="sync-fail")
+    return _steps(h, 2)
+
+
+SCHEDULER_FINDINGS: dict[str, SchedulerFinding] = {
+    f.id: f for f in (
+        SchedulerFinding(
+            "S1", "per-group hits of a Mamba hybrid with a connector: the larger hit is taken as computed",
+            _hybrid("all"), _shallow_state_served_as_deep,
+            "vllm#46453 (the max over per-group hits; reported for Mamba deeper than attention), "
+            "fixed for that direction by vllm#48425; the attention-deeper direction noted in review there"),
+        SchedulerFinding(
+            "S1-align", "S1 in Mamba align mode (the only mode Mamba prefix caching keeps from 0.27)",
+            _hybrid("align"), _shallow_state_served_as_deep, "as S1"),
+        SchedulerFinding(
+            "S2", "a failed load's blocks stay cached; aborting their owner serves them to the next request",
+            ManagerLayout((full(16),), num_blocks=12, max_model_len=256), _failed_load_served_after_abort,
+            "related: vllm#49250 (recompute policy, sharers read before the owner recomputes), "
+            "vllm PR #26813 (keeps the blocks cached under recompute by design); the abort path: none found"),
+        SchedulerFinding(
+            "S3", "a load failure on a hybrid model crashes the scheduler (one group's block ids unpacked)",
+            _hybrid("align"), _hybrid_load_failure,
+            "vllm#50687; fixed by vllm#50388 / #56855"),
+    )
+}
+
+
+def replay(finding: SchedulerFinding) -> tuple[str, str]:
+    """Run ``finding``'s trace on the installed vLLM: ``("reproduces",
+    first violation)``, ``("raises", error)`` or ``("holds", "")``; a layout
+    the release cannot build is ``("n/a", why)``."""
+    try:
+        harness = SchedulerHarness(finding.layout)
+    except Exception as error:  # the release refuses the layout (a mode it no longer has, ...)
+        return "n/a", f"{type(error).__name__}: {error}"
+    try:
+        problems = finding.trace(harness)
+    except Exception as error:
+        return "raises", f"{type(error).__name__}: {error}"
+    return ("reproduces", str(problems[0])) if problems else ("holds", "")

@@ -1,0 +1,328 @@
+"""Scheduler scope: vLLM's own ``Scheduler`` driven step by step on a CPU,
+with a scripted KV connector, and the block manager underneath checked
+after every step.
+
+The manager-scope machine calls the block manager the way a scheduler
+would; bugs that live in the scheduler's use of it -- which hit it takes,
+what it tells a connector, what it believes is computed -- are out of its
+reach.  Here the real scheduler makes every call.  The harness plays the
+model runner and the connector's worker:
+
+- each step, ``schedule()`` decides; the harness writes the KV of every
+  scheduled token into the request's blocks (a *content shadow*: for each
+  block, which token prefix each slot holds), completes connector loads,
+  samples one token for each request whose prompt is done, and feeds the
+  result back through ``update_from_output``;
+- a connector load writes the remote store's KV into the blocks the
+  scheduler allocated for it -- at once (a synchronous load), at the next
+  step (asynchronous, reported as received), or not at all (a failed load,
+  reported as invalid blocks).
+
+After ``schedule()`` and after ``update_from_output`` the harness checks
+every request-level state rule of :mod:`kvspec.spec.request_rules` (and
+with them the pool's) on the block manager underneath, the requests and the
+shadow as context, and in particular:
+
+``content-soundness`` for what is counted computed
+    A request that counts ``n`` tokens as computed holds, in every group,
+    what its next step reads of them (:meth:`Shadow.backs
+    <kvspec.spec.request_rules.Shadow.backs>`): the KV of its own tokens in
+    every slot the window still reads, the state after ``n`` tokens in a
+    Mamba group -- whether those tokens were computed, hit in the prefix
+    cache or loaded by the connector.  After ``schedule()`` this is the
+    count the scheduler hands the model for the step; a request waiting for
+    an asynchronous load is exempt until the load is reported, and one whose
+    synchronous load fails this step until the failure is reported (the
+    rule then holds the scheduler to having rolled it back).
+``scheduled-tokens-have-slots``
+    Every token ``schedule()`` hands the model has a slot in every group
+    (attention: a block at the token's position; Mamba: the block that
+    receives the step's final state).
+
+The same harness drives kvspec's implementation under vLLM's scheduler
+through the drop-in (:mod:`kvspec.dropin`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from kvspec.conformance.layouts import ManagerLayout, full, mamba
+from kvspec.conformance.manager_targets import KVCacheManagerTarget
+from kvspec.kv_cache_interface import cdiv
+from kvspec.spec.interface import NULL_BLOCK_ID
+from kvspec.spec.request_rules import (
+    ATTENTION_KINDS,
+    Layout,
+    RequestContext,
+    Shadow,
+    check_request_state,
+    computed_content_sound,
+)
+from kvspec.spec.rules import Violation
+
+SCHEDULED_TOKENS_HAVE_SLOTS = "scheduled-tokens-have-slots"
+
+LOAD_MODES = ("none", "sync", "async", "sync-fail", "async-fail")
+
+# Layouts at scheduler scope: 16-token hash blocks as a deployment has them,
+# a pool small enough that requests preempt and evict each other's prefixes.
+SCHEDULER_LAYOUTS: dict[str, ManagerLayout] = {
+    "full": ManagerLayout((full(16),), num_blocks=12, max_model_len=256),
+    "full+mamba-all": ManagerLayout((full(16), mamba(16, mode="all")), num_blocks=16, max_model_len=256),
+    "full+mamba-align": ManagerLayout((full(16), mamba(16, mode="align")), num_blocks=16, max_model_len=256),
+}
+
+
+def _runs(tokens: list[int]) -> str:
+    """Tokens as runs (``[5]*3 + [7]``): a trace's prompts stay readable."""
+    runs: list[list[int]] = []
+    for t in tokens:
+        if runs and runs[-1][0] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    parts: list[str] = []
+    loose: list[int] = []
+    for t, n in runs:
+        if n > 2:
+            parts += [str(loose)] if loose else []
+            parts.append(f"[{t}]*{n}")
+            loose = []
+        else:
+            loose += [t] * n
+    return " + ".join(parts + ([str(loose)] if loose else []))
+
+
+@dataclass
+class StepReport:
+    """What one scheduler step did, as a line of the trace."""
+
+    scheduled: dict[str, tuple[int, int]]  # request -> (computed before the step, tokens scheduled)
+    loads: list[str]
+    preempted: list[str]
+    finished: list[str]
+
+    def __str__(self) -> str:
+        parts = [", ".join(f"{r}: {c}+{n}" for r, (c, n) in self.scheduled.items()) or "nothing scheduled"]
+        parts += [f"loads {'; '.join(self.loads)}"] if self.loads else []
+        parts += [f"preempted {self.preempted}"] if self.preempted else []
+        parts += [f"finished {self.finished}"] if self.finished else []
+        return " | ".join(parts)
+
+
+class SchedulerHarness:
+    """vLLM's ``Scheduler`` over ``layout`` with the scripted connector,
+    the model runner and the connector's worker played by the harness."""
+
+    def __init__(self, layout: ManagerLayout, *, connector: bool = True, max_num_seqs: int = 4,
+                 max_num_batched_tokens: int = 64, seed: int = 0):
+        from kvspec.conformance.vllm_scheduler import make_scheduler, request_factory
+
+        self.layout = layout
+        self.scheduler = make_scheduler(layout, max_num_seqs=max_num_seqs,
+                                        max_num_batched_tokens=max_num_batched_tokens, connector=connector)
+        self.new_request = request_factory(layout.hash_block_size)
+        self.manager = KVCacheManagerTarget(self.scheduler.kv_cache_manager)
+        self.connector = self.scheduler.connector
+        self.rules_layout = Layout.from_config(layout.kv_cache_config(), layout.scheduler_block_size,
+                                               layout.hash_block_size, layout.enable_caching, layout.use_eagle)
+        self.shadow = Shadow(self.rules_layout)
+        self.requests: dict[str, Any] = {}  # every request that arrived, finished or not
+        self.pending: list[Any] = []  # asynchronous loads under way: they complete at the next step
+        self.failed_blocks: set[int] = set()  # every block a load was to fill and did not
+        self.trace: list[str] = []
+        self.rng = random.Random(seed)
+        self.steps = 0
+
+    # --- the operations -----------------------------------------------------------
+
+    def arrive(self, prompt: list[int], *, max_tokens: int = 4, remote_tokens: int = 0, load: str = "none") -> str:
+        """A request arrives; the connector's store holds ``remote_tokens``
+        of its prompt, loaded as ``load`` says (one of :data:`LOAD_MODES`)."""
+        if load not in LOAD_MODES:
+            raise ValueError(f"load must be one of {LOAD_MODES}, not {load!r}")
+        if load != "none" and self.connector is None:
+            raise ValueError(f"load {load!r} needs a connector; this harness was built without one")
+        request_id = f"r{len(self.requests)}"
+        if load != "none":
+            script = self.connector.script
+            script.remote_tokens[request_id] = remote_tokens
+            if load.startswith("async"):
+                script.async_load.add(request_id)
+            if load.endswith("fail"):
+                script.failing_load.add(request_id)
+        request = self.new_request(request_id, list(prompt), max_tokens)
+        self.requests[request_id] = request
+        self.scheduler.add_request(request)
+        self.trace.append(f"arrive {request_id}: {len(prompt)} tokens {_runs(prompt)}, max_tokens={max_tokens}"
+                          + (f", store holds {remote_tokens} ({load})" if load != "none" else ""))
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        from vllm.v1.request import RequestStatus
+
+        self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+        self.trace.append(f"abort {request_id}")
+
+    def step(self) -> list[Violation]:
+        """One engine step; every rule's violations, in order."""
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+        self.steps += 1
+        out = self.scheduler.schedule()
+        scheduled = {rid: (self.scheduler.requests[rid].num_computed_tokens - n, n)
+                     for rid, n in out.num_scheduled_tokens.items()}
+        loads = self.connector.take_loads() if self.connector is not None else []
+        invalid: set[int] = set()
+        for load in loads:
+            if not load.is_async:
+                invalid |= self._load(load)
+        # A request that reads a block this step's failing load was to fill is told so in the
+        # step's output, and vLLM discards what it computed: its read is not the one that counts.
+        discarded = {rid for rid in scheduled if invalid & {b for t in self.manager.get_block_ids(rid) for b in t}}
+        self.trace.append(f"step {self.steps}: " + str(StepReport(
+            scheduled, [self._describe(load) for load in loads],
+            sorted(getattr(out, "preempted_req_ids", None) or []), [])))
+
+        # The forward pass, layer by layer: every scheduled token's KV is written before attention
+        # reads (so a block another request of the same batch fills counts as written), while a
+        # Mamba state is read at the start of the step and written at its end.
+        problems = []
+        for rid, (computed, count) in scheduled.items():
+            problems += self._forward(rid, computed, count, ATTENTION_KINDS)
+        problems += self._read("forward pass", {rid: c for rid, (c, _) in scheduled.items() if rid not in discarded})
+        sampled = []
+        for rid, (computed, count) in scheduled.items():
+            self._forward(rid, computed, count, ("mamba",))
+            request = self.scheduler.requests[rid]
+            sampled.append([self.rng.randrange(1000)] if computed + count >= request.num_tokens else [])
+
+        received = {load.request_id for load in self.pending}  # last step's asynchronous loads are done
+        for load in self.pending:
+            invalid |= self._load(load)
+        self.pending = [load for load in loads if load.is_async]
+        ids = list(out.num_scheduled_tokens)
+        connector_output = None
+        if received or invalid:
+            connector_output = KVConnectorOutput(finished_recving=received or None, invalid_block_ids=invalid)
+        runner_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                          sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                                          pooler_output=[], kv_connector_output=connector_output)
+        outputs = self.scheduler.update_from_output(out, runner_output)
+        done = sorted(o.request_id for batch in outputs.values() for o in batch.outputs if o.finished)
+        if done:
+            self.trace.append(f"  finished {done}")
+        return problems + self._check("after update_from_output()")
+
+    # --- the model runner's and the worker's part ------------------------------------------
+
+    def _forward(self, request_id: str, start: int, count: int, kinds: tuple[str, ...]) -> list[Violation]:
+        """The forward pass computes tokens ``[start, start + count)`` into
+        the request's blocks of groups of ``kinds``, every one of which must
+        have a slot."""
+        request = self.scheduler.requests[request_id]
+        tables = self.manager.get_block_ids(request_id)
+        problems = []
+        for g, (group, table) in enumerate(zip(self.rules_layout.groups, tables, strict=True)):
+            if group.kind not in kinds:
+                continue
+            p = (cdiv(start + count, group.block_size) if group.kind == "mamba"
+                 else (start + count - 1) // group.block_size + 1) - 1
+            if p >= len(table) or table[p] == NULL_BLOCK_ID:
+                problems.append(Violation(SCHEDULED_TOKENS_HAVE_SLOTS, (
+                    f"step {self.steps}: {request_id} computes tokens {start}..{start + count} but group {g} "
+                    f"has no block at position {p} ({list(table)})")))
+        self.shadow.write(request, tables, start, start + count, kinds)
+        return problems
+
+    def _load(self, load: Any) -> set[int]:
+        """The worker's load: the store's KV for the tokens into the blocks
+        the scheduler allocated -- or, for a failing load, nothing, and the
+        blocks it was to fill are reported invalid."""
+        tables = self.manager.get_block_ids(load.request_id)
+        if not load.fails:
+            self.shadow.write(self.scheduler.requests[load.request_id], tables, load.start, load.start + load.count)
+            return set()
+        blocks = set()
+        for group, table in zip(self.rules_layout.groups, tables, strict=True):
+            first, last = load.start // group.block_size, (load.start + load.count - 1) // group.block_size
+            blocks |= {b for b in table[first: last + 1] if b != NULL_BLOCK_ID}
+        self.failed_blocks |= blocks
+        return blocks
+
+    def _describe(self, load: Any) -> str:
+        kind = ("async " if load.is_async else "") + ("failing " if load.fails else "")
+        return f"{kind}{load.request_id} tokens {load.start}..{load.start + load.count}"
+
+    def _context(self, computed: dict[str, int]) -> RequestContext:
+        return RequestContext(layout=self.rules_layout, requests=self.requests, shadow=self.shadow,
+                              computed=computed)
+
+    def _read(self, where: str, computed: dict[str, int]) -> list[Violation]:
+        """What the step reads: each request's computed tokens are backed."""
+        problems = computed_content_sound(self.manager.snapshot(), self._context(computed))
+        return [Violation("content-soundness", f"step {self.steps}, {where}: {p}") for p in problems]
+
+    def _check(self, where: str) -> list[Violation]:
+        """Every request-level state rule on the manager.  Blocks a load
+        failed to fill stay cached and shared under the recompute policy, by
+        design (the first request holding them recomputes them, the others
+        wait for it; vLLM PR #26813): they are exempt from the rules on what
+        cached and shared blocks hold, never from the rule on reads."""
+        problems = check_request_state(self.manager.snapshot(), ctx=self._context({}))
+        exempt = tuple(f"{kind} block {b} " for b in self.failed_blocks for kind in ("cached", "shared"))
+        return [Violation(v.rule, f"step {self.steps}, {where}: {v.message}") for v in problems
+                if not v.message.startswith(exempt)]
+
+
+# --- the machine ------------------------------------------------------------------------------
+
+
+def scheduler_machine(layout: ManagerLayout, *, load_modes: tuple[str, ...] = LOAD_MODES,
+                      families: int = 3, max_num_seqs: int = 4, max_num_batched_tokens: int = 64) -> type:
+    """A Hypothesis state machine over vLLM's scheduler on ``layout``:
+    requests arrive (a shared system prompt of one of ``families``, or
+    none, plus their own tokens; the connector's store holding part of the
+    prompt, loaded in one of ``load_modes``), steps run, requests are
+    aborted; every rule is checked after every step, and an exception out
+    of the scheduler is a failure too."""
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+
+    system = [[rng.randrange(1000) for _ in range(48)] for rng in map(random.Random, range(families))]
+
+    class SchedulerMachine(RuleBasedStateMachine):
+        @initialize()
+        def build(self) -> None:
+            self.harness = SchedulerHarness(layout, connector=load_modes != ("none",), max_num_seqs=max_num_seqs,
+                                            max_num_batched_tokens=max_num_batched_tokens)
+
+        @rule(family=st.integers(-1, families - 1), own=st.lists(st.integers(0, 999), min_size=1, max_size=40),
+              max_tokens=st.integers(1, 6), load=st.sampled_from(load_modes), stored=st.floats(0, 1))
+        def arrive(self, family: int, own: list[int], max_tokens: int, load: str, stored: float) -> None:
+            prompt = (system[family] if family >= 0 else []) + own
+            self.harness.arrive(prompt, max_tokens=max_tokens, remote_tokens=int(stored * len(prompt)), load=load)
+
+        @rule()
+        def step(self) -> None:
+            try:
+                problems = self.harness.step()
+            except Exception as error:
+                raise AssertionError(f"vLLM's scheduler raised {error!r} at step {self.harness.steps}\n"
+                                     + self.describe()) from error
+            assert not problems, "\n".join(map(str, problems)) + "\n" + self.describe()
+
+        @rule(data=st.data())
+        def abort(self, data: Any) -> None:
+            live = sorted(self.harness.scheduler.requests)
+            if live:
+                self.harness.abort(data.draw(st.sampled_from(live)))
+
+        def describe(self) -> str:
+            return "trace:\n  " + "\n  ".join(self.harness.trace)
+
+    SchedulerMachine.__name__ = "SchedulerMachine"
+    return SchedulerMachine

@@ -1,0 +1,98 @@
+"""What one vLLM release does, measured from inside an interpreter that
+imports it: run by ``tools/version_matrix.py`` once per release.
+
+``python -m kvspec.conformance.version_probe --json OUT [--examples N]``
+writes, for the installed vLLM: every known finding replayed (the
+manager-scope traces F1-F7 through ``kvspec replay``, the scheduler-scope
+traces S1-S3 through :mod:`kvspec.conformance.scheduler_findings`) and the
+scheduler machine's search on each scheduler layout (N examples per
+layout, derandomized): the first rule it breaks, or "clean".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from typing import Any
+
+
+def _manager_findings() -> dict[str, dict[str, Any]]:
+    from kvspec.conformance.findings import FINDINGS
+    from kvspec.conformance.runner import replay
+    from kvspec.conformance.trace import Trace
+
+    out = {}
+    for finding in FINDINGS:
+        if finding.target != "vllm":
+            continue
+        try:
+            trace = Trace.load(finding.trace_path)
+            outcome = replay(trace, "vllm", trace.level)
+            if outcome.diverged_at is None:
+                status = "holds"
+            elif outcome.diverged_at == trace.failure["step"] and set(outcome.rules) == set(finding.rules):
+                status = "reproduces"
+            else:
+                status = "differs"  # breaks at another step or another rule: read the detail
+            out[finding.id] = {"status": status, "detail": outcome.message[:300]}
+        except Exception as error:  # an API this release changed: the trace cannot run as recorded
+            out[finding.id] = {"status": "n/a", "detail": f"{type(error).__name__}: {error}"[:300]}
+    return out
+
+
+def _scheduler_findings() -> dict[str, dict[str, Any]]:
+    from kvspec.conformance.scheduler_findings import SCHEDULER_FINDINGS, replay
+
+    out = {}
+    for finding in SCHEDULER_FINDINGS.values():
+        status, detail = replay(finding)
+        out[finding.id] = {"status": status, "detail": detail[:300]}
+    return out
+
+
+def _search(examples: int) -> dict[str, dict[str, Any]]:
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from kvspec.conformance.scheduler_machine import LOAD_MODES, SCHEDULER_LAYOUTS, scheduler_machine
+
+    out = {}
+    for name, layout in SCHEDULER_LAYOUTS.items():
+        # Failing loads on hybrid layouts hit S3 at once (a crash or a refusal); leave them to its trace.
+        modes = LOAD_MODES if len(layout.groups) == 1 else ("none", "sync", "async")
+        start = time.monotonic()
+        try:
+            run_state_machine_as_test(scheduler_machine(layout, load_modes=modes), settings=settings(
+                max_examples=examples, stateful_step_count=40, deadline=None, derandomize=True, database=None,
+                suppress_health_check=list(HealthCheck), report_multiple_bugs=False))
+            status, detail = "clean", f"{examples} examples"
+        except Exception as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            status, detail = ("n/a", first) if "requires" in first and "mode" in first else ("finds", first)
+        out[name] = {"status": status, "detail": detail[:300], "seconds": round(time.monotonic() - start, 1)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True, help="where to write the result")
+    parser.add_argument("--examples", type=int, default=30, help="scheduler-machine examples per layout")
+    args = parser.parse_args(argv)
+    import vllm
+
+    result: dict[str, Any] = {"vllm": vllm.__version__}
+    for part, fn in (("manager_findings", _manager_findings), ("scheduler_findings", _scheduler_findings),
+                     ("scheduler_search", lambda: _search(args.examples))):
+        try:
+            result[part] = fn()
+        except Exception:
+            result[part] = {"error": traceback.format_exc()[-600:]}
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
