@@ -30,6 +30,7 @@ from kvspec.hashing import (
     BlockHash,
     BlockHashWithGroupId,
     block_hashes_for_size,
+    event_extra_keys,
     generate_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
@@ -433,7 +434,7 @@ class BlockPool:
         for i in range(num_cached, num_full):
             if i in chosen_set:
                 keys, mm_idx = generate_block_hash_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
-                extra_keys.append(keys)
+                extra_keys.append(event_extra_keys(keys))
         lora = getattr(request, "lora_request", None)
         return kv_events.EVENTS.stored(
             block_hashes=[maybe_convert_block_hash(hashes[i]) for i in chosen],
@@ -492,7 +493,7 @@ class BlockPool:
                 parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
                 token_ids=list(request.all_token_ids[start:num_tokens]), block_size=num_tokens - start,
                 lora_id=getattr(lora, "adapter_id", None) if lora else None, medium=MEDIUM_GPU,
-                lora_name=getattr(lora, "name", None) if lora else None, extra_keys=[extra],
+                lora_name=getattr(lora, "name", None) if lora else None, extra_keys=[event_extra_keys(extra)],
                 group_idx=kv_cache_group_id,
             ))
         return key

@@ -281,6 +281,38 @@ def _prompt_embeds_extra_keys(request: Any, start: int, end: int) -> list[bytes]
     return [digest]
 
 
+# --- the extra keys' format, per vLLM release -------------------------------------
+
+EXTRA_KEY_FORMATS = ("bare", "tagged")
+_extra_key_format = "bare"
+
+
+def extra_key_format_of(vllm_version: str) -> str:
+    """The extra-key format of a vLLM release: ``bare`` (the reference,
+    0.25.1, through 0.30) or ``tagged`` (from 0.31: every key is a tuple
+    led by its kind -- ``("lora", name, path)``, ``("mm", id, offset)``,
+    ``("cache_salt", salt)``, ``("prompt_embeds", digest)`` -- so that keys
+    of different kinds never collide).  KV events keep the bare format."""
+    from packaging.version import Version
+
+    return "tagged" if Version(vllm_version).release >= (0, 31) else "bare"
+
+
+def use_extra_key_format(fmt: str) -> None:
+    """Hash extra keys in format ``fmt`` from now on, in this process (the
+    vLLM target sets the installed release's; the default is the reference's)."""
+    global _extra_key_format
+    if fmt not in EXTRA_KEY_FORMATS:
+        raise ValueError(f"extra-key format must be one of {EXTRA_KEY_FORMATS}, not {fmt!r}")
+    _extra_key_format = fmt
+
+
+def lora_path(lora: Any) -> str:
+    """The adapter path a LoRA request names (the tagged format hashes it);
+    a request without one is named by a placeholder under ``/kvspec/lora``."""
+    return getattr(lora, "lora_path", "") or f"/kvspec/lora/{lora.lora_name}"
+
+
 def generate_block_hash_extra_keys(
     request: Any, start_token_idx: int, end_token_idx: int, start_mm_idx: int
 ) -> tuple[tuple[Any, ...] | None, int]:
@@ -290,17 +322,32 @@ def generate_block_hash_extra_keys(
     digest of the block's prompt embeddings (every block, once the prompt
     came as embeddings -- past the prompt, the digest of no bytes).  ``None``
     when there are none, so plain blocks hash ``(parent, tokens, None)``.
+    In the tagged format (:func:`extra_key_format_of`) each key is led by
+    its kind and the LoRA key carries the adapter's path too.
     """
     mm_keys, next_mm_idx = _mm_extra_keys(
         request, start_token_idx, end_token_idx, start_mm_idx
     )
     lora = getattr(request, "lora_request", None)
-    lora_keys = [lora.lora_name] if lora else []
     salt = getattr(request, "cache_salt", None)
     salt_keys = [salt] if (start_token_idx == 0 and salt) else []
     embeds_keys = _prompt_embeds_extra_keys(request, start_token_idx, end_token_idx)
-    keys = lora_keys + mm_keys + salt_keys + embeds_keys
+    if _extra_key_format == "tagged":
+        keys = ([("lora", lora.lora_name, lora_path(lora))] if lora else []) + [("mm", *k) for k in mm_keys] \
+            + [("cache_salt", k) for k in salt_keys] + [("prompt_embeds", k) for k in embeds_keys]
+    else:
+        keys = ([lora.lora_name] if lora else []) + mm_keys + salt_keys + embeds_keys
     return (tuple(keys) if keys else None), next_mm_idx
+
+
+def event_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """A block's extra keys as KV events publish them: the bare format,
+    whatever the hash used (vLLM's ``to_event_extra_keys``)."""
+    if keys is None or _extra_key_format == "bare":
+        return keys
+    bare = {"lora": lambda k: k[1], "mm": lambda k: (k[1], k[2]), "cache_salt": lambda k: k[1],
+            "prompt_embeds": lambda k: k[1]}
+    return tuple(bare[k[0]](k) for k in keys)
 
 
 # --- a request's hash chain -------------------------------------------------

@@ -58,6 +58,7 @@ from kvspec.errors import RuleError, RuleTypeError
 from kvspec.hashing import (
     MAX_GROUP_ID,
     block_hashes_for_size,
+    event_extra_keys,
     generate_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
@@ -376,7 +377,7 @@ class SpecBlockPool:
             keys, mm_idx = generate_block_hash_extra_keys(
                 request, i * block_size, (i + 1) * block_size, mm_idx
             )
-            extra_keys.append(keys)
+            extra_keys.append(event_extra_keys(keys))
         lora = getattr(request, "lora_request", None)
         return Stored(
             group=group_id,

@@ -639,3 +639,50 @@ def test_the_fast_plain_chain_is_canonical_cbor():
         long = [rng.randrange(65536) for _ in range(64)] + odd
         assert hashing._plain_chain(parent, long, 2) == general(parent, long, 2)
     assert hashing._plain_chain(b"short", [1, 2], 2) is None
+
+
+# --- the extra-key format of later vLLM releases ---------------------------------------------
+
+
+@pytest.fixture
+def tagged():
+    hashing.use_extra_key_format("tagged")
+    try:
+        yield
+    finally:
+        hashing.use_extra_key_format("bare")
+
+
+def _keyed_request(embeds: bool = False) -> SimpleNamespace:
+    feature = SimpleNamespace(identifier="img-1", mm_position=SimpleNamespace(offset=1, length=2))
+    return SimpleNamespace(
+        lora_request=SimpleNamespace(lora_name="ada", lora_int_id=1, lora_path="/models/ada"),
+        cache_salt="s", mm_features=[feature], prompt_embeds=[b"\x01", b"\x02", b"\x03", b"\x04"] if embeds else None,
+    )
+
+
+def test_release_formats():
+    assert hashing.extra_key_format_of("0.25.1") == "bare"
+    assert hashing.extra_key_format_of("0.30.0") == "bare"
+    assert hashing.extra_key_format_of("0.31.0") == "tagged"
+    assert hashing.extra_key_format_of("0.33.0") == "tagged"
+    with pytest.raises(ValueError, match="extra-key format"):
+        hashing.use_extra_key_format("binary")
+
+
+def test_the_tagged_format_leads_every_key_with_its_kind_and_events_keep_the_bare_one(tagged):
+    request = _keyed_request(embeds=True)
+    keys, _ = hashing.generate_block_hash_extra_keys(request, 0, 4, 0)
+    digest = hashlib.sha256(b"\x01\x02\x03\x04").digest()
+    assert keys == (("lora", "ada", "/models/ada"), ("mm", "img-1", 1), ("cache_salt", "s"), ("prompt_embeds", digest))
+    hashing.use_extra_key_format("bare")
+    bare, _ = hashing.generate_block_hash_extra_keys(request, 0, 4, 0)
+    hashing.use_extra_key_format("tagged")
+    assert hashing.event_extra_keys(keys) == bare == ("ada", ("img-1", 1), "s", digest)
+
+
+def test_a_lora_without_a_path_is_named_by_a_placeholder_on_both_sides(tagged):
+    request = SimpleNamespace(lora_request=SimpleNamespace(lora_name="ada", lora_int_id=1, lora_path=""),
+                              cache_salt=None, mm_features=None, prompt_embeds=None)
+    keys, _ = hashing.generate_block_hash_extra_keys(request, 0, 4, 0)
+    assert keys == (("lora", "ada", "/kvspec/lora/ada"),)

@@ -13,7 +13,7 @@ directory beside them.  vLLM itself is never stubbed.  In each release,
 :mod:`kvspec.conformance.version_probe` replays the manager-scope findings
 (F1-F7) and the scheduler-scope ones (S1-S3) and runs the scheduler
 machine on every scheduler layout; with ``--conform``, ``kvspec conform
---target vllm --known-findings --profile quick`` runs too.  The result is a
+--target vllm --known-findings --profile quick --level L1`` runs too.  The result is a
 table (release x finding) in Markdown and JSON; docs/findings.md carries
 the one measured for the findings' write-ups.
 """
@@ -74,13 +74,28 @@ def probe(python: str, version: str, examples: int, conform: bool, out_dir: Path
     if conform:
         report = out_dir / f"conform-{version}"
         run = subprocess.run([python, "-m", "kvspec.cli", "conform", "--target", "vllm", "--known-findings",
-                              "--profile", "quick", "--no-progress", "--report-dir", str(report),
+                              "--profile", "quick", "--level", "L1", "--no-progress", "--report-dir", str(report),
                               "--trace-dir", str(report / "traces")],
                              env=env, capture_output=True, text=True, timeout=3600)
-        failed = [x.split()[1] for x in run.stdout.splitlines() if x.rstrip().endswith("FAILED")]
-        result["conform"] = {"exit": run.returncode, "failed_layouts": failed}
+        result["conform"] = {"exit": run.returncode, "failed_layouts": failed_layouts(run.stdout)}
     result["seconds"] = round(time.monotonic() - start, 1)
     return result
+
+
+def failed_layouts(report: str) -> list[str]:
+    """``scope/layout (first rule or error)`` for each layout a conform run failed."""
+    lines = report.splitlines()
+    failed = []
+    for i, line in enumerate(lines):
+        if line.rstrip().endswith("FAILED"):
+            scope, layout = line.split()[:2]
+            detail = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            if detail.startswith("the run stopped on "):
+                why = detail.removeprefix("the run stopped on ").split(":")[0]
+            else:
+                why = detail.split(":")[0]
+            failed.append(f"{scope}/{layout} ({why})")
+    return failed
 
 
 def markdown(results: list[dict]) -> str:
@@ -89,7 +104,7 @@ def markdown(results: list[dict]) -> str:
     layouts = sorted({k for r in results for k in r.get("scheduler_search", {})})
     head = ["vLLM", *finding_ids, *(f"search: {name}" for name in layouts)]
     if any("conform" in r for r in results):
-        head.append("conform (quick)")
+        head.append("conform L1 (quick): failing layouts")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if "error" in r and "manager_findings" not in r:
@@ -107,7 +122,7 @@ def markdown(results: list[dict]) -> str:
             cells.append(status)
         if "conform" in r:
             c = r["conform"]
-            cells.append("passes" if c["exit"] == 0 else f"exit {c['exit']}: {', '.join(c['failed_layouts'][:6])}")
+            cells.append("none" if c["exit"] == 0 else "; ".join(c["failed_layouts"]) or f"exit {c['exit']}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -438,8 +438,8 @@ def _vllm_lora(lora: Any) -> Any:
         return None
     from vllm.lora.request import LoRARequest
 
-    # vLLM insists on a path; it never enters a block hash (the name does).
-    return LoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path or f"/kvspec/lora/{lora.lora_name}")
+    # vLLM insists on a path; from 0.31 it enters the block hash (hashing.lora_path names it for both sides).
+    return LoRARequest(lora.lora_name, lora.lora_int_id, hashing.lora_path(lora))
 
 
 def _vllm_mm_feature(feature: Any) -> Any:

@@ -77,9 +77,12 @@ def require_vllm() -> None:
             f"the vllm target needs vLLM 0.25.1 importable in this Python ({type(error).__name__}: {error}); "
             "install it with tools/install_vllm.sh and run kvspec from that environment"
         ) from None
-    if os.environ.get("PYTHONHASHSEED") is None:
-        from kvspec import hashing
+    import vllm
 
+    from kvspec import hashing
+
+    hashing.use_extra_key_format(hashing.extra_key_format_of(vllm.__version__))
+    if os.environ.get("PYTHONHASHSEED") is None:
         os.environ["PYTHONHASHSEED"] = "0"
         hashing.init_none_hash()
 

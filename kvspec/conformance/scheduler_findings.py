@@ -54,6 +54,17 @@ def _shallow_state_served_as_deep(h: SchedulerHarness) -> list:
     return problems + _steps(h, 2)
 
 
+def _unwritten_boundary_state_served(h: SchedulerHarness) -> list:
+    """Mamba align mode keeps only a step's final state: a 66-token prompt
+    prefilled as one 64-token chunk leaves no state at 48.  A second prompt
+    sharing the first 48 tokens: attention hits 48, Mamba 0, and the
+    scheduler takes 48 as computed -- with no state after 48 anywhere."""
+    h.arrive([11] * 48 + [12] * 18, max_tokens=4)
+    problems = _steps(h, 2)
+    h.arrive([11] * 48 + [13] * 22, max_tokens=1)
+    return problems + _steps(h, 2)
+
+
 def _failed_load_served_after_abort(h: SchedulerHarness) -> list:
     """A synchronous load fails; under the recompute policy its blocks stay
     cached for the request to recompute.  The request is aborted before it
@@ -82,8 +93,9 @@ SCHEDULER_FINDINGS: dict[str, SchedulerFinding] = {
             "vllm#46453 (the max over per-group hits; reported for Mamba deeper than attention), "
             "fixed for that direction by vllm#48425; the attention-deeper direction noted in review there"),
         SchedulerFinding(
-            "S1-align", "S1 in Mamba align mode (the only mode Mamba prefix caching keeps from 0.27)",
-            _hybrid("align"), _shallow_state_served_as_deep, "as S1"),
+            "S1-align", "S1 in Mamba align mode (the only mode Mamba prefix caching keeps in 0.33): "
+            "no state at the attention hit at all",
+            _hybrid("align"), _unwritten_boundary_state_served, "as S1"),
         SchedulerFinding(
             "S2", "a failed load's blocks stay cached; aborting their owner serves them to the next request",
             ManagerLayout((full(16),), num_blocks=12, max_model_len=256), _failed_load_served_after_abort,

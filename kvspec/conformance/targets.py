@@ -41,6 +41,25 @@ def _neutral_event(event: Any) -> Event:
     raise TypeError(f"unknown KV event {event!r}")
 
 
+class _AsLaterReleasesRead:
+    """A kvspec request as later vLLM releases read it: the fields they
+    added to ``Request`` (``session_id``, read into KV events from 0.30)
+    read as unset; everything else is the request's own."""
+
+    ADDED = {"session_id": None}
+
+    def __init__(self, request: Any):
+        self._request = request
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(self._request, name)
+        except AttributeError:
+            if name in self.ADDED:
+                return self.ADDED[name]
+            raise
+
+
 class VllmApiPoolTarget:
     """Any pool with vLLM 0.25.1's ``BlockPool`` API, driven by block id."""
 
@@ -86,7 +105,8 @@ class VllmApiPoolTarget:
         block_mask: list[bool] | None = None,
     ) -> None:
         self.pool.cache_full_blocks(
-            request, self._blocks(block_ids), num_cached_blocks, num_full_blocks, block_size, group_id, block_mask
+            _AsLaterReleasesRead(request), self._blocks(block_ids), num_cached_blocks, num_full_blocks, block_size,
+            group_id, block_mask,
         )
 
     def evict_blocks(self, block_ids: set[int]) -> None:

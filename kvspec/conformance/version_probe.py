@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import vllm
 
+    from kvspec.conformance.runner import require_vllm
+
+    require_vllm()  # the release's hash format, the shared hash root
     result: dict[str, Any] = {"vllm": vllm.__version__}
     for part, fn in (("manager_findings", _manager_findings), ("scheduler_findings", _scheduler_findings),
                      ("scheduler_search", lambda: _search(args.examples))):

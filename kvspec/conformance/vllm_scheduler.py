@@ -16,6 +16,7 @@ be compared decision by decision.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,10 +97,12 @@ def request_factory(hash_block_size: int) -> Callable[[str, list[int], int], Any
 
     init_none_hash(sha256_cbor)  # as vLLM's engine does at start
     hasher = get_request_block_hasher(hash_block_size, sha256_cbor)
+    arrivals = itertools.count()
 
     def new(request_id: str, prompt: list[int], max_tokens: int) -> Any:
+        # Arrival times count requests, not seconds: a run does not depend on the clock.
         return Request(request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), None,
-                       block_hasher=hasher)
+                       block_hasher=hasher, arrival_time=float(next(arrivals)))
 
     return new
 
