@@ -114,3 +114,29 @@ def test_kvspec_under_vllms_scheduler_inherits_the_schedulers_own_bugs(on_kvspec
     for finding_id in ("S1", "S1-align", "S2"):
         status, detail = replay(SCHEDULER_FINDINGS[finding_id])
         assert status == "reproduces", (finding_id, detail)
+
+
+def test_eagle_drafts_are_scheduled_accepted_and_rejected_with_every_rule_holding():
+    h = SchedulerHarness(SCHEDULER_LAYOUTS["full+swa-eagle"], num_draft_tokens=2)
+    h.arrive([3] * 40, max_tokens=40)
+    for _ in range(5):
+        assert h.step() == []
+    decode_steps = [line for line in h.trace if "r0: " in line and "+3" in line]
+    assert len(decode_steps) >= 3  # one token and two drafts a step
+    # A rejected draft's slot holds junk: counting it as computed is caught at the next read.
+    request = h.scheduler.requests["r0"]
+    h.shadow.scribble(request, h.manager.get_block_ids("r0"), request.num_computed_tokens - 1,
+                      request.num_computed_tokens)
+    problems = h.step()
+    assert problems and "a rejected draft token of r0" in str(problems[0]), problems
+
+
+def test_drafts_need_an_eagle_layout_and_no_mamba():
+    with pytest.raises(ValueError, match="use_eagle"):
+        SchedulerHarness(SCHEDULER_LAYOUTS["full"], num_draft_tokens=2)
+    with pytest.raises(ValueError, match="attention-only"):
+        SchedulerHarness(SCHEDULER_LAYOUTS["full+mamba-align"], num_draft_tokens=2)
+
+
+def test_the_eagle_layout_is_clean_with_drafts():
+    assert search(SCHEDULER_LAYOUTS["full+swa-eagle"], ("none", "sync", "async"), 60) is None

@@ -18,26 +18,31 @@ model runner and the connector's worker:
   step (asynchronous, reported as received), or not at all (a failed load,
   reported as invalid blocks).
 
-After ``schedule()`` and after ``update_from_output`` the harness checks
-every request-level state rule of :mod:`kvspec.spec.request_rules` (and
-with them the pool's) on the block manager underneath, the requests and the
-shadow as context, and in particular:
+After every step the harness checks every request-level state rule of
+:mod:`kvspec.spec.request_rules` (and with them the pool's) on the block
+manager underneath, with the requests and the shadow as context, and at
+every forward pass:
 
 ``content-soundness`` for what is counted computed
-    A request that counts ``n`` tokens as computed holds, in every group,
-    what its next step reads of them (:meth:`Shadow.backs
+    A scheduled request that counts ``n`` tokens as computed holds, in
+    every group, what its step reads of them (:meth:`Shadow.backs
     <kvspec.spec.request_rules.Shadow.backs>`): the KV of its own tokens in
     every slot the window still reads, the state after ``n`` tokens in a
     Mamba group -- whether those tokens were computed, hit in the prefix
-    cache or loaded by the connector.  After ``schedule()`` this is the
-    count the scheduler hands the model for the step; a request waiting for
-    an asynchronous load is exempt until the load is reported, and one whose
-    synchronous load fails this step until the failure is reported (the
-    rule then holds the scheduler to having rolled it back).
+    cache or loaded by the connector.  A request that reads a block this
+    step's failing load was to fill is exempt for that step (the output
+    reports the failure and vLLM discards what it computed); its next read
+    holds the scheduler to having rolled it back.
 ``scheduled-tokens-have-slots``
     Every token ``schedule()`` hands the model has a slot in every group
     (attention: a block at the token's position; Mamba: the block that
     receives the step's final state).
+
+On an EAGLE layout the harness drafts tokens each step and accepts a random
+prefix of them: a rejected draft's slot holds junk until rewritten, so a
+computed count that still includes it is caught at the next read.  Drafts
+are not driven on Mamba layouts (speculative state blocks are not modelled
+at this scope).
 
 The same harness drives kvspec's implementation under vLLM's scheduler
 through the drop-in (:mod:`kvspec.dropin`).
@@ -49,9 +54,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.conformance.layouts import ManagerLayout, full, mamba
+from kvspec.conformance.layouts import ManagerLayout, full, mamba, swa
 from kvspec.conformance.manager_targets import KVCacheManagerTarget
-from kvspec.kv_cache_interface import cdiv
+from kvspec.kv_cache_interface import MambaSpec, cdiv
 from kvspec.spec.interface import NULL_BLOCK_ID
 from kvspec.spec.request_rules import (
     ATTENTION_KINDS,
@@ -73,7 +78,11 @@ SCHEDULER_LAYOUTS: dict[str, ManagerLayout] = {
     "full": ManagerLayout((full(16),), num_blocks=12, max_model_len=256),
     "full+mamba-all": ManagerLayout((full(16), mamba(16, mode="all")), num_blocks=16, max_model_len=256),
     "full+mamba-align": ManagerLayout((full(16), mamba(16, mode="align")), num_blocks=16, max_model_len=256),
+    # EAGLE: the machine drafts 2 tokens a step and accepts a random prefix of them.
+    "full+swa-eagle": ManagerLayout((full(16), swa(16, window=32)), num_blocks=20, max_model_len=256,
+                                    use_eagle=True),
 }
+DRAFTS_PER_STEP = 2  # on EAGLE layouts
 
 
 def _runs(tokens: list[int]) -> str:
@@ -118,12 +127,17 @@ class SchedulerHarness:
     the model runner and the connector's worker played by the harness."""
 
     def __init__(self, layout: ManagerLayout, *, connector: bool = True, max_num_seqs: int = 4,
-                 max_num_batched_tokens: int = 64, seed: int = 0):
+                 max_num_batched_tokens: int = 64, seed: int = 0, num_draft_tokens: int = 0):
         from kvspec.conformance.vllm_scheduler import make_scheduler, request_factory
 
+        if num_draft_tokens and any(isinstance(g, MambaSpec) for g in layout.groups):
+            raise ValueError("drafts are driven on attention-only layouts (Mamba's speculative states "
+                             "are not modelled at scheduler scope)")
         self.layout = layout
+        self.num_draft_tokens = num_draft_tokens
         self.scheduler = make_scheduler(layout, max_num_seqs=max_num_seqs,
-                                        max_num_batched_tokens=max_num_batched_tokens, connector=connector)
+                                        max_num_batched_tokens=max_num_batched_tokens, connector=connector,
+                                        num_draft_tokens=num_draft_tokens)
         self.new_request = request_factory(layout.hash_block_size)
         self.manager = KVCacheManagerTarget(self.scheduler.kv_cache_manager)
         self.connector = self.scheduler.connector
@@ -189,16 +203,25 @@ class SchedulerHarness:
 
         # The forward pass, layer by layer: every scheduled token's KV is written before attention
         # reads (so a block another request of the same batch fills counts as written), while a
-        # Mamba state is read at the start of the step and written at its end.
+        # Mamba state is read at the start of the step and written at its end.  A request's last
+        # scheduled tokens may be drafts (positions past its tokens): their KV is written too, and
+        # becomes its own once the drafts are accepted (below).
+        drafts = {rid: list(getattr(out, "scheduled_spec_decode_tokens", {}).get(rid, ())) for rid in scheduled}
+        tables = {rid: self.manager.get_block_ids(rid) for rid in scheduled}
         problems = []
         for rid, (computed, count) in scheduled.items():
-            problems += self._forward(rid, computed, count, ATTENTION_KINDS)
+            problems += self._forward(rid, computed, count - len(drafts[rid]), ATTENTION_KINDS)
         problems += self._read("forward pass", {rid: c for rid, (c, _) in scheduled.items() if rid not in discarded})
         sampled = []
         for rid, (computed, count) in scheduled.items():
-            self._forward(rid, computed, count, ("mamba",))
+            self._forward(rid, computed, count - len(drafts[rid]), ("mamba",))
             request = self.scheduler.requests[rid]
-            sampled.append([self.rng.randrange(1000)] if computed + count >= request.num_tokens else [])
+            if computed + count - len(drafts[rid]) < request.num_tokens:
+                sampled.append([])  # a prefill chunk: nothing sampled
+            else:
+                accepted = self.rng.randint(0, len(drafts[rid]))
+                sampled.append(drafts[rid][:accepted] + [self.rng.randrange(1000)])
+        num_tokens = {rid: self.scheduler.requests[rid].num_tokens for rid in scheduled}
 
         received = {load.request_id for load in self.pending}  # last step's asynchronous loads are done
         for load in self.pending:
@@ -212,10 +235,27 @@ class SchedulerHarness:
                                           sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
                                           pooler_output=[], kv_connector_output=connector_output)
         outputs = self.scheduler.update_from_output(out, runner_output)
+        for (rid, draft), tokens in zip(drafts.items(), sampled, strict=True):
+            if draft and tokens:  # the accepted drafts' KV is the request's own; the rejected ones' is junk
+                accepted = len(tokens) - 1
+                request = self.requests[rid]
+                self.shadow.write(request, tables[rid], num_tokens[rid], num_tokens[rid] + accepted, ATTENTION_KINDS)
+                self.shadow.scribble(request, tables[rid], num_tokens[rid] + accepted, num_tokens[rid] + len(draft))
         done = sorted(o.request_id for batch in outputs.values() for o in batch.outputs if o.finished)
         if done:
             self.trace.append(f"  finished {done}")
+        if self.num_draft_tokens:
+            self._propose_drafts()
         return problems + self._check("after update_from_output()")
+
+    def _propose_drafts(self) -> None:
+        """The drafter's proposals for the next step: ``k`` tokens for every
+        running request (vLLM ignores them for prefill chunks)."""
+        from vllm.v1.outputs import DraftTokenIds
+
+        running = sorted(self.scheduler.requests)
+        proposals = [[self.rng.randrange(1000) for _ in range(self.num_draft_tokens)] for _ in running]
+        self.scheduler.update_draft_token_ids(DraftTokenIds(running, proposals))
 
     # --- the model runner's and the worker's part ------------------------------------------
 
@@ -286,9 +326,10 @@ def scheduler_machine(layout: ManagerLayout, *, load_modes: tuple[str, ...] = LO
     """A Hypothesis state machine over vLLM's scheduler on ``layout``:
     requests arrive (a shared system prompt of one of ``families``, or
     none, plus their own tokens; the connector's store holding part of the
-    prompt, loaded in one of ``load_modes``), steps run, requests are
-    aborted; every rule is checked after every step, and an exception out
-    of the scheduler is a failure too."""
+    prompt, loaded in one of ``load_modes``), steps run (on an EAGLE layout
+    with :data:`DRAFTS_PER_STEP` drafts a step, a random prefix of them
+    accepted), requests are aborted; every rule is checked after every
+    step, and an exception out of the scheduler is a failure too."""
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
@@ -298,7 +339,8 @@ def scheduler_machine(layout: ManagerLayout, *, load_modes: tuple[str, ...] = LO
         @initialize()
         def build(self) -> None:
             self.harness = SchedulerHarness(layout, connector=load_modes != ("none",), max_num_seqs=max_num_seqs,
-                                            max_num_batched_tokens=max_num_batched_tokens)
+                                            max_num_batched_tokens=max_num_batched_tokens,
+                                            num_draft_tokens=DRAFTS_PER_STEP if layout.use_eagle else 0)
 
         @rule(family=st.integers(-1, families - 1), own=st.lists(st.integers(0, 999), min_size=1, max_size=40),
               max_tokens=st.integers(1, 6), load=st.sampled_from(load_modes), stored=st.floats(0, 1))

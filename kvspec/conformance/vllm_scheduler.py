@@ -51,11 +51,49 @@ class ModelStandIn:
         return None
 
 
+class EagleStandIn:
+    """What vLLM 0.25.1's scheduler reads of ``speculative_config`` for
+    EAGLE with ``k`` draft tokens per step (no draft model is loaded).
+    A release that reads more of it (draft slots, block-drop switches)
+    gets an ``AttributeError`` naming what it asked; the version matrix
+    lists such releases as n/a for drafts."""
+
+    num_speculative_tokens_per_batch_size = None
+    method = "eagle"
+    parallel_drafting = False
+
+    def __init__(self, k: int):
+        self.num_speculative_tokens = k
+
+    def use_eagle(self) -> bool:
+        return True
+
+    def uses_draft_model(self) -> bool:
+        return False
+
+    def use_dflash(self) -> bool:
+        return False
+
+    def use_dspark(self) -> bool:
+        return False
+
+    def uses_dynamic_speculative_decoding(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"EagleStandIn models vLLM 0.25.1's reads of speculative_config; "
+                             f"this release also reads {name!r}")
+
+
 def make_scheduler(layout: ManagerLayout, *, max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
-                   connector: bool = False) -> Any:
+                   connector: bool = False, num_draft_tokens: int = 0) -> Any:
     """A vLLM ``Scheduler`` over ``layout``'s KV cache (vLLM's spec classes);
     with ``connector``, vLLM loads :class:`~kvspec.conformance.vllm_connector.ScriptedConnector`
-    as a deployment loads a third-party connector (failed loads recomputed)."""
+    as a deployment loads a third-party connector (failed loads recomputed);
+    with ``num_draft_tokens``, EAGLE speculative decoding (the layout must
+    say ``use_eagle``)."""
+    if num_draft_tokens and not layout.use_eagle:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens} needs a layout with use_eagle")
     from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
@@ -81,6 +119,8 @@ def make_scheduler(layout: ManagerLayout, *, max_num_seqs: int = 16, max_num_bat
     vllm_config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
                              device_config=DeviceConfig(device="cpu"), kv_transfer_config=transfer)
     object.__setattr__(vllm_config, "model_config", ModelStandIn(layout.max_model_len))
+    if num_draft_tokens:
+        object.__setattr__(vllm_config, "speculative_config", EagleStandIn(num_draft_tokens))
     return Scheduler(vllm_config=vllm_config, kv_cache_config=to_vllm_config(layout.kv_cache_config()),
                      log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config),
                      block_size=block_size)
