@@ -345,9 +345,13 @@ def event_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
     whatever the hash used (vLLM's ``to_event_extra_keys``)."""
     if keys is None or _extra_key_format == "bare":
         return keys
-    bare = {"lora": lambda k: k[1], "mm": lambda k: (k[1], k[2]), "cache_salt": lambda k: k[1],
-            "prompt_embeds": lambda k: k[1]}
-    return tuple(bare[k[0]](k) for k in keys)
+    return tuple(_BARE[k[0]](k) for k in keys)
+
+
+_BARE: dict[str, Callable[[tuple[Any, ...]], Any]] = {
+    "lora": lambda k: k[1], "mm": lambda k: (k[1], k[2]), "cache_salt": lambda k: k[1], "prompt_embeds": lambda k: k[1],
+}
+"""Each tagged key's bare form, by kind."""
 
 
 # --- a request's hash chain -------------------------------------------------

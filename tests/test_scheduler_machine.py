@@ -10,27 +10,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from hypothesis import HealthCheck, settings  # noqa: E402
-from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
-
 from kvspec import dropin  # noqa: E402
 from kvspec.conformance.scheduler_findings import SCHEDULER_FINDINGS, replay  # noqa: E402
 from kvspec.conformance.scheduler_machine import (  # noqa: E402
     SCHEDULER_LAYOUTS,
     SchedulerHarness,
-    scheduler_machine,
+    search,
 )
-
-
-def search(layout, modes, examples):
-    """The scheduler machine's verdict: None (clean) or the failure's text."""
-    try:
-        run_state_machine_as_test(scheduler_machine(layout, load_modes=modes), settings=settings(
-            max_examples=examples, stateful_step_count=40, deadline=None, derandomize=True, database=None,
-            suppress_health_check=list(HealthCheck), report_multiple_bugs=False))
-    except AssertionError as failure:
-        return str(failure)
-    return None
 
 
 @pytest.fixture

@@ -112,13 +112,11 @@ class StepReport:
     scheduled: dict[str, tuple[int, int]]  # request -> (computed before the step, tokens scheduled)
     loads: list[str]
     preempted: list[str]
-    finished: list[str]
 
     def __str__(self) -> str:
         parts = [", ".join(f"{r}: {c}+{n}" for r, (c, n) in self.scheduled.items()) or "nothing scheduled"]
         parts += [f"loads {'; '.join(self.loads)}"] if self.loads else []
         parts += [f"preempted {self.preempted}"] if self.preempted else []
-        parts += [f"finished {self.finished}"] if self.finished else []
         return " | ".join(parts)
 
 
@@ -189,6 +187,7 @@ class SchedulerHarness:
         out = self.scheduler.schedule()
         scheduled = {rid: (self.scheduler.requests[rid].num_computed_tokens - n, n)
                      for rid, n in out.num_scheduled_tokens.items()}
+        tables = {rid: self.manager.get_block_ids(rid) for rid in scheduled}  # as the model runner gets them
         loads = self.connector.take_loads() if self.connector is not None else []
         invalid: set[int] = set()
         for load in loads:
@@ -196,10 +195,10 @@ class SchedulerHarness:
                 invalid |= self._load(load)
         # A request that reads a block this step's failing load was to fill is told so in the
         # step's output, and vLLM discards what it computed: its read is not the one that counts.
-        discarded = {rid for rid in scheduled if invalid & {b for t in self.manager.get_block_ids(rid) for b in t}}
+        discarded = {rid for rid in scheduled if invalid & {b for table in tables[rid] for b in table}}
         self.trace.append(f"step {self.steps}: " + str(StepReport(
             scheduled, [self._describe(load) for load in loads],
-            sorted(getattr(out, "preempted_req_ids", None) or []), [])))
+            sorted(getattr(out, "preempted_req_ids", None) or []))))
 
         # The forward pass, layer by layer: every scheduled token's KV is written before attention
         # reads (so a block another request of the same batch fills counts as written), while a
@@ -207,14 +206,13 @@ class SchedulerHarness:
         # scheduled tokens may be drafts (positions past its tokens): their KV is written too, and
         # becomes its own once the drafts are accepted (below).
         drafts = {rid: list(getattr(out, "scheduled_spec_decode_tokens", {}).get(rid, ())) for rid in scheduled}
-        tables = {rid: self.manager.get_block_ids(rid) for rid in scheduled}
         problems = []
         for rid, (computed, count) in scheduled.items():
-            problems += self._forward(rid, computed, count - len(drafts[rid]), ATTENTION_KINDS)
+            problems += self._forward(rid, tables[rid], computed, count - len(drafts[rid]), ATTENTION_KINDS)
         problems += self._read("forward pass", {rid: c for rid, (c, _) in scheduled.items() if rid not in discarded})
         sampled = []
         for rid, (computed, count) in scheduled.items():
-            self._forward(rid, computed, count - len(drafts[rid]), ("mamba",))
+            self._forward(rid, tables[rid], computed, count - len(drafts[rid]), ("mamba",))
             request = self.scheduler.requests[rid]
             if computed + count - len(drafts[rid]) < request.num_tokens:
                 sampled.append([])  # a prefill chunk: nothing sampled
@@ -259,12 +257,12 @@ class SchedulerHarness:
 
     # --- the model runner's and the worker's part ------------------------------------------
 
-    def _forward(self, request_id: str, start: int, count: int, kinds: tuple[str, ...]) -> list[Violation]:
+    def _forward(self, request_id: str, tables: tuple[list[int], ...], start: int, count: int,
+                 kinds: tuple[str, ...]) -> list[Violation]:
         """The forward pass computes tokens ``[start, start + count)`` into
-        the request's blocks of groups of ``kinds``, every one of which must
-        have a slot."""
+        the request's ``tables``, in groups of ``kinds``, every one of which
+        must have a slot."""
         request = self.scheduler.requests[request_id]
-        tables = self.manager.get_block_ids(request_id)
         problems = []
         for g, (group, table) in enumerate(zip(self.rules_layout.groups, tables, strict=True)):
             if group.kind not in kinds:
@@ -368,3 +366,19 @@ def scheduler_machine(layout: ManagerLayout, *, load_modes: tuple[str, ...] = LO
 
     SchedulerMachine.__name__ = "SchedulerMachine"
     return SchedulerMachine
+
+
+def search(layout: ManagerLayout, load_modes: tuple[str, ...], examples: int) -> str | None:
+    """Run :func:`scheduler_machine` on ``layout`` for ``examples``
+    derandomized examples: ``None`` when nothing breaks, else the failure
+    (the broken rules and the trace)."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    try:
+        run_state_machine_as_test(scheduler_machine(layout, load_modes=load_modes), settings=settings(
+            max_examples=examples, stateful_step_count=40, deadline=None, derandomize=True, database=None,
+            suppress_health_check=list(HealthCheck), report_multiple_bugs=False))
+    except AssertionError as failure:
+        return str(failure)
+    return None

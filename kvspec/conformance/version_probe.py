@@ -53,15 +53,12 @@ def _scheduler_findings() -> dict[str, dict[str, Any]]:
 
 
 def _search(examples: int) -> dict[str, dict[str, Any]]:
-    from hypothesis import HealthCheck, settings
-    from hypothesis.stateful import run_state_machine_as_test
-
     from kvspec.conformance.scheduler_machine import (
         DRAFTS_PER_STEP,
         LOAD_MODES,
         SCHEDULER_LAYOUTS,
         SchedulerHarness,
-        scheduler_machine,
+        search,
     )
 
     out = {}
@@ -77,13 +74,13 @@ def _search(examples: int) -> dict[str, dict[str, Any]]:
             out[name] = {"status": "n/a", "detail": f"{type(error).__name__}: {error}"[:300], "seconds": 0.0}
             continue
         try:
-            run_state_machine_as_test(scheduler_machine(layout, load_modes=modes), settings=settings(
-                max_examples=examples, stateful_step_count=40, deadline=None, derandomize=True, database=None,
-                suppress_health_check=list(HealthCheck), report_multiple_bugs=False))
+            failure = search(layout, modes, examples)
+        except Exception as error:  # the machine itself could not run
+            failure = f"{type(error).__name__}: {error}"
+        if failure is None:
             status, detail = "clean", f"{examples} examples"
-        except Exception as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            status, detail = "finds", first
+        else:
+            status, detail = "finds", failure.strip().splitlines()[0] if failure.strip() else "AssertionError"
         out[name] = {"status": status, "detail": detail[:300], "seconds": round(time.monotonic() - start, 1)}
     return out
 
