@@ -6,6 +6,9 @@ manager machine over model layouts -- and prints one line per layout; a
 failing layout's minimal run is printed step by step and saved as a trace.
 ``kvspec replay TRACE.json`` runs a saved trace again, against the target
 that produced it or another, and shows the step where it diverges.
+``kvspec vectors generate --out DIR`` writes the spec's behaviour as
+language-neutral JSON vectors (docs/VECTORS.md); ``kvspec vectors check DIR
+--target T`` replays them against a target.
 
 Exit codes: 0 conforms, 1 a rule was broken (or the target diverged from
 the spec), 2 usage or environment error (one line, no traceback).
@@ -40,6 +43,9 @@ from kvspec.conformance.runner import (
 )
 from kvspec.conformance.settings import PROFILES, manager_settings
 from kvspec.conformance.trace import Trace, TraceError
+from kvspec.conformance.vector_corpus import SIZES, generate
+from kvspec.conformance.vectors import HASH_SEED, check, read
+from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
 
@@ -319,12 +325,88 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also compare with vLLM's worker MultiGroupBlockTable (needs vLLM)")
     ker.set_defaults(func=kernels_command)
 
+    vec = sub.add_parser("vectors", help="language-neutral conformance vectors: generate them, check a target")
+    vsub = vec.add_subparsers(dest="vectors_command", required=True)
+    gen = vsub.add_parser("generate", help="derive the vectors corpus from the spec")
+    gen.add_argument("--out", required=True, help="the directory to write (created; existing vectors are replaced)")
+    gen.add_argument("--size", default="ci", choices=sorted(SIZES),
+                     help="how many machine walks per layout (default ci)")
+    gen.set_defaults(func=vectors_generate)
+    chk = vsub.add_parser("check", help="replay a vectors corpus against a target")
+    chk.add_argument("dir", help="a directory of vectors (or one vector file)")
+    chk.add_argument("--target", default="impl", help="impl, spec, vllm, or module:factory (default impl)")
+    chk.add_argument("--scope", default="all", choices=["pool", "manager", "all"],
+                     help="the vectors to replay (default all; a module:factory target serves one scope)")
+    chk.add_argument("--known-findings", action="store_true",
+                     help="a vector exercising one of the target's known findings may diverge")
+    chk.add_argument("--verbose", action="store_true", help="one line per vector, not only the failures")
+    chk.set_defaults(func=vectors_check)
+
     # Listed for `kvspec --help` only: main() hands `prove` its arguments before parsing.
     sub.add_parser(
         "prove", add_help=False,
         help="prove the CrossHair obligations over the pool model and impl's own code (kvspec prove --help)",
     )
     return parser
+
+
+def vectors_generate(args: argparse.Namespace) -> int:
+    """``kvspec vectors generate``: the corpus, and what it exercises."""
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+    for old in out.glob("*/**/*.json") if out.is_dir() else []:
+        old.unlink()  # a vector the spec no longer yields must not linger
+    corpus = generate(out, args.size)
+    operations = sum(f["steps"] for f in corpus.files)
+    print(f"{len(corpus.files)} vectors, {operations} operations, written to {out}")
+    print(f"rules exercised: {len(corpus.rules)} of {len(RULES)}"
+          + (f" (none exercise {', '.join(corpus.unexercised)})" if corpus.unexercised else ""))
+    if corpus.coverage:
+        c = corpus.coverage
+        print(f"spec branches exercised: {c['taken']} of {c['branches']} ({100 * c['taken'] / c['branches']:.0f}%)")
+    else:
+        print("spec branches: not measured (install coverage.py)")
+    return 0
+
+
+def vectors_check(args: argparse.Namespace) -> int:
+    """``kvspec vectors check``: replay every vector; exit 1 on any difference or unreadable file."""
+    root = Path(args.dir)
+    if not root.exists():
+        raise UsageError(f"no such vectors directory or file: {root}")
+    scopes = list(SCOPES) if args.scope == "all" else [args.scope]
+    if ":" in args.target and len(scopes) > 1:
+        raise UsageError("a module:factory target serves one scope: add --scope pool or --scope manager")
+    if args.target == "vllm" and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
+        raise UsageError(f"vectors are hashed as under PYTHONHASHSEED={HASH_SEED}, and vLLM roots its hashes "
+                         f"at start-up: run with PYTHONHASHSEED={HASH_SEED}")
+    factories = {scope: resolve_target(args.target, scope) for scope in scopes}
+    known = frozenset(f.id for f in known_findings(args.target)) if args.known_findings else frozenset()
+    _quiet_loggers()
+
+    def show(path: Path, problems: list[str]) -> None:
+        name = path.relative_to(root) if root.is_dir() else path
+        expected = sorted(set(read(path).get("findings", [])) & known) if problems else []
+        if expected:
+            print(f"known {name} ({', '.join(expected)})")
+        elif problems:
+            print(f"FAIL {name}")
+            for line in problems[:3]:
+                print(f"     {line}")
+        elif args.verbose:
+            print(f"ok   {name}")
+
+    report = check(root, factories, known, on_file=show)
+    for why in report.unreadable.values():
+        print(f"UNREADABLE {why}")
+    replayed = len(report.files) - len(report.unreadable) - len(report.skipped)
+    print(f"{replayed} vectors replayed against {args.target}: {len(report.differences)} differ, "
+          f"{len(report.known)} diverge as known findings, {len(report.unreadable)} unreadable"
+          + (f", {len(report.skipped)} of another scope not replayed" if report.skipped else ""))
+    if not report.files:
+        print(f"no vector files under {root}")
+    return 0 if report.ok else 1
 
 
 def prove_command(argv: list[str]) -> int:

@@ -33,6 +33,7 @@ This module is the single home of hashing for both ``kvspec.spec`` and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -124,6 +125,18 @@ def init_none_hash(hash_fn: Callable[[Any], bytes] = sha256_cbor) -> BlockHash:
 def root_hash(seed: str, hash_fn: Callable[[Any], bytes] = sha256_cbor) -> BlockHash:
     """The root hash a process started with ``PYTHONHASHSEED=seed`` uses."""
     return BlockHash(hash_fn(seed))
+
+
+@contextlib.contextmanager
+def rooted_at(seed: str) -> Iterator[BlockHash]:
+    """Root every hash chain, for the duration, as a process started with
+    ``PYTHONHASHSEED=seed`` does (conformance vectors are rooted at ``"0"``)."""
+    global NONE_HASH
+    saved, NONE_HASH = NONE_HASH, root_hash(seed)
+    try:
+        yield NONE_HASH
+    finally:
+        NONE_HASH = saved
 
 
 init_none_hash()

@@ -178,6 +178,7 @@ class ManagerTarget(Protocol):
         num_encoder_tokens: int = 0,
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
     ) -> tuple[list[int], ...] | None: ...
 
     def free(self, request: Any) -> None: ...

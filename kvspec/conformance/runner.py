@@ -33,15 +33,9 @@ from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.spec_manager_target import SpecManagerTarget
 from kvspec.conformance.targets import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget, VllmPoolTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
+from kvspec.spec.catalogue import LEVELS
 
 SCOPES = ("pool", "manager")
-
-LEVELS: dict[str, frozenset[str]] = {
-    # the rules a level does not ask for; L3 also compares every observation with the spec
-    "L1": frozenset({"hit-optimality", "free-order"}),
-    "L2": frozenset({"free-order"}),
-    "L3": frozenset(),
-}
 
 
 def rules_checked(scope: str, level: str) -> list[str]:
@@ -162,10 +156,11 @@ def manager_layout(name: str) -> ManagerLayout:
 
 
 def machine_for(
-    scope: str, layout: str, target: str, level: str, avoid: frozenset[str] = frozenset()
+    scope: str, layout: str, target: str | Callable[..., Any], level: str, avoid: frozenset[str] = frozenset()
 ) -> type[CheckingMachine]:
-    """The machine class checking ``target`` over one layout at ``level``,
-    not sending the inputs named in ``avoid``."""
+    """The machine class checking ``target`` (a name for
+    :func:`resolve_target`, or a factory) over one layout at ``level``, not
+    sending the inputs named in ``avoid``."""
     if scope not in SCOPES:
         raise SetupError(f"unknown scope {scope!r}: use one of {SCOPES}")
     if level not in LEVELS:
@@ -173,7 +168,7 @@ def machine_for(
     if not is_layout(scope, layout):
         extra = f" or {', '.join(model_layout_names())}" if scope == "manager" else ""
         raise SetupError(f"no {scope} layout named {layout!r}: use one of {layout_names(scope)}{extra}")
-    factory = resolve_target(target, scope)
+    factory = resolve_target(target, scope) if isinstance(target, str) else target
     lockstep, ignore = level == "L3", LEVELS[level]
     if scope == "pool":
         machine = pool_machine(factory, LAYOUTS[layout], lockstep=lockstep, ignore_rules=ignore, avoid=avoid)
@@ -329,7 +324,7 @@ class ReplayOutcome:
 
 
 def replay(
-    trace: Trace, target: str, level: str, on_step: Callable[[int, Any], None] | None = None
+    trace: Trace, target: str | Callable[..., Any], level: str, on_step: Callable[[int, Any], None] | None = None
 ) -> ReplayOutcome:
     """Replay ``trace``'s decisions against ``target`` at ``level``.
     ``on_step(i, step)`` sees each step as this target ran it."""

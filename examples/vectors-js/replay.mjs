@@ -1,0 +1,307 @@
+// A block pool in JavaScript, checked against kvspec's conformance vectors.
+//
+// This file knows nothing of kvspec's Python code: it reads the vector
+// format (docs/VECTORS.md) and implements the pool chapter of the spec
+// (spec/README.md, "The pool") from its prose.  It proves the format stands
+// alone: a second implementation in a second language replays every pool
+// vector and agrees on every result, refusal, state and event.
+//
+//   node examples/vectors-js/replay.mjs DIR     (every *.json under DIR; manager vectors are skipped)
+//
+// Exit 0 when every pool vector agrees, 1 when one differs or cannot be read.
+
+import { readFileSync, readdirSync, statSync } from "node:fs";
+import { basename, join } from "node:path";
+
+const NULL_BLOCK = 0;
+const GROUP_ID_BYTES = 4;
+const MAX_GROUP_ID = 2 ** (8 * GROUP_ID_BYTES) - 1;
+
+class Refusal extends Error {
+  constructor(kind, message) {
+    super(message);
+    this.kind = kind; // "ValueError" or "TypeError", as the vectors record refusals
+  }
+}
+
+const isInt = (v) => typeof v === "number" && Number.isInteger(v);
+const isBytes = (v) => v !== null && typeof v === "object" && typeof v.bytes === "string";
+
+function requireCount(n, what) {
+  if (!isInt(n)) throw new Refusal("TypeError", `${what} must be an int, got ${JSON.stringify(n)}`);
+  if (n < 0) throw new Refusal("ValueError", `${what} must be >= 0, got ${n}`);
+  return n;
+}
+
+// A hash's form in events: the low 64 bits of the big-endian integer,
+// written as a JSON number when JavaScript can hold it exactly.
+function eventHash(hex) {
+  const value = BigInt("0x" + hex.slice(-16));
+  return value < 2n ** 53n ? Number(value) : { int: value.toString() };
+}
+
+class Pool {
+  constructor({ num_blocks, enable_caching, hash_block_size, enable_kv_cache_events }) {
+    this.numBlocks = num_blocks;
+    this.caching = enable_caching;
+    this.hashBlockSize = hash_block_size;
+    this.eventsOn = enable_kv_cache_events;
+    this.ref = new Array(num_blocks).fill(0);
+    this.free = Array.from({ length: num_blocks - 1 }, (_, i) => i + 1); // head first; block 0 is the null block
+    this.keyOf = new Map(); // block -> key (hash hex + group as 4 big-endian bytes)
+    this.table = new Map(); // key -> blocks, oldest first
+    this.events = [];
+  }
+
+  requireBlock(id) {
+    if (!isInt(id)) throw new Refusal("TypeError", `block id must be an int, got ${JSON.stringify(id)}`);
+    if (id < 0 || id >= this.numBlocks) throw new Refusal("ValueError", `block id ${id} is outside the pool`);
+    return id;
+  }
+
+  static requireGroup(g) {
+    if (!isInt(g)) throw new Refusal("TypeError", `group id must be an int, got ${JSON.stringify(g)}`);
+    if (g < 0 || g > MAX_GROUP_ID) throw new Refusal("ValueError", `group id ${g} does not fit in 4 bytes`);
+    return g;
+  }
+
+  static key(hashHex, group) {
+    return hashHex + group.toString(16).padStart(2 * GROUP_ID_BYTES, "0");
+  }
+
+  evict(block) {
+    const key = this.keyOf.get(block);
+    if (key === undefined) return;
+    this.keyOf.delete(block);
+    const blocks = this.table.get(key).filter((b) => b !== block);
+    if (blocks.length) this.table.set(key, blocks);
+    else this.table.delete(key);
+    if (this.eventsOn) {
+      const hashHex = key.slice(0, -2 * GROUP_ID_BYTES);
+      const group = parseInt(key.slice(-2 * GROUP_ID_BYTES), 16);
+      this.events.push({ event: "removed", group, block_hash: eventHash(hashHex) });
+    }
+  }
+
+  // --- operations (each refusal leaves the pool unchanged) ---
+
+  get_new_blocks({ num_blocks }) {
+    requireCount(num_blocks, "block count");
+    if (num_blocks > this.free.length) throw new Refusal("ValueError", `only ${this.free.length} blocks are free`);
+    const taken = this.free.splice(0, num_blocks);
+    for (const b of taken) {
+      this.evict(b); // a cached block being reused loses its key first
+      this.ref[b] = 1;
+    }
+    return taken;
+  }
+
+  touch({ block_ids }) {
+    const ids = block_ids.map((b) => this.requireBlock(b));
+    for (const b of ids) {
+      if (b === NULL_BLOCK) continue;
+      if (this.ref[b] === 0) this.free.splice(this.free.indexOf(b), 1);
+      this.ref[b] += 1;
+    }
+    return null;
+  }
+
+  free_blocks({ block_ids }) {
+    const ids = block_ids.map((b) => this.requireBlock(b));
+    const drops = new Map();
+    for (const b of ids) if (b !== NULL_BLOCK) drops.set(b, (drops.get(b) ?? 0) + 1);
+    for (const [b, n] of drops) {
+      if (n > this.ref[b]) throw new Refusal("ValueError", `block ${b} freed ${n} times, held ${this.ref[b]}`);
+    }
+    const plain = [];
+    const cached = [];
+    for (const b of ids) {
+      if (b === NULL_BLOCK) continue;
+      this.ref[b] -= 1;
+      if (this.ref[b] === 0) (this.keyOf.has(b) ? cached : plain).push(b);
+    }
+    this.free = [...plain, ...this.free, ...cached]; // no key: reused first; cached: least recently used first
+    return null;
+  }
+
+  get_cached_block({ block_hash, group_ids }) {
+    if (!isBytes(block_hash)) throw new Refusal("TypeError", "block hash must be bytes");
+    const hits = [];
+    for (const g of group_ids) {
+      const blocks = this.table.get(Pool.key(block_hash.bytes, Pool.requireGroup(g)));
+      if (!blocks) return null;
+      hits.push(blocks[0]);
+    }
+    return hits;
+  }
+
+  cache_full_blocks({ request, block_ids, num_cached_blocks, num_full_blocks, block_size, group_id, block_mask = null }) {
+    if (!this.caching) throw new Refusal("ValueError", "prefix caching is disabled on this pool");
+    Pool.requireGroup(group_id);
+    requireCount(block_size, "block_size");
+    if (block_size === 0 || block_size % this.hashBlockSize) throw new Refusal("ValueError", "block size incoherent");
+    requireCount(num_cached_blocks, "num_cached_blocks");
+    requireCount(num_full_blocks, "num_full_blocks");
+    if (num_cached_blocks >= num_full_blocks) return null;
+    if (num_full_blocks > block_ids.length) throw new Refusal("ValueError", "more full blocks than blocks");
+    // Block i at this block size is named by fine hash (i + 1) * scale - 1.
+    const scale = block_size / this.hashBlockSize;
+    const fine = request.block_hashes;
+    const hashes = Array.from({ length: Math.floor(fine.length / scale) }, (_, i) => fine[(i + 1) * scale - 1]);
+    if (hashes.length < num_full_blocks) throw new Refusal("ValueError", "too few hashes");
+    const fresh = Array.from({ length: num_full_blocks - num_cached_blocks }, (_, j) => num_cached_blocks + j);
+    if (block_mask !== null && block_mask.length !== fresh.length) throw new Refusal("ValueError", "mask length");
+    const chosen = fresh.filter((i, j) => this.requireBlock(block_ids[i]) !== NULL_BLOCK && (block_mask === null || block_mask[j]));
+    for (const i of chosen) {
+      const b = block_ids[i];
+      if (this.ref[b] <= 0) throw new Refusal("ValueError", `block ${b} is cached but nobody holds it`);
+      if (this.keyOf.has(b)) throw new Refusal("ValueError", `block ${b} already carries a hash`);
+    }
+    if (new Set(chosen.map((i) => block_ids[i])).size !== chosen.length) throw new Refusal("ValueError", "aliasing");
+    for (const i of chosen) {
+      const key = Pool.key(hashes[i], group_id);
+      this.keyOf.set(block_ids[i], key);
+      this.table.set(key, [...(this.table.get(key) ?? []), block_ids[i]]);
+    }
+    if (this.eventsOn) this.events.push(storedEvent(request, hashes, fresh, chosen, block_size, group_id));
+    return null;
+  }
+
+  evict_blocks({ block_ids }) {
+    const ids = (block_ids.set ?? block_ids).map((b) => this.requireBlock(b));
+    for (const b of ids) this.evict(b);
+    return null;
+  }
+
+  reset_prefix_cache() {
+    if (this.free.length !== this.numBlocks - 1) return false;
+    this.keyOf.clear();
+    this.table.clear();
+    if (this.eventsOn) this.events.push({ event: "cleared" });
+    return true;
+  }
+
+  state() {
+    const cached = {};
+    for (const b of [...this.keyOf.keys()].sort((x, y) => x - y)) cached[String(b)] = this.keyOf.get(b);
+    const table = {};
+    for (const k of [...this.table.keys()].sort()) table[k] = this.table.get(k);
+    return { ref: [0, ...this.ref.slice(1)], free: this.free, cached, table };
+  }
+}
+
+// The event one caching call emits: the new hashes, the parent's, the tokens
+// of the whole range, and per cached block its extra keys (LoRA name, then
+// the cache salt on the first block).
+function storedEvent(request, hashes, fresh, chosen, blockSize, group) {
+  const first = fresh[0];
+  const end = fresh[fresh.length - 1] + 1;
+  const extra = chosen.map((i) => {
+    const keys = [];
+    if (request.lora) keys.push(request.lora.lora[0]);
+    if (request.mm_features.length || request.prompt_embeds) throw new Error("multimodal and embedded prompts are not part of this replayer");
+    if (i === 0 && request.cache_salt) keys.push(request.cache_salt);
+    return keys.length ? keys : null;
+  });
+  return {
+    event: "stored",
+    group,
+    block_hashes: chosen.map((i) => eventHash(hashes[i])),
+    parent_block_hash: first === 0 ? null : eventHash(hashes[first - 1]),
+    token_ids: request.all_token_ids.slice(first * blockSize, end * blockSize),
+    block_size: blockSize,
+    lora_id: request.lora ? request.lora.lora[1] : null,
+    lora_name: request.lora ? request.lora.lora[0] : null,
+    extra_keys: extra.length ? extra : null,
+  };
+}
+
+// --- replaying ---
+
+const canonical = (v) =>
+  JSON.stringify(v, (_, x) => (x && typeof x === "object" && !Array.isArray(x) ? Object.fromEntries(Object.entries(x).sort()) : x));
+const same = (a, b) => canonical(a) === canonical(b);
+
+function replay(vector) {
+  const pool = new Pool(vector.config);
+  const expected = { ...vector.initial_state };
+  const problems = [];
+  const compareState = (where) => {
+    const got = pool.state();
+    for (const [part, value] of Object.entries(expected)) {
+      if (!same(got[part], value)) problems.push(`${where}: ${part} is ${canonical(got[part])}, expected ${canonical(value)}`);
+    }
+  };
+  compareState("initial state");
+  for (const [n, step] of vector.steps.entries()) {
+    const where = `step ${n + 1} ${step.op}`;
+    const args = { ...step.args };
+    if (args.request) {
+      const id = args.request.request;
+      const progress = step.progress[id];
+      const identity = vector.requests[id];
+      args.request = { ...identity, block_hashes: progress.block_hashes,
+                       all_token_ids: [...identity.prompt_token_ids, ...progress.output_token_ids] };
+    }
+    let result = null;
+    let refusal = null;
+    try {
+      result = pool[step.op](args);
+    } catch (error) {
+      if (!(error instanceof Refusal)) throw error;
+      refusal = error;
+    }
+    if ("refused" in step) {
+      if (!refusal) problems.push(`${where}: accepted, expected a ${step.refused} refusal`);
+      else if (refusal.kind !== step.refused) problems.push(`${where}: refused with ${refusal.kind}, expected ${step.refused}`);
+    } else if (refusal) {
+      problems.push(`${where}: refused (${refusal.message}), expected ${canonical(step.result)}`);
+    } else if (!same(result, step.result)) {
+      problems.push(`${where}: returned ${canonical(result)}, expected ${canonical(step.result)}`);
+    }
+    Object.assign(expected, step.state ?? {});
+    compareState(where);
+    const events = pool.events.splice(0);
+    if (!same(events, step.events ?? [])) problems.push(`${where}: events ${canonical(events)}, expected ${canonical(step.events ?? [])}`);
+    if (problems.length) return problems;
+  }
+  return problems;
+}
+
+function files(root) {
+  if (statSync(root).isFile()) return [root];
+  return readdirSync(root, { recursive: true })
+    .filter((f) => f.endsWith(".json") && !["index.json", "coverage.json"].includes(basename(f)))
+    .map((f) => join(root, f))
+    .sort();
+}
+
+const root = process.argv[2];
+if (!root) {
+  console.error("usage: node replay.mjs VECTORS_DIR");
+  process.exit(2);
+}
+let replayed = 0, differ = 0, unreadable = 0, skipped = 0;
+for (const path of files(root)) {
+  let vector;
+  try {
+    vector = JSON.parse(readFileSync(path, "utf8"));
+    if (vector.kvspec_vectors !== 1) throw new Error(`format ${vector.kvspec_vectors}, this replayer reads 1`);
+  } catch (error) {
+    unreadable += 1;
+    console.log(`UNREADABLE ${path}: ${error.message}`);
+    continue;
+  }
+  if (vector.scope !== "pool") {
+    skipped += 1;
+    continue;
+  }
+  replayed += 1;
+  const problems = replay(vector);
+  if (problems.length) {
+    differ += 1;
+    console.log(`FAIL ${path}\n     ${problems.slice(0, 3).join("\n     ")}`);
+  }
+}
+console.log(`${replayed} pool vectors replayed in JavaScript: ${differ} differ, ${unreadable} unreadable, ${skipped} manager vectors skipped`);
+process.exit(differ || unreadable || replayed === 0 ? 1 : 0);

@@ -1,0 +1,561 @@
+"""The vectors corpus: what ``kvspec vectors generate`` writes.
+
+Three sources, every vector recorded from the spec itself:
+
+- **edge cases** written by hand for the pool (:data:`POOL_CASES`): an
+  empty pool, an exact fit, LRU eviction, a hit taken from inside the
+  queue, one key naming two blocks, masks and null slots, two groups of
+  different block sizes, eviction by id, reset refused then accepted,
+  caching off, tenants, and every kind of bad input;
+- **walks**: the conformance machines over every pool and manager layout
+  with the spec as the target (derandomized, so the corpus is the same on
+  every run of one Hypothesis version);
+- **findings**: each known finding's saved trace replayed on the spec --
+  the spec's answer where the implementation went wrong.
+
+The corpus's ``index.json`` lists every file with the rules it exercises
+(:func:`kvspec.conformance.vectors.exercised`); ``INDEX.md`` lists, per
+rule, the vectors that exercise it; with coverage.py installed the spec's
+branch coverage over the whole generation goes to ``coverage.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+import kvspec.spec
+from kvspec.conformance.findings import FINDINGS, inputs_to_avoid
+from kvspec.conformance.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.pool_machine import LAYOUTS, PoolLayout
+from kvspec.conformance.vectors import HASH_SEED, Recorder, Vector, config_of, exercised, write
+from kvspec.hashing import get_request_block_hasher, rooted_at
+from kvspec.request import LoRARequest, Request
+from kvspec.spec.catalogue import RULES
+from kvspec.spec.pool import SpecBlockPool
+
+SPEC_DIR = Path(kvspec.spec.__file__).resolve().parent
+
+
+# --- hand-written pool cases ------------------------------------------------------------------
+
+
+@dataclass
+class PoolCase:
+    """A scripted pool case: ``run(pool, req)`` drives a recording pool;
+    ``req(id, tokens, **kw)`` makes a request hashed at the pool's size.
+    ``findings``: the known findings its inputs reach."""
+
+    name: str
+    description: str
+    layout: PoolLayout
+    run: Callable[[Any, Callable[..., Request]], None]
+    findings: tuple[str, ...] = ()
+
+
+def _refused(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except (ValueError, TypeError):
+        return
+    raise AssertionError(f"the spec accepted {fn.__name__}{args}: the case expects a refusal")
+
+
+def _empty_pool(p, req):
+    p.get_new_blocks(0)
+    _refused(p.get_new_blocks, 1)
+    p.free_blocks([0])
+    p.touch([0])
+    p.reset_prefix_cache()
+
+
+def _exact_fit(p, req):
+    blocks = p.get_new_blocks(4)
+    _refused(p.get_new_blocks, 1)
+    p.free_blocks(blocks[::-1])
+    p.get_new_blocks(4)
+
+
+def _hit_from_inside_the_queue(p, req):
+    r = req("a", [0, 1, 0, 1, 1])
+    blocks = p.get_new_blocks(3)
+    p.cache_full_blocks(r, blocks, 0, 2, 2, 0)
+    p.free_blocks(blocks[::-1])  # the tail block (no hash) to the head, the cached two to the tail
+    b = req("b", [0, 1, 0, 1, 0, 0])
+    (first,) = p.get_cached_block(b.block_hashes[0], [0])
+    p.touch([first])
+    (second,) = p.get_cached_block(b.block_hashes[1], [0])
+    p.touch([second])
+    p.get_cached_block(b.block_hashes[2], [0])  # a miss
+    p.free_blocks([second, first])
+
+
+def _shared_prefix(p, req):
+    a = req("a", [1, 1, 0, 1, 0])
+    blocks_a = p.get_new_blocks(3)
+    p.cache_full_blocks(a, blocks_a, 0, 2, 2, 0)
+    b = req("b", [1, 1, 0, 1, 1, 1])
+    hits = [p.get_cached_block(h, [0])[0] for h in b.block_hashes[:2]]
+    p.touch(hits)  # held by a and b: two references each
+    blocks_b = hits + p.get_new_blocks(1)
+    p.cache_full_blocks(b, blocks_b, 2, 3, 2, 0)
+    p.free_blocks(blocks_a[::-1])  # a leaves: the shared blocks stay held by b
+    p.free_blocks(blocks_b[::-1])
+
+
+def _lru_eviction(p, req):
+    a, b = req("a", [0, 0, 1, 1]), req("b", [1, 1, 0, 0, 1, 1])
+    blocks_a = p.get_new_blocks(2)
+    p.cache_full_blocks(a, blocks_a, 0, 2, 2, 0)
+    p.free_blocks(blocks_a[::-1])
+    blocks_b = p.get_new_blocks(1)  # the free queue's head: the oldest of a's blocks is not reused yet
+    p.free_blocks(blocks_b)
+    p.get_new_blocks(3)  # every free block: the cached ones are evicted, LRU first
+    p.get_cached_block(a.block_hashes[0], [0])
+    del b
+
+
+def _one_key_two_blocks(p, req):
+    a, b = req("a", [1, 0, 1, 0]), req("b", [1, 0, 1, 0])
+    blocks_a, blocks_b = p.get_new_blocks(2), p.get_new_blocks(2)
+    p.cache_full_blocks(a, blocks_a, 0, 2, 2, 0)
+    p.cache_full_blocks(b, blocks_b, 0, 2, 2, 0)  # computed twice: both cached under one key
+    p.get_cached_block(a.block_hashes[0], [0])  # the oldest
+    p.evict_blocks({blocks_a[0]})
+    p.get_cached_block(a.block_hashes[0], [0])  # now the other
+    p.free_blocks(blocks_a[::-1])
+    p.free_blocks(blocks_b[::-1])
+
+
+def _mask_and_null(p, req):
+    r = req("a", [0, 1, 1, 0, 0, 0, 1, 1])
+    blocks = p.get_new_blocks(3)
+    table = [0, *blocks]  # the first slot left the window: the null placeholder
+    p.cache_full_blocks(r, table, 0, 4, 2, 0, [True, True, False, True])
+    p.free_blocks(table[::-1])
+
+
+def _two_groups(p, req):
+    r = req("a", [0, 1, 1, 1])
+    small, big = p.get_new_blocks(2), p.get_new_blocks(1)
+    p.cache_full_blocks(r, small, 0, 2, 2, 0)
+    p.get_cached_block(r.block_hashes[1], [0, 1])  # group 1 misses: no hit at all
+    p.cache_full_blocks(r, big, 0, 1, 4, 1)  # block size 4: keyed by the second hash of size 2
+    p.get_cached_block(r.block_hashes[1], [0, 1])
+    p.free_blocks(big)
+    p.free_blocks(small[::-1])
+
+
+def _evict_by_id(p, req):
+    r = req("a", [0, 1, 1, 0])
+    blocks = p.get_new_blocks(2)
+    p.cache_full_blocks(r, blocks, 0, 2, 2, 0)
+    p.free_blocks([blocks[1]])
+    p.evict_blocks({blocks[0], blocks[1]})  # a held block and a free one: both lose their hash, keep their place
+    _refused(p.evict_blocks, {p.num_blocks})
+    p.free_blocks([blocks[0]])
+
+
+def _reset(p, req):
+    r = req("a", [0, 0, 0, 0])
+    blocks = p.get_new_blocks(2)
+    p.cache_full_blocks(r, blocks, 0, 2, 2, 0)
+    p.reset_prefix_cache()  # refused: blocks are in use
+    p.free_blocks(blocks[::-1])
+    p.reset_prefix_cache()
+    p.get_cached_block(r.block_hashes[0], [0])
+
+
+def _bad_input(p, req):
+    r = req("a", [0, 1, 0, 1])
+    blocks = p.get_new_blocks(2)
+    _refused(p.get_new_blocks, -1)
+    _refused(p.get_new_blocks, True)
+    _refused(p.get_new_blocks, p.get_num_free_blocks() + 1)
+    _refused(p.free_blocks, [blocks[0], blocks[0]])  # held once, freed twice
+    _refused(p.free_blocks, [p.num_blocks])
+    _refused(p.free_blocks, [-1])
+    _refused(p.touch, [p.num_blocks])
+    _refused(p.get_cached_block, "not-bytes", [0])
+    _refused(p.get_cached_block, r.block_hashes[0], [-1])
+    _refused(p.cache_full_blocks, r, blocks, 0, 2, 3, 0)  # block size not a multiple of 2
+    _refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0, [True])  # mask too short
+    _refused(p.cache_full_blocks, r, blocks, 0, 3, 2, 0)  # more full blocks than given
+    p.cache_full_blocks(r, blocks, 0, 2, 2, 0)
+    _refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0)  # already carry hashes
+    p.free_blocks(blocks[::-1])
+    _refused(p.cache_full_blocks, req("b", [1, 1]), [blocks[0]], 0, 1, 2, 0)  # nobody holds it
+
+
+def _caching_off(p, req):
+    r = req("a", [0, 1, 0, 1])
+    blocks = p.get_new_blocks(2)  # the managers above never ask a pool that does not cache to cache
+    p.get_cached_block(r.block_hashes[0], [0])
+    p.free_blocks(blocks[::-1])
+    p.reset_prefix_cache()
+
+
+def _tenants(p, req):
+    plain = req("plain", [1, 1, 0, 0])
+    salted = req("salted", [1, 1, 0, 0], cache_salt="tenant-b")
+    adapted = req("adapted", [1, 1, 0, 0], lora_request=LoRARequest("adapter-a", 1))
+    held = []
+    for r in (plain, salted, adapted):
+        blocks = p.get_new_blocks(2)
+        p.cache_full_blocks(r, blocks, 0, 2, 2, 0)
+        held.append(blocks)
+    for r in (plain, salted, adapted):
+        p.get_cached_block(r.block_hashes[1], [0])  # three keys for one token prefix
+    for blocks in held:
+        p.free_blocks(blocks[::-1])
+
+
+POOL_CASES: tuple[PoolCase, ...] = (
+    PoolCase("empty-pool", "a pool of the null block alone: nothing to take, the null block skipped",
+             PoolLayout(num_blocks=1, hash_block_size=2, group_block_sizes=(2,)), _empty_pool),
+    PoolCase("exact-fit", "every free block taken, one more refused, all freed and taken again",
+             PoolLayout(num_blocks=5, hash_block_size=2, group_block_sizes=(2,)), _exact_fit),
+    PoolCase("hit-from-inside-the-queue", "cached blocks freed to the tail, then hit and touched out of the queue",
+             PoolLayout(num_blocks=6, hash_block_size=2, group_block_sizes=(2,)), _hit_from_inside_the_queue),
+    PoolCase("shared-prefix", "a second request takes the first one's cached prefix while it still runs",
+             PoolLayout(num_blocks=6, hash_block_size=2, group_block_sizes=(2,)), _shared_prefix),
+    PoolCase("lru-eviction", "plain blocks are reused before cached ones; cached ones least recently used first",
+             PoolLayout(num_blocks=4, hash_block_size=2, group_block_sizes=(2,)), _lru_eviction),
+    PoolCase("one-key-two-blocks", "a prefix computed twice: one key, two blocks, the oldest is the hit",
+             PoolLayout(num_blocks=6, hash_block_size=2, group_block_sizes=(2,)), _one_key_two_blocks),
+    PoolCase("mask-and-null", "caching skips the null placeholder and masked-out blocks; one event for the range",
+             PoolLayout(num_blocks=6, hash_block_size=2, group_block_sizes=(2,)), _mask_and_null),
+    PoolCase("two-groups", "a lookup across groups hits only if every group hits; block size 4 over hashes of 2",
+             PoolLayout(num_blocks=6, hash_block_size=2, group_block_sizes=(2, 4)), _two_groups),
+    PoolCase("evict-by-id", "evicting by id drops the hash, not the block's place or references",
+             PoolLayout(num_blocks=4, hash_block_size=2, group_block_sizes=(2,)), _evict_by_id),
+    PoolCase("reset", "reset refused while a block is in use, then accepted: every hash gone",
+             PoolLayout(num_blocks=4, hash_block_size=2, group_block_sizes=(2,)), _reset),
+    PoolCase("bad-input", "every kind of impossible call is refused and changes nothing",
+             PoolLayout(num_blocks=5, hash_block_size=2, group_block_sizes=(2,)), _bad_input, ("F1", "F2", "F3")),
+    PoolCase("caching-off", "with prefix caching off nothing hits and a reset is trivially accepted",
+             PoolLayout(num_blocks=4, hash_block_size=2, group_block_sizes=(2,), enable_caching=False), _caching_off),
+    PoolCase("tenants", "a cache salt and a LoRA adapter give one token prefix three keys",
+             PoolLayout(num_blocks=8, hash_block_size=2, group_block_sizes=(2,)), _tenants),
+)
+
+
+def pool_case_vector(case: PoolCase) -> Vector:
+    layout = case.layout
+    vector = Vector(f"pool/cases/{case.name}", "pool", config_of("pool", layout), case.description,
+                    list(case.findings))
+    pool = Recorder(SpecBlockPool(layout.num_blocks, layout.enable_caching, layout.hash_block_size, layout.events),
+                    vector)
+    hasher = get_request_block_hasher(layout.hash_block_size)
+    case.run(pool, lambda rid, tokens, **kw: Request(rid, tokens, block_hasher=hasher, **kw))
+    return vector
+
+
+# --- hand-written manager cases ----------------------------------------------------------------
+
+
+@dataclass
+class ManagerCase:
+    """A scripted scheduler: ``run(manager, req)`` drives a recording
+    manager over ``layout`` (a conformance layout's name), setting each
+    request's computed tokens as a scheduler would."""
+
+    name: str
+    description: str
+    layout: str
+    run: Callable[[Any, Callable[..., Request]], None]
+    findings: tuple[str, ...] = ()
+
+
+def _compute(m, r, num_new, hit=0, blocks=None, **kw):
+    """Allocate ``num_new`` tokens after those computed (and a hit of
+    ``hit`` blocks' tokens), and compute them."""
+    start = r.num_computed_tokens + hit + kw.get("num_external_computed_tokens", 0)
+    new = m.allocate_slots(r, num_new, hit, blocks, **kw)
+    if new is not None:
+        r.num_computed_tokens = start + num_new
+    return new
+
+
+def _prefill(m, r):
+    blocks, hit = m.get_computed_blocks(r)
+    return _compute(m, r, r.num_tokens - hit, hit, blocks), hit
+
+
+def _external_after_hits(m, req):
+    a = req("a", [0, 1] * 6)
+    _prefill(m, a)
+    m.free(a)
+    b = req("b", [0, 1] * 6 + [1, 1] * 4)
+    blocks, hit = m.get_computed_blocks(b)
+    _compute(m, b, b.num_tokens - hit - 4, hit, blocks, num_external_computed_tokens=4)
+    m.free(b)
+
+
+def _eagle_drop(m, req):
+    a = req("a", [1, 0] * 4)
+    _prefill(m, a)
+    m.free(a)
+    b = req("b", [1, 0] * 4 + [0, 0])
+    _prefill(m, b)  # the hit drops its last block: EAGLE recomputes it
+    m.free(b)
+
+
+def _window_release(m, req):
+    a = req("a", [0, 0, 1, 1] * 3)
+    _compute(m, a, 6)
+    _compute(m, a, 6)
+    m.remove_skipped_blocks(a.request_id, a.num_computed_tokens)  # the blocks before the window go
+    a.append_output_token_ids(1)
+    _compute(m, a, 1)
+    m.free(a)
+
+
+def _mamba_align_boundary(m, req):
+    a = req("a", [1, 1, 0] * 3 + [1])
+    _compute(m, a, 8)  # a chunk that ends on a block boundary: the state at 8 is kept
+    _compute(m, a, 2)
+    m.free(a)
+    m.new_step_starts()  # a state cached in this step cannot be hit before the next
+    b = req("b", [1, 1, 0] * 2 + [1, 1, 0, 0, 0, 0])
+    _prefill(m, b)  # hits the state after 8 tokens
+    m.free(b)
+
+
+def _reset_refused_then_accepted(m, req):
+    a = req("a", [0, 1, 1, 0])
+    _prefill(m, a)
+    m.reset_prefix_cache()
+    m.free(a)
+    m.reset_prefix_cache()
+    _prefill(m, req("b", [0, 1, 1, 0, 1]))
+    m.free(m.requests_seen["b"])
+
+
+def _refusals(m, req):
+    a = req("a", [0, 1] * 15)
+    _compute(m, a, 30)
+    b = req("b", [1, 1] * 15)
+    _compute(m, b, 30)  # the pool is short: None, nothing changes
+    _compute(m, b, 2, full_sequence_must_fit=True)  # the whole sequence must fit: None
+    for bad in (-1, 0):
+        try:
+            m.allocate_slots(req("bad", [0, 1]), bad)
+        except ValueError:
+            pass
+    m.free(a)
+
+
+MANAGER_CASES: tuple[ManagerCase, ...] = (
+    ManagerCase("external-after-hits", "hits in two groups taken before connector tokens are allocated",
+                "full+swa", _external_after_hits),
+    ManagerCase("eagle-drop", "with EAGLE the last hit block is dropped and recomputed", "full+swa-eagle",
+                _eagle_drop),
+    ManagerCase("window-release", "blocks that left the sliding window are released, the table keeps nulls",
+                "full+swa", _window_release),
+    ManagerCase("mamba-align-boundary", "Mamba align mode keeps the state at a chunk's block boundary and "
+                "serves it as a hit", "full+mamba-align", _mamba_align_boundary),
+    ManagerCase("reset-refused-then-accepted", "a reset is refused while a request holds blocks, accepted after",
+                "full", _reset_refused_then_accepted),
+    ManagerCase("refusals", "an allocation the pool cannot serve returns None and changes nothing; "
+                "negative and empty allocations are refused", "full", _refusals, ("F4",)),
+)
+
+
+def manager_case_vector(case: ManagerCase) -> Vector:
+    from kvspec.conformance.spec_manager_target import SpecManagerTarget
+
+    layout = MANAGER_LAYOUTS[case.layout]
+    vector = Vector(f"manager/cases/{case.name}", "manager", config_of("manager", layout), case.description,
+                    list(case.findings))
+    manager = Recorder(SpecManagerTarget(*layout.target_args()), vector)
+    hasher = get_request_block_hasher(layout.hash_block_size)
+    seen: dict[str, Request] = {}
+
+    def req(rid: str, tokens: list[int], **kw: Any) -> Request:
+        seen[rid] = Request(rid, tokens, block_hasher=hasher, **kw)
+        return seen[rid]
+
+    manager.requests_seen = seen
+    case.run(manager, req)
+    return vector
+
+
+# --- walks and findings ------------------------------------------------------------------------
+
+
+def _recording(scope: str, name: str, config: dict[str, Any], spec_factory: Callable[..., Any],
+               vectors: list[Vector], description: str) -> Callable[..., Any]:
+    def make(*args: Any) -> Recorder:
+        vector = Vector(f"{scope}/walks/{name}/{len(vectors):03d}", scope, config, description)
+        vectors.append(vector)
+        return Recorder(spec_factory(*args), vector)
+
+    make.__name__ = "recording_spec"
+    return make
+
+
+WALKS_AVOID = frozenset(i for t in {f.target for f in FINDINGS} for i in inputs_to_avoid(t)
+                        if not i.startswith("layout:"))
+"""Inputs the walks do not send: those of known findings, which have their
+own vectors -- so that a target with known findings still learns from
+every walk.  Walks over a finding's layout are tagged with the finding."""
+
+
+def walk_vectors(scope: str, name: str, examples: int, steps: int) -> list[Vector]:
+    """The machine's derandomized walks over layout ``name``, the spec as target."""
+    from kvspec.conformance.manager_machine import manager_machine
+    from kvspec.conformance.pool_machine import pool_machine
+    from kvspec.conformance.spec_manager_target import SpecManagerTarget
+
+    vectors: list[Vector] = []
+    if scope == "pool":
+        layout = LAYOUTS[name]
+        description = f"a walk of the pool machine over the {name} pool"
+        factory = _recording(scope, name, config_of(scope, layout), SpecBlockPool, vectors, description)
+        machine = pool_machine(factory, layout, lockstep=False, avoid=WALKS_AVOID)
+    else:
+        layout = MANAGER_LAYOUTS[name]
+        description = f"a walk of the manager machine (a scheduler in miniature) over the {name} layout"
+        factory = _recording(scope, name, config_of(scope, layout), SpecManagerTarget, vectors, description)
+        machine = manager_machine(factory, layout, avoid=WALKS_AVOID)
+    run_state_machine_as_test(machine, settings=settings(
+        derandomize=True, database=None, max_examples=examples, stateful_step_count=steps, deadline=None,
+        phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck)))
+    kept = [v for v in vectors if v.steps]
+    for i, v in enumerate(kept):
+        v.name = f"{scope}/walks/{name}/{i:03d}"
+        v.findings = [f.id for f in FINDINGS if f.avoid == f"layout:{name}"]
+    return kept
+
+
+def finding_vectors() -> list[Vector]:
+    """Each known finding's trace replayed on the spec: what the spec does
+    where the implementation the finding is about went wrong."""
+    from kvspec.conformance.runner import manager_layout, replay
+    from kvspec.conformance.spec_manager_target import SpecManagerTarget
+    from kvspec.conformance.trace import Trace
+
+    out = []
+    for finding in FINDINGS:
+        trace = Trace.load(finding.trace_path)
+        layout = LAYOUTS[trace.layout] if trace.scope == "pool" else manager_layout(trace.layout)
+        vector = Vector(f"{trace.scope}/findings/{finding.id}", trace.scope, config_of(trace.scope, layout),
+                        f"{finding.id} ({finding.target}): {finding.title}", findings=[finding.id])
+        spec = SpecBlockPool if trace.scope == "pool" else SpecManagerTarget
+
+        def make(*args: Any, _vector: Vector = vector, _spec: Any = spec) -> Recorder:
+            return Recorder(_spec(*args), _vector)
+
+        replay(trace, make, "L1")
+        out.append(vector)
+    return out
+
+
+# --- the corpus --------------------------------------------------------------------------------
+
+
+@dataclass
+class Corpus:
+    """What :func:`generate` wrote."""
+
+    root: Path
+    files: list[dict[str, Any]] = field(default_factory=list)
+    rules: dict[str, list[str]] = field(default_factory=dict)
+    coverage: dict[str, Any] | None = None
+
+    @property
+    def unexercised(self) -> list[str]:
+        return [r for r in RULES if not self.rules.get(r)]
+
+
+SIZES = {"cases": (0, 0, 0, 0), "quick": (3, 15, 2, 6), "ci": (6, 25, 3, 8), "long": (30, 50, 15, 15)}
+"""Per size: pool walks per layout and their steps, manager walks per layout
+and their steps.  ``cases``: the edge cases and findings alone -- what the
+repository keeps under ``vectors/`` (independent of Hypothesis's version)."""
+
+
+def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None = None,
+             measure_coverage: bool = True) -> Corpus:
+    """Write the corpus under ``out`` (see the module docstring)."""
+    if size not in SIZES:
+        raise ValueError(f"unknown corpus size {size!r}: use one of {sorted(SIZES)}")
+    cov = _start_coverage() if measure_coverage else None
+    try:
+        with rooted_at(HASH_SEED):
+            vectors = _all_vectors(size)
+    finally:
+        coverage = _stop_coverage(cov) if cov is not None else None
+    corpus = Corpus(out, coverage=coverage)
+    for vector in vectors:
+        path = out / f"{vector.name}.json"
+        write(vector, path)
+        rules = sorted(exercised(vector))
+        corpus.files.append({"path": f"{vector.name}.json", "scope": vector.scope, "steps": len(vector.steps),
+                             "findings": vector.findings, "rules": rules, "description": vector.description})
+        for rule in rules:
+            corpus.rules.setdefault(rule, []).append(f"{vector.name}.json")
+        if on_file:
+            on_file(vector.name)
+    _write_index(corpus)
+    return corpus
+
+
+def _all_vectors(size: str) -> list[Vector]:
+    pool_examples, pool_steps, manager_examples, manager_steps = SIZES[size]
+    vectors = [pool_case_vector(case) for case in POOL_CASES] + [manager_case_vector(c) for c in MANAGER_CASES]
+    for name in LAYOUTS if pool_examples else ():
+        vectors += walk_vectors("pool", name, pool_examples, pool_steps)
+    for name in MANAGER_LAYOUTS if manager_examples else ():
+        vectors += walk_vectors("manager", name, manager_examples, manager_steps)
+    return vectors + finding_vectors()
+
+
+def _start_coverage() -> Any:
+    try:
+        import coverage
+    except ImportError:
+        return None
+    cov = coverage.Coverage(branch=True, source=[str(SPEC_DIR)], data_file=None)
+    cov.start()
+    return cov
+
+
+def _stop_coverage(cov: Any) -> dict[str, Any]:
+    cov.stop()
+    report: dict[str, Any] = {"files": {}}
+    total_branches = total_taken = 0
+    for path in sorted(cov.get_data().measured_files()):
+        analysis = cov._analyze(path)  # coverage.py's public report API prints; this returns numbers
+        numbers = analysis.numbers
+        total_branches += numbers.n_branches
+        total_taken += numbers.n_branches - numbers.n_missing_branches
+        report["files"][Path(path).name] = {
+            "branches": numbers.n_branches, "taken": numbers.n_branches - numbers.n_missing_branches,
+            "lines": numbers.n_statements, "missed_lines": sorted(analysis.missing),
+        }
+    report["branches"], report["taken"] = total_branches, total_taken
+    return report
+
+
+def _write_index(corpus: Corpus) -> None:
+    index = {"kvspec_vectors_index": 1, "files": corpus.files, "rules": corpus.rules}
+    (corpus.root / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    if corpus.coverage:  # apart: it moves with every edit of the spec, the vectors do not
+        (corpus.root / "coverage.json").write_text(json.dumps(corpus.coverage, indent=1) + "\n")
+    lines = ["# Conformance vectors", "",
+             f"{len(corpus.files)} vectors ({sum(f['steps'] for f in corpus.files)} operations), derived from the "
+             "spec by `kvspec vectors generate`.  The format is described in kvspec's `docs/VECTORS.md`; "
+             "`index.json` lists every file with the rules it exercises.", ""]
+    for rule in RULES:
+        files = corpus.rules.get(rule, [])
+        lines += [f"## {rule}", "", f"{len(files)} vector{'' if len(files) == 1 else 's'}, for example:", ""]
+        lines += [f"- `{f}`" for f in sorted(files, key=lambda f: ("/cases/" not in f, "/findings/" not in f, f))[:8]]
+        lines.append("")
+    (corpus.root / "INDEX.md").write_text("\n".join(lines).rstrip() + "\n")

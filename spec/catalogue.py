@@ -1,0 +1,83 @@
+"""The rule catalogue: the fourteen rules of kvspec, by name, in prose.
+
+This is the normative list.  Each name appears in the predicates that state
+the rule (:mod:`kvspec.spec.rules` over a pool, :mod:`kvspec.spec.request_rules`
+over requests), in every refusal kvspec's own code raises for it
+(:class:`kvspec.errors.RuleError`), in every violation a conformance run
+reports, and in every conformance vector's list of the rules it exercises.
+``spec/README.md`` walks through them chapter by chapter.
+"""
+
+from __future__ import annotations
+
+RULES: dict[str, str] = {
+    "ref-conservation": (
+        "Every non-null block's reference count equals the number of (request, group) slots that hold it; "
+        "it is never negative."
+    ),
+    "free-queue-consistency": (
+        "A block is in the free queue exactly when its reference count is 0 and it is not the null block, at "
+        "most once; the free count equals the queue's length."
+    ),
+    "null-exclusion": (
+        "The null block (id 0) is never handed out, never queued, never hashed or cached, never evicted; its "
+        "reference count is not maintained."
+    ),
+    "no-aliasing": (
+        "A physical block sits in at most one (request, group) slot, unless it is shared through a taken "
+        "cache hit of identical content."
+    ),
+    "hash-map-consistency": (
+        "The hash table and each block's own key agree; no block carries two keys; a block taken from the "
+        "free queue for reuse loses its key first; the events, replayed, give the table."
+    ),
+    "content-soundness": (
+        "A block holds what its key names -- the tokens of the whole prefix and the extra keys (LoRA, "
+        "multimodal inputs, cache salt, prompt embeddings) -- and every token a request counts as computed "
+        "holds its own KV (or, for a state-space group, the state after it); a block is released only once "
+        "no future query reads it."
+    ),
+    "tenant-isolation": (
+        "Requests with different cache salts or LoRA adapters never share a block."
+    ),
+    "no-eviction-in-use": (
+        "Allocation never evicts a block that is held, nor a hit of the same allocation not yet taken: every "
+        "group's hits are taken before any group allocates."
+    ),
+    "hit-soundness": (
+        "A hit is no longer than what every group can serve, a multiple of the scheduler block size, never "
+        "the whole request (at most num_tokens - 1), and each group's hit blocks cover exactly the hit; the "
+        "EAGLE drop is applied once."
+    ),
+    "hit-optimality": (
+        "The hit is the longest aligned length that every group can serve."
+    ),
+    "allocation-accounting": (
+        "The blocks an allocation pulls from the pool are the number it estimated; a refused or impossible "
+        "operation changes nothing (an allocation may first release the request's out-of-window blocks)."
+    ),
+    "free-order": (
+        "Freed blocks return tail first within each group; blocks without a key are reused before cached "
+        "ones, and cached ones least recently used first."
+    ),
+    "reset": (
+        "Resetting the prefix cache succeeds only when no block but the null block is in use, and then "
+        "leaves no key anywhere."
+    ),
+    "block-size-coherence": (
+        "A group of block size B names its blocks with hashes of hash_block_size H, B a multiple of H, and "
+        "converts between tokens and blocks with its own B."
+    ),
+}
+"""Every rule's name and statement, in the order the chapters introduce them."""
+
+LEVELS: dict[str, frozenset[str]] = {
+    "L1": frozenset({"hit-optimality", "free-order"}),
+    "L2": frozenset({"free-order"}),
+    "L3": frozenset(),
+}
+"""The conformance levels, by the rules each does *not* ask for.  L1
+(safety): every rule but the two policy rules; any engine should pass.  L2:
+L1 and optimal hits.  L3 (equivalence): every rule, and every observation --
+block ids, free order, hit lengths, events -- equal to the spec's; for
+drop-in replacements of vLLM's classes."""

@@ -1,0 +1,145 @@
+"""The language-neutral conformance vectors: generated from the spec, read
+back, replayed against targets -- and failing where a target is wrong."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from broken_pools import BROKEN, target
+from kvspec.cli import main
+from kvspec.conformance.runner import resolve_target
+from kvspec.conformance.vector_corpus import generate
+from kvspec.conformance.vectors import (
+    VectorError,
+    check,
+    from_json,
+    read,
+    to_json,
+    vector_files,
+)
+from kvspec.request import LoRARequest
+from kvspec.spec.catalogue import RULES
+from kvspec.spec.interface import Removed, Stored
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vectors")
+    return generate(root, "quick", measure_coverage=False)
+
+
+def targets(name):
+    return {scope: resolve_target(name, scope) for scope in ("pool", "manager")}
+
+
+def test_the_corpus_exercises_every_rule_and_has_every_source(corpus):
+    assert corpus.unexercised == []
+    assert set(corpus.rules) == set(RULES)
+    kinds = {f["path"].split("/")[1] for f in corpus.files}
+    assert kinds == {"cases", "walks", "findings"}
+    assert {f["findings"][0] for f in corpus.files if "/findings/" in f["path"]} == {f"F{i}" for i in range(1, 8)}
+    index = json.loads((corpus.root / "index.json").read_text())
+    assert len(index["files"]) == len(vector_files(corpus.root))
+
+
+@pytest.mark.parametrize("name", ["spec", "impl"])
+def test_spec_and_impl_replay_every_vector(corpus, name):
+    report = check(corpus.root, targets(name))
+    assert report.ok, {str(p): d[:2] for p, d in report.differences.items()} or report.unreadable
+    assert len(report.files) == len(corpus.files) and not report.skipped and not report.known
+
+
+def test_generation_is_deterministic(corpus, tmp_path):
+    again = generate(tmp_path, "quick", measure_coverage=False)
+    for f in again.files:
+        assert (tmp_path / f["path"]).read_text() == (corpus.root / f["path"]).read_text(), f["path"]
+
+
+@pytest.mark.parametrize("rule", sorted(BROKEN))
+def test_a_broken_pool_fails_the_vectors(corpus, rule):
+    report = check(corpus.root, {"pool": target(BROKEN[rule])})
+    assert report.differences, f"no vector catches a pool that breaks {rule}"
+    assert report.skipped  # the manager vectors, without a manager target
+
+
+def test_a_tampered_expectation_is_a_difference(corpus, tmp_path):
+    path = tmp_path / "v.json"
+    doc = read(corpus.root / "pool/cases/exact-fit.json")
+    doc["steps"][0]["result"] = [4, 3, 2, 1]
+    path.write_text(json.dumps(doc))
+    report = check(path, targets("spec"))
+    assert list(report.differences) == [path]
+    assert "returned [1, 2, 3, 4], expected [4, 3, 2, 1]" in report.differences[path][0]
+
+
+def test_an_unreadable_file_fails_the_check(corpus, tmp_path, capsys):
+    root = tmp_path / "corpus"
+    shutil.copytree(corpus.root / "pool/cases", root)
+    (root / "notes.json").write_text("{not json")
+    (root / "other.json").write_text(json.dumps({"kvspec_vectors": 99}))
+    report = check(root, targets("spec"))
+    assert set(report.unreadable) == {root / "notes.json", root / "other.json"} and not report.ok
+    assert main(["vectors", "check", str(root), "--target", "spec"]) == 1
+    out = capsys.readouterr().out
+    assert "2 unreadable" in out and "UNREADABLE" in out
+
+
+def test_cli_generates_and_checks(tmp_path, capsys):
+    assert main(["vectors", "generate", "--out", str(tmp_path), "--size", "quick"]) == 0
+    out = capsys.readouterr().out
+    assert "rules exercised: 14 of 14" in out
+    assert main(["vectors", "check", str(tmp_path), "--target", "impl"]) == 0
+    assert "0 differ" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["vectors", "check", "/no/such/dir"], "no such vectors directory"),
+    (["vectors", "check", ".", "--target", "tests.broken_pools:target"], "serves one scope"),
+    (["vectors", "check", ".", "--target", "nonesuch"], "unknown target"),
+])
+def test_cli_usage_errors_are_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_values_round_trip():
+    values = [b"\x00\xff", {1, 2}, 2**64 - 1, LoRARequest("a", 1, "/p"), [True, None, "s", 1.5],
+              Stored(0, (2**63, 5), None, (1, 2), 2, None, None, ((b"\x01",), None)), Removed(1, 7)]
+    for value in values:
+        back = from_json(json.loads(json.dumps(to_json(value))))
+        assert back == (list(value) if isinstance(value, list) else value)
+    with pytest.raises(VectorError, match="never describes"):
+        from_json({"request": "r9"}, {})
+    with pytest.raises(VectorError, match="cannot be written"):
+        to_json(object())
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="the JavaScript replayer needs Node.js")
+def test_the_javascript_replayer_agrees(corpus, tmp_path):
+    result = subprocess.run(["node", "examples/vectors-js/replay.mjs", str(corpus.root)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 differ" in result.stdout
+    # and it is not a replayer that cannot fail: a tampered vector differs
+    doc = read(corpus.root / "pool/cases/lru-eviction.json")
+    doc["steps"][-1]["result"] = [1]
+    (tmp_path / "lru.json").write_text(json.dumps(doc))
+    result = subprocess.run(["node", "examples/vectors-js/replay.mjs", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "1 differ" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_committed_corpus_is_what_the_spec_generates(tmp_path):
+    """vectors/ (the edge cases and findings) must be regenerated when the
+    spec's behaviour changes: `kvspec vectors generate --out vectors --size cases`."""
+    generate(tmp_path, "cases", measure_coverage=False)
+    committed = Path(__file__).resolve().parents[1] / "vectors"
+    names = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(committed) for p in committed.rglob("*")
+                           if p.is_file() and p.name != "coverage.json")
+    for name in names:
+        assert (committed / name).read_text() == (tmp_path / name).read_text(), f"vectors/{name} is stale"
