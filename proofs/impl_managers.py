@@ -18,7 +18,7 @@ among them **hit-optimality**, impl's hit against the brute-force oracle
 :func:`~kvspec.spec.request_rules.oracle_hit_length`, and
 **allocation-accounting**, the blocks impl takes against the spec's estimate
 -- and impl's result, tables, pool and events against the spec's
-(:func:`manager_divergence`, rule spec-equivalence).  Each obligation
+(:func:`divergence`, rule spec-equivalence).  Each obligation
 returns the names of the rules that broke; its ``post:`` says none did, for
 every cache state and count within the ``pre:`` bounds.
 
@@ -32,8 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.conformance.layouts import ManagerLayout, chunked, cross, full, mamba, rswa, swa
-from kvspec.conformance.machinery import call
-from kvspec.conformance.manager_machine import manager_divergence
+from kvspec.conformance.machinery import call, divergence
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.spec_manager_target import SpecManagerTarget
 from kvspec.hashing import get_request_block_hasher
@@ -112,7 +111,7 @@ class ManagerBench:
             self.broken.update(v.rule for v in violations + check_events(after.pool, self.mirror))
             spec_result, spec_error = call(getattr(self.spec, op), (), kwargs)
             spec_outcome = (spec_result, spec_error, self.spec.snapshot(), self.spec.take_events())
-            if manager_divergence(op, (result, error, after, events), spec_outcome):
+            if divergence(op, (result, error, after, events), spec_outcome):
                 self.broken.add("spec-equivalence")
         return result
 

@@ -9,7 +9,7 @@ one can hit the other's blocks).  Every pool call is checked the way the
 conformance machine checks it (:mod:`kvspec.conformance.pool_machine`): the
 step rules and the state rules of :mod:`kvspec.spec.rules` against impl's
 snapshots, the KV events against the hash table, and impl's result, refusal,
-state and events against the spec's (:func:`pool_divergence`).  Each
+state and events against the spec's (:func:`divergence`).  Each
 obligation returns the names of the rules that broke -- ``spec-equivalence``
 for a divergence -- and its one ``post:`` line says there are none.
 
@@ -31,8 +31,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from kvspec.conformance.machinery import call
-from kvspec.conformance.pool_machine import pool_divergence, step_violations
+from kvspec.conformance.machinery import call, divergence
+from kvspec.conformance.pool_machine import step_violations
 from kvspec.conformance.targets import ImplPoolTarget
 from kvspec.hashing import get_request_block_hasher
 from kvspec.proofs.tracing import concrete, untraced
@@ -82,7 +82,7 @@ class Bench:
         self.broken.update(v.rule for v in step_violations(step, events, self.ledger, self.mirror))
         spec_result, spec_error = call(getattr(self.spec, op), args)
         spec_outcome = (spec_result, spec_error, self.spec.snapshot(), self.spec.take_events())
-        if pool_divergence(op, (result, error, after, events), spec_outcome):
+        if divergence(op, (result, error, after, events), spec_outcome):
             self.broken.add("spec-equivalence")
 
     # --- what a request does -----------------------------------------------------------

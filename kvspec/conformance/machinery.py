@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from kvspec.conformance.trace import Trace, clip
 from kvspec.request import Request
+from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot
 from kvspec.spec.rules import Violation
 
 
@@ -42,6 +43,37 @@ def call(
         return fn(*args, **(kwargs or {})), None
     except Exception as error:
         return None, error
+
+
+Outcome = tuple[Any, BaseException | None, PoolSnapshot | ManagerSnapshot, list[Any]]
+"""What one operation did: its result, its refusal (or ``None``), the
+snapshot after it and the events it emitted."""
+
+
+def divergence(where: str, target: Outcome, spec: Outcome) -> str | None:
+    """How the target's outcome of one operation differs from the spec's
+    (``None``: it does not), checked in this order: both accept or both
+    refuse, with the same kind of error (``ValueError`` or ``TypeError``);
+    equal results; equal block tables (managers); equal pools, the null
+    block's count aside; equal events."""
+    result, error, after, events = target
+    spec_result, spec_error, spec_after, spec_events = spec
+    if (error is None) != (spec_error is None):
+        return (f"{where}: target {'refused: ' + repr(error) if error else 'accepted'}, "
+                f"spec {'refused: ' + repr(spec_error) if spec_error else 'accepted'}")
+    if error is not None and isinstance(error, TypeError) != isinstance(spec_error, TypeError):
+        return f"{where}: target raised {error!r}, spec {spec_error!r}"
+    if error is None and result != spec_result:
+        return f"{where}: target returned {result!r}, spec {spec_result!r}"
+    if isinstance(after, ManagerSnapshot):
+        if after.tables != spec_after.tables:
+            return f"{where}: block tables differ\n  target {after.tables}\n  spec   {spec_after.tables}"
+        after, spec_after = after.pool, spec_after.pool
+    if after.without_null_ref() != spec_after.without_null_ref():
+        return f"{where}: pools differ\n  target {after}\n  spec   {spec_after}"
+    if events != spec_events:
+        return f"{where}: events differ\n  target {events}\n  spec   {spec_events}"
+    return None
 
 
 def describe(value: Any) -> str:
@@ -84,6 +116,7 @@ class CheckingMachine(RuleBasedStateMachine):
 
     ignore_rules: frozenset[str] = frozenset()
     avoid: frozenset[str] = frozenset()  # inputs this machine does not send
+    spec: Any = None  # the spec model in lockstep, or None
     scope = ""
     layout_name = ""
     steps_run = 0
@@ -105,6 +138,23 @@ class CheckingMachine(RuleBasedStateMachine):
         error = ConformanceError(violations, divergence)
         self.trace.record_failure(sorted({v.rule for v in violations}), str(error))
         raise error
+
+    def in_lockstep(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Outcome | None:
+        """The spec's outcome of the same operation (``None`` without
+        lockstep).  Called right after the target's, before the caller
+        changes anything the operation's arguments refer to."""
+        if self.spec is None:
+            return None
+        result, error = call(getattr(self.spec, op), args, kwargs)
+        return result, error, self.spec.snapshot(), self.spec.take_events()
+
+    def judge(self, where: str, problems: list[Violation], outcome: Outcome, spec_outcome: Outcome | None) -> None:
+        """One verdict per operation, in one order: the rules first, then
+        the comparison with the spec."""
+        if problems:
+            self.fail(problems)
+        if spec_outcome is not None and (found := divergence(where, outcome, spec_outcome)):
+            self.fail(divergence=found)
 
     def record(self, description: str, outcome: str) -> None:
         """One operation sent to the target, for the trace's reader."""

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvspec.conformance.layouts import ManagerLayout
-from kvspec.conformance.machinery import CheckingMachine, Refused, call, describe_call, describe_outcome
+from kvspec.conformance.machinery import CheckingMachine, Refused, describe_call, describe_outcome
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import LoRARequest, Request, RequestStatus
@@ -35,27 +35,6 @@ from kvspec.spec.request_rules import RequestContext, Shadow, check_request_stat
 from kvspec.spec.rules import EventMirror, Violation, check_events
 
 ENCODER_TOKENS = 6
-
-
-def manager_divergence(where: str, target: tuple[Any, Any, Any, Any], spec: tuple[Any, Any, Any, Any]) -> str | None:
-    """How the target's outcome of one manager operation -- ``(result,
-    refusal, snapshot after, events)`` -- differs from the spec's (``None``:
-    it does not): both accept or both refuse, equal results, equal block
-    tables, equal pools (the null block's count aside), equal events."""
-    result, error, snap, events = target
-    spec_result, spec_error, spec_snap, spec_events = spec
-    if (error is None) != (spec_error is None):
-        return (f"{where}: target {'refused ' + repr(error) if error else 'accepted'}, "
-                f"spec {'refused ' + repr(spec_error) if spec_error else 'accepted'}")
-    if error is None and result != spec_result:
-        return f"{where}: target returned {result!r}, spec {spec_result!r}"
-    if snap.tables != spec_snap.tables:
-        return f"{where}: block tables differ\n  target {snap.tables}\n  spec   {spec_snap.tables}"
-    if snap.pool.without_null_ref() != spec_snap.pool.without_null_ref():
-        return f"{where}: pools differ\n  target {snap.pool}\n  spec   {spec_snap.pool}"
-    if events != spec_events:
-        return f"{where}: events differ\n  target {events}\n  spec   {spec_events}"
-    return None
 
 
 def embedding_rows(source: str, length: int) -> list[bytes]:
@@ -121,24 +100,15 @@ def manager_machine(
             self.record(where, describe_outcome(step.result, step.error))
             events = self.target.take_events()
             self.mirror.apply(events)
-            if self.spec is not None:
-                self.compare(where, op, args, kwargs, step.result, step.error, step.after, events)
+            spec_outcome = self.in_lockstep(op, args, kwargs)  # before the model runner moves the request on
             if step.error is None and on_success is not None and step.result is not None:
                 on_success(step.result)
             problems = check_request_step(step, ctx=self.ctx)
             problems += check_request_state(step.after, ctx=self.ctx) + check_events(step.after.pool, self.mirror)
-            if problems:
-                self.fail(problems)
+            self.judge(where, problems, (step.result, step.error, step.after, events), spec_outcome)
             if step.error is not None:
                 raise Refused(step.error)
             return step.result
-
-        def compare(self, where, op, args, kwargs, result, error, snap, events) -> None:
-            spec_result, spec_error = call(getattr(self.spec, op), args, kwargs)
-            spec_outcome = (spec_result, spec_error, self.spec.snapshot(), self.spec.take_events())
-            divergence = manager_divergence(where, (result, error, snap, events), spec_outcome)
-            if divergence:
-                self.fail(divergence=divergence)
 
         def each(self, op: str, *args: Any, **kwargs: Any) -> Any:
             """Apply an operation that both sides must accept."""

@@ -44,12 +44,11 @@ from kvspec.conformance.machinery import (
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import block_hashes_for_size, get_request_block_hasher
 from kvspec.request import LoRARequest, Request
-from kvspec.spec.interface import NULL_BLOCK_ID, PoolSnapshot, PoolTarget
+from kvspec.spec.interface import NULL_BLOCK_ID, PoolTarget
 from kvspec.spec.pool import SpecBlockPool
 from kvspec.spec.rules import EventMirror, Step, Violation, check_events, check_state, check_step
 
-__all__ = ["LAYOUTS", "ConformanceError", "PoolLayout", "Refused", "holds_delta", "pool_divergence", "pool_machine",
-           "step_violations"]
+__all__ = ["LAYOUTS", "ConformanceError", "PoolLayout", "Refused", "holds_delta", "pool_machine", "step_violations"]
 
 
 @dataclass
@@ -151,24 +150,13 @@ def pool_machine(
                 self.fail(divergence=f"{where} crashed with {error!r}; a refusal must raise ValueError or TypeError")
             after = self.target.snapshot()
             events = self.target.take_events()
+            spec_outcome = self.in_lockstep(op, args)
             step = Step(op, args, before, after, result, error)
             problems = step_violations(step, events, self.ledger, self.mirror if layout.events else None)
-            if problems:
-                self.fail(problems)
-            if self.spec is not None:
-                self._compare_with_spec(where, op, args, result, error, after, events)
+            self.judge(where, problems, (result, error, after, events), spec_outcome)
             if error is not None:
                 raise Refused(error)
             return result
-
-        def _compare_with_spec(self, where, op, args, result, error, after, events) -> None:
-            spec_result, spec_error = call(getattr(self.spec, op), args)
-            spec_after = self.spec.snapshot()
-            divergence = pool_divergence(
-                where, (result, error, after, events), (spec_result, spec_error, spec_after, self.spec.take_events())
-            )
-            if divergence:
-                self.fail(divergence=divergence)
 
         def holders(self) -> Counter[int]:
             """What the owners hold -- must always equal the ledger."""
@@ -368,33 +356,6 @@ def pool_machine(
 
     PoolMachine.__name__ = PoolMachine.__qualname__ = f"PoolMachine_{getattr(target_factory, '__name__', 'target')}"
     return PoolMachine
-
-
-Outcome = tuple[Any, BaseException | None, PoolSnapshot, list[Any]]
-"""What one pool operation did: its result, its refusal (or ``None``), the
-snapshot after it and the events it emitted."""
-
-
-def pool_divergence(where: str, target: Outcome, spec: Outcome) -> str | None:
-    """How the target's outcome of one operation differs from the spec's
-    (``None``: it does not): both accept or both refuse, with the same kind of
-    error; equal results, equal states (the null block's count aside) and
-    equal events."""
-    result, error, after, events = target
-    spec_result, spec_error, spec_after, spec_events = spec
-    if (error is None) != (spec_error is None):
-        return (f"{where}: target {'refused: ' + repr(error) if error else 'accepted'}, "
-                f"spec {'refused: ' + repr(spec_error) if spec_error else 'accepted'}")
-    same_kind = isinstance(error, type(spec_error)) or isinstance(spec_error, type(error))
-    if error is not None and not same_kind:
-        return f"{where}: target raised {error!r}, spec {spec_error!r}"
-    if error is None and result != spec_result:
-        return f"{where}: target returned {result!r}, spec {spec_result!r}"
-    if after.without_null_ref() != spec_after.without_null_ref():
-        return f"{where}: state differs\n  target {after}\n  spec   {spec_after}"
-    if events != spec_events:
-        return f"{where}: events differ\n  target {events}\n  spec   {spec_events}"
-    return None
 
 
 def step_violations(
