@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvspec.conformance.layouts import ManagerLayout, chunked, cross, full, mamba, rswa, swa
+from kvspec.conformance.layouts import ManagerLayout
 from kvspec.conformance.machinery import call, divergence
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.spec_manager_target import SpecManagerTarget
@@ -46,6 +46,7 @@ from kvspec.spec.request_rules import (
     check_request_step,
 )
 from kvspec.spec.rules import EventMirror, check_events
+from kvspec.testing import chunked, cross, full, mamba, rswa, swa
 
 
 class ManagerBench:
@@ -191,7 +192,7 @@ def mamba_hit(cached: int) -> tuple[str, ...]:
     pre: 0 <= cached < 64
     post: __return__ == ()  # hit-soundness, hit-optimality, spec-equivalence
     """
-    return _hit_rules(ManagerLayout((mamba(2, mode="all"),)), (cached,), 6)
+    return _hit_rules(ManagerLayout((mamba(2, "all"),)), (cached,), 6)
 
 
 # --- the hybrid fixed point ------------------------------------------------------------------------------------------
@@ -219,7 +220,7 @@ def full_and_mamba_hit(full_cached: int, mamba_cached: int, eagle: bool) -> tupl
     pre: 0 <= full_cached < 16 and 0 <= mamba_cached < 16
     post: __return__ == ()  # hit-soundness, hit-optimality, spec-equivalence
     """
-    layout = ManagerLayout((full(2), mamba(2, mode="all")), use_eagle=concrete(eagle))
+    layout = ManagerLayout((full(2), mamba(2, "all")), use_eagle=concrete(eagle))
     return _hit_rules(layout, (full_cached, mamba_cached), 4)
 
 
@@ -309,7 +310,7 @@ def allocate_mamba_align(cached: int, num_new: int, external: int) -> tuple[str,
     pre: 0 <= external <= 2
     post: __return__ == ()  # allocation-accounting, hit-soundness, ref-conservation, spec-equivalence
     """
-    layout = ManagerLayout((full(2), mamba(2, mode="align")), num_blocks=24)
+    layout = ManagerLayout((full(2), mamba(2, "align")), num_blocks=24)
     return _allocation_rules(layout, cached, 4, num_new_tokens=num_new,
                              num_external_computed_tokens=2 * external)
 
@@ -355,7 +356,7 @@ def mamba_release(computed: int) -> tuple[str, ...]:
     pre: 0 <= computed <= 14
     post: __return__ == ()  # content-soundness, free-order, ref-conservation, spec-equivalence
     """
-    return _release_rules(ManagerLayout((full(2), mamba(2, mode="align"))), 14, computed)
+    return _release_rules(ManagerLayout((full(2), mamba(2, "align"))), 14, computed)
 
 
 def rswa_release(computed: int, prompt: int) -> tuple[str, ...]:

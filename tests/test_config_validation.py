@@ -21,29 +21,13 @@ from kvspec.kv_cache_interface import (
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
-    KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
     SlidingWindowSpec,
 )
+from kvspec.testing import GEOMETRY, config, full, swa
 
-ATTN = dict(num_kv_heads=1, head_size=8, dtype="float16")
 RETENTION = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
-
-
-def full(bs: int = 4) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=bs, **ATTN)
-
-
-def swa(bs: int = 4, window: int = 8) -> SlidingWindowSpec:
-    return SlidingWindowSpec(block_size=bs, sliding_window=window, **ATTN)
-
-
-def config(*specs: KVCacheSpec, eagle: tuple[int, ...] = ()) -> KVCacheConfig:
-    return KVCacheConfig(
-        num_blocks=16,
-        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s, is_eagle_group=i in eagle) for i, s in enumerate(specs)],
-    )
 
 
 def manager(*specs: KVCacheSpec, sbs: int = 4, hbs: int = 4, **kwargs) -> KVCacheManager:
@@ -68,12 +52,12 @@ def no_retention_env(monkeypatch):
 
 def test_group_block_size_must_divide_scheduler_block_size():
     with refused(r"group 1 block_size=8 does not divide scheduler_block_size=12"):
-        manager(full(4), swa(8), sbs=12)
+        manager(full(4), swa(8, window=8), sbs=12)
 
 
 def test_hash_block_size_must_divide_every_group_block_size():
     with refused(r"group 1 block_size=6 is not a multiple of hash_block_size=4"):
-        manager(full(4), swa(6), sbs=12, hbs=4)
+        manager(full(4), swa(6, window=8), sbs=12, hbs=4)
 
 
 def test_scheduler_block_size_must_be_a_multiple_of_hash_block_size():
@@ -95,7 +79,7 @@ def test_unitary_needs_hash_block_size_equal_to_block_size_when_caching():
 
 def test_unitary_coordinator_needs_exactly_one_group():
     with refused(r"exactly one group, got 2"):
-        UnitaryKVCacheCoordinator(config(full(), swa()), 64, 64, False, True, False, 1, 1, 4, 4)
+        UnitaryKVCacheCoordinator(config(full(4), swa(4, window=8)), 64, 64, False, True, False, 1, 1, 4, 4)
 
 
 @pytest.mark.parametrize(
@@ -113,16 +97,16 @@ def test_non_positive_sizes(kwargs, match):
     max_model_len = kwargs.pop("max_model_len", 64)
     rule = "block-size-coherence" if "block_size" in match else "allocation-accounting"
     with refused(match, rule):
-        KVCacheManager(config(full()), max_model_len, sbs, hbs, **kwargs)
+        KVCacheManager(config(full(4)), max_model_len, sbs, hbs, **kwargs)
 
 
 def test_non_positive_pool_and_block_sizes_are_refused_by_the_config():
     with refused(r"num_blocks must be an int >= 1, got 0", "null-exclusion"):
         KVCacheConfig(num_blocks=0)
     with refused(r"block_size must be a positive int, got 0"):
-        FullAttentionSpec(block_size=0, **ATTN)
+        FullAttentionSpec(block_size=0, **GEOMETRY)
     with refused(r"sliding_window must be a positive int, got 0"):
-        SlidingWindowSpec(block_size=4, sliding_window=0, **ATTN)
+        SlidingWindowSpec(block_size=4, sliding_window=0, **GEOMETRY)
 
 
 # --- hybrid-only requirements ----------------------------------------------------------------
@@ -131,41 +115,41 @@ def test_non_positive_pool_and_block_sizes_are_refused_by_the_config():
 @pytest.mark.parametrize("dcp, pcp", [(2, 1), (1, 2), (2, 2)])
 def test_context_parallelism_is_refused_for_hybrid(dcp, pcp):
     with refused(rf"dcp_world_size={dcp}, pcp_world_size={pcp}"):
-        manager(full(), swa(), dcp_world_size=dcp, pcp_world_size=pcp)
+        manager(full(4), swa(4, window=8), dcp_world_size=dcp, pcp_world_size=pcp)
 
 
 def test_context_parallelism_is_refused_for_single_groups_too():
     with refused(r"dcp_world_size=4, pcp_world_size=1"):
-        manager(full(), dcp_world_size=4)
+        manager(full(4), dcp_world_size=4)
     with refused(r"dcp_world_size must be an int >= 1, got 0"):
-        manager(full(), dcp_world_size=0)
+        manager(full(4), dcp_world_size=0)
 
 
 def test_hybrid_needs_two_distinct_specs():
     with refused(r"at least two distinct KV-cache specs, got 2 group\(s\) with 1"):
-        HybridKVCacheCoordinator(config(full(), full()), 64, 64, False, True, False, 1, 1, 4, 4)
+        HybridKVCacheCoordinator(config(full(4), full(4)), 64, 64, False, True, False, 1, 1, 4, 4)
 
 
 def test_chunked_local_in_a_hybrid_needs_the_scheduler_block_size():
-    chunked = ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **ATTN)
+    chunked = ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **GEOMETRY)
     with refused(r"group 1 is chunked local attention with block_size=4: .* scheduler_block_size=8"):
         manager(full(8), chunked, sbs=8)
 
 
 def test_eagle_with_chunked_local_attention_is_refused():
-    chunked = ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **ATTN)
+    chunked = ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **GEOMETRY)
     with refused(r"group 1: EAGLE is not supported with chunked local attention", "hit-soundness"):
-        manager(full(), chunked, use_eagle=True)
+        manager(full(4), chunked, use_eagle=True)
     with refused(r"group 0: EAGLE", "hit-soundness"):
         manager(chunked, use_eagle=True)
     # Only the drafter's groups drop the EAGLE block: a chunked group that is not one is fine.
-    KVCacheManager(config(full(), chunked, eagle=(0,)), 64, 4, 4, use_eagle=True)
+    KVCacheManager(config(full(4), chunked, eagle_groups=(0,)), 64, 4, 4, use_eagle=True)
 
 
 def test_cross_attention_with_caching_is_refused():
     with refused(r"group 1 is cross attention, which is never cached", "hash-map-consistency"):
-        manager(full(), CrossAttentionSpec(block_size=4, **ATTN))
-    manager(full(), CrossAttentionSpec(block_size=4, **ATTN), enable_caching=False)
+        manager(full(4), CrossAttentionSpec(block_size=4, **GEOMETRY))
+    manager(full(4), CrossAttentionSpec(block_size=4, **GEOMETRY), enable_caching=False)
 
 
 # --- retention interval ------------------------------------------------------------------------
@@ -180,31 +164,31 @@ def test_cross_attention_with_caching_is_refused():
 )
 def test_retention_interval_must_be_a_non_negative_multiple(interval, match):
     with refused(match):
-        manager(full(8), swa(8), sbs=8, hbs=8, retention_interval=interval)
+        manager(full(8), swa(8, window=8), sbs=8, hbs=8, retention_interval=interval)
 
 
 def test_retention_interval_needs_a_sliding_window_or_mamba_group():
     with refused(r"retention_interval=16 is set but no KV-cache group is sliding-window or Mamba"):
-        manager(full(), retention_interval=16)
-    manager(full(), swa(), retention_interval=16)
-    manager(full(), MambaSpec(block_size=4, mamba_cache_mode="align"), retention_interval=0)
+        manager(full(4), retention_interval=16)
+    manager(full(4), swa(4, window=8), retention_interval=16)
+    manager(full(4), MambaSpec(block_size=4, mamba_cache_mode="align"), retention_interval=0)
 
 
 def test_retention_interval_comes_from_the_environment_by_default(monkeypatch):
     monkeypatch.setenv(RETENTION, "-4")
     with refused(r"retention_interval=-4"):
-        manager(full(), swa())
+        manager(full(4), swa(4, window=8))
     monkeypatch.setenv(RETENTION, "16")
-    assert manager(full(), swa()).coordinator.retention_interval == 16
-    assert manager(full(), swa(), retention_interval=None).coordinator.retention_interval is None
+    assert manager(full(4), swa(4, window=8)).coordinator.retention_interval == 16
+    assert manager(full(4), swa(4, window=8), retention_interval=None).coordinator.retention_interval is None
     monkeypatch.setenv(RETENTION, "sixteen")
     with refused(r"VLLM_PREFIX_CACHE_RETENTION_INTERVAL must be an integer, got 'sixteen'"):
-        manager(full(), swa())
+        manager(full(4), swa(4, window=8))
 
 
 def test_retention_interval_must_be_an_int():
     with refused(r"retention_interval must be an int or None, got 8.0", error=RuleTypeError):
-        manager(full(), swa(), retention_interval=8.0)
+        manager(full(4), swa(4, window=8), retention_interval=8.0)
 
 
 # --- specs and managers ----------------------------------------------------------------------

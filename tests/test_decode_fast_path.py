@@ -10,16 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.conformance.layouts import MANAGER_LAYOUTS, ManagerLayout, full, mamba, swa
+from kvspec.conformance.layouts import MANAGER_LAYOUTS, ManagerLayout
 from kvspec.errors import RuleError, RuleTypeError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.impl import KVCacheManager
 from kvspec.request import Request, RequestStatus
+from kvspec.testing import full, mamba, swa
 
 LAYOUTS = {
     **MANAGER_LAYOUTS,
     # Mamba "all" mode with draft-state blocks: the slot and skip limits shift by them.
-    "full+mamba-all-drafts": ManagerLayout((full(2), mamba(2, mode="all", speculative=2)), num_blocks=40,
+    "full+mamba-all-drafts": ManagerLayout((full(2), mamba(2, "all", speculative=2)), num_blocks=40,
                                            use_eagle=True, eagle_groups=(0,)),
     "swa-wide": ManagerLayout((full(4), swa(4, window=9)), num_blocks=40, max_model_len=64),
 }

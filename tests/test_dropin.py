@@ -9,8 +9,9 @@ import pytest
 pytest.importorskip("vllm")
 
 from kvspec import dropin  # noqa: E402
-from kvspec.conformance.layouts import ManagerLayout, full, mamba, swa  # noqa: E402
+from kvspec.conformance.layouts import ManagerLayout
 from kvspec.conformance.vllm_scheduler import make_scheduler, serve  # noqa: E402
+from kvspec.testing import full, mamba, swa  # noqa: E402
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def test_the_plugin_is_registered_with_vllm():
 LAYOUTS = {
     "full attention": ManagerLayout((full(16),), num_blocks=32, max_model_len=512),
     "full + sliding window": ManagerLayout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512),
-    "full + Mamba (all)": ManagerLayout((full(16), mamba(16, mode="all")), num_blocks=48, max_model_len=512),
+    "full + Mamba (all)": ManagerLayout((full(16), mamba(16, "all")), num_blocks=48, max_model_len=512),
 }
 
 

@@ -16,29 +16,13 @@ from kvspec.impl import BlockPool, BlockStored, KVCacheBlocks, KVCacheManager
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
-    FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
-    MambaSpec,
     MLAAttentionSpec,
-    SlidingWindowSpec,
 )
 from kvspec.request import Request, RequestStatus
-
-ATTN = dict(num_kv_heads=1, head_size=8, dtype="float16")
-
-
-def full(bs: int = 4) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=bs, **ATTN)
-
-
-def swa(bs: int = 4, window: int = 5) -> SlidingWindowSpec:
-    return SlidingWindowSpec(block_size=bs, sliding_window=window, **ATTN)
-
-
-def mamba(mode: str, bs: int = 4, speculative: int = 0) -> MambaSpec:
-    return MambaSpec(block_size=bs, mamba_cache_mode=mode, num_speculative_blocks=speculative)
+from kvspec.testing import GEOMETRY, full, mamba, swa
 
 
 def make(*specs: KVCacheSpec, num_blocks: int = 16, sbs: int = 4, hbs: int = 4, **kwargs) -> KVCacheManager:
@@ -91,7 +75,7 @@ def hashed(m: KVCacheManager, ids) -> list[bool]:
 
 
 def test_full_attention_prefix_hit():
-    m = make(full())
+    m = make(full(4))
     a = request("a", range(10))
     assert admit(m, a).get_block_ids() == ([1, 2, 3],)
     assert hashed(m, [1, 2, 3]) == [True, True, False]  # only full blocks are cached
@@ -106,7 +90,7 @@ def test_full_attention_prefix_hit():
 
 
 def test_hit_stops_one_token_short_of_the_prompt():
-    m = make(full())
+    m = make(full(4))
     admit(m, request("a", range(8)))
     # Replaying the whole 8-token prompt: the last token is recomputed, so only one block hits.
     hits, num_hit = m.get_computed_blocks(request("c", range(8)))
@@ -114,7 +98,7 @@ def test_hit_stops_one_token_short_of_the_prompt():
 
 
 def test_free_order_tail_first_unhashed_to_the_head():
-    m = make(full())
+    m = make(full(4))
     a = request("a", range(10))
     admit(m, a)
     m.free(a)
@@ -124,7 +108,7 @@ def test_free_order_tail_first_unhashed_to_the_head():
 
 
 def test_eagle_drops_the_last_hit_block():
-    m = make(full(), use_eagle=True)
+    m = make(full(4), use_eagle=True)
     admit(m, request("a", range(12)))
     hits, num_hit = m.get_computed_blocks(request("b", [*range(12), 99]))
     assert (hits.get_block_ids(), num_hit) == (([1, 2],), 8)
@@ -134,7 +118,7 @@ def test_eagle_drops_the_last_hit_block():
 
 
 def test_remove_skipped_blocks_puts_nulls_and_frees_tail_first():
-    m = make(swa(window=5))
+    m = make(swa(4, window=5))
     a = request("a", range(16))
     admit(m, a)
     # The next query after 13 tokens reads tokens 9..13: blocks 0 and 1 are out of the window.
@@ -148,7 +132,7 @@ def test_remove_skipped_blocks_puts_nulls_and_frees_tail_first():
 
 
 def test_sliding_window_hit_has_nulls_before_the_window():
-    m = make(swa(window=5))
+    m = make(swa(4, window=5))
     a = request("a", range(17))
     admit(m, a)
     m.free(a)
@@ -162,7 +146,7 @@ def test_sliding_window_hit_has_nulls_before_the_window():
 
 
 def test_sliding_window_retention_caches_segment_tails_and_the_replay_boundary():
-    m = make(full(), swa(window=5), retention_interval=16)
+    m = make(full(4), swa(4, window=5), retention_interval=16)
     admit(m, request("a", range(22)))
     # Full attention caches every full block; sliding window only block 3 (tail of
     # the first 16-token segment) and block 4 (before the prompt's last boundary, 20).
@@ -175,7 +159,7 @@ def test_sliding_window_retention_caches_segment_tails_and_the_replay_boundary()
 
 
 def test_chunked_local_attention_counts_earlier_chunks_as_computed():
-    m = make(ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **ATTN))
+    m = make(ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **GEOMETRY))
     a = request("a", range(20))
     # Token 19 reads only its chunk (16..19): the two earlier chunks are a "hit"
     # of null blocks without any lookup.
@@ -191,7 +175,7 @@ def test_chunked_local_attention_counts_earlier_chunks_as_computed():
 
 
 def test_chunked_local_attention_releases_finished_chunks():
-    m = make(ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **ATTN))
+    m = make(ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **GEOMETRY))
     a = request("a", range(6))
     admit(m, a)
     for token in range(7):
@@ -206,7 +190,7 @@ def test_chunked_local_attention_releases_finished_chunks():
 
 
 def test_mamba_all_hit_waits_for_the_next_step():
-    m = make(mamba("all"))
+    m = make(mamba(4, "all"))
     a = request("a", range(12))
     admit(m, a)
     b = request("b", [*range(12), 7])
@@ -226,7 +210,7 @@ def test_mamba_all_hit_waits_for_the_next_step():
 
 
 def test_mamba_align_keeps_two_states_and_hits_on_block_boundaries():
-    m = make(mamba("align"))
+    m = make(mamba(4, "align"))
     mgr = m.coordinator.single_type_managers[0]
     a = request("a", range(10))
     # Prefill chunks end on block boundaries (the scheduler splits so).
@@ -251,7 +235,7 @@ def test_mamba_align_keeps_two_states_and_hits_on_block_boundaries():
 
 
 def test_mamba_align_estimate_is_vllms_even_when_negative():
-    m = make(mamba("align", speculative=1))
+    m = make(mamba(4, "align", speculative=1))
     a = request("a", range(8))
     assert admit(m, a).get_block_ids() == ([0, 1, 2],)
     # Rejected drafts can leave the table longer than needed; vLLM then
@@ -260,7 +244,7 @@ def test_mamba_align_estimate_is_vllms_even_when_negative():
 
 
 def test_mamba_align_connector_tokens_refused_cleanly_where_vllm_runs_dry():
-    m = make(full(), mamba("align"), num_blocks=7)
+    m = make(full(4), mamba(4, "align"), num_blocks=7)
     r = request("r", range(20))
     # vLLM estimates 6 blocks (5 full attention + 1 state) but Mamba also takes a
     # block per external slot: 7 > 6 free.  vLLM raises half-allocated; kvspec refuses.
@@ -274,7 +258,7 @@ def test_mamba_align_connector_tokens_refused_cleanly_where_vllm_runs_dry():
 
 
 def test_cross_attention_is_sized_by_encoder_tokens_and_never_cached():
-    m = make(full(), CrossAttentionSpec(block_size=4, **ATTN), enable_caching=False)
+    m = make(full(4), CrossAttentionSpec(block_size=4, **GEOMETRY), enable_caching=False)
     r = request("r", range(6))
     assert admit(m, r, num_encoder_tokens=10).get_block_ids() == ([1, 2], [3, 4, 5])
     r.append_output_token_ids(1)
@@ -316,7 +300,7 @@ def test_every_full_attention_spec_is_cut_to_the_hit():
     # Two full-attention specs (block sizes 4 and 8) and a window that cuts the hit to 0.  vLLM 0.25.1
     # cuts only the first full-attention spec group: its MLA hit keeps blocks 5, 6, and with 8
     # connector tokens allocate_external_computed_blocks calls get_new_blocks(cdiv(8, 8) - 2 = -1).
-    mla8 = MLAAttentionSpec(block_size=8, **ATTN)
+    mla8 = MLAAttentionSpec(block_size=8, **GEOMETRY)
     m = make(full(4), mla8, swa(4, window=6), num_blocks=40, sbs=8, hbs=4)
     admit(m, request("a", range(16)))  # full 1..4, MLA 5, 6, window 7..10
     m.evict_blocks({8, 10})  # the window (2 contiguous blocks) serves neither 16 nor 8
@@ -333,7 +317,7 @@ def test_mamba_is_never_an_eagle_group():
     # use_eagle, no group flagged: every group drops the EAGLE block but Mamba (draft models have no
     # Mamba layers).  vLLM 0.25.1 searches Mamba one block past the candidate and returns 16 here,
     # with 3 full-attention blocks.
-    m = make(full(), mamba("all"), num_blocks=20, use_eagle=True)
+    m = make(full(4), mamba(4, "all"), num_blocks=20, use_eagle=True)
     assert m.coordinator.eagle_group_ids == {0}
     assert [s.use_eagle for s in m.coordinator.single_type_managers] == [True, False]
     admit(m, request("a", range(16)))  # full 1..4, Mamba 5..8
@@ -345,7 +329,7 @@ def test_mamba_is_never_an_eagle_group():
 
 
 def test_refused_allocation_changes_nothing_but_the_out_of_window_release():
-    m = make(swa(window=5), num_blocks=6)
+    m = make(swa(4, window=5), num_blocks=6)
     a = request("a", range(16))
     admit(m, a)
     a.append_output_token_ids(0)
@@ -365,7 +349,7 @@ def test_refused_allocation_changes_nothing_but_the_out_of_window_release():
 
 
 def test_full_sequence_refusal_releases_nothing():
-    m = make(swa(window=5), num_blocks=6)
+    m = make(swa(4, window=5), num_blocks=6)
     a = request("a", range(16))
     admit(m, a)
     m.allocate_slots(request("x", [9]), 1)  # the last free block
@@ -378,7 +362,7 @@ def test_full_sequence_refusal_releases_nothing():
 
 
 def test_reserved_blocks_watermark_and_full_sequence_gate():
-    m = make(full(), num_blocks=9, watermark=0.25)  # 8 usable blocks, 2 kept free
+    m = make(full(4), num_blocks=9, watermark=0.25)  # 8 usable blocks, 2 kept free
     admit(m, request("running", range(8)))  # 6 free now
     r = request("r", range(100, 120))
     # The whole 20-token prompt needs 5 blocks: with the watermark, 7 > 6.
@@ -392,7 +376,7 @@ def test_reserved_blocks_watermark_and_full_sequence_gate():
 
 
 def test_bad_allocations_are_refused_before_anything_changes():
-    m = make(full(), swa())
+    m = make(full(4), swa(4, window=5))
     a = request("a", range(8))
     admit(m, a)
     before = state(m)
@@ -420,7 +404,7 @@ def test_bad_allocations_are_refused_before_anything_changes():
 
 
 def test_pop_blocks_for_free_defers_the_return():
-    m = make(full())
+    m = make(full(4))
     a = request("a", range(10))
     admit(m, a)
     blocks = m.pop_blocks_for_free(a)
@@ -432,14 +416,14 @@ def test_pop_blocks_for_free_defers_the_return():
 
 
 def test_new_block_ids_are_attention_blocks_only():
-    m = make(full(), mamba("all"))
+    m = make(full(4), mamba(4, "all"))
     admit(m, request("a", range(6)))
     assert m.take_new_block_ids() == [1, 2]
     assert m.take_new_block_ids() == []
 
 
 def test_events_name_the_kind_of_attention():
-    m = make(full(), swa(window=5), enable_kv_cache_events=True)
+    m = make(full(4), swa(4, window=5), enable_kv_cache_events=True)
     admit(m, request("a", range(8)))
     stored = [e for e in m.take_events() if isinstance(e, BlockStored)]
     assert [(e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) for e in stored] == [
@@ -449,7 +433,7 @@ def test_events_name_the_kind_of_attention():
 
 
 def test_prefix_cache_stats():
-    m = make(full(), log_stats=True)
+    m = make(full(4), log_stats=True)
     a = request("a", range(9))
     admit(m, a)
     b = request("b", range(9))
@@ -461,11 +445,11 @@ def test_prefix_cache_stats():
     m.free(a)
     assert m.reset_prefix_cache()
     assert m.make_prefix_cache_stats().reset
-    assert make(full()).make_prefix_cache_stats() is None
+    assert make(full(4)).make_prefix_cache_stats() is None
 
 
 def test_reset_only_when_idle_and_skip_reading():
-    m = make(full())
+    m = make(full(4))
     a = request("a", range(9))
     admit(m, a)
     assert not m.reset_prefix_cache()
@@ -491,7 +475,7 @@ def test_kv_cache_blocks_api():
 
 
 def test_remove_blocks_in_range_stops_at_nulls():
-    m = make(full())
+    m = make(full(4))
     admit(m, request("a", range(16)))
     manager = m.coordinator.single_type_managers[0]
     manager._remove_blocks_in_range("a", 1, 3)
@@ -503,14 +487,14 @@ def test_remove_blocks_in_range_stops_at_nulls():
 
 
 def test_reachable_block_masks():
-    window = swa(window=5)
+    window = swa(4, window=5)
     swa_cls = type(make(window).coordinator.single_type_managers[0])
     assert swa_cls.reachable_block_mask(0, 4, None, window, False) is None
     # Two blocks per 8-token segment, one of them needed: the segment tails.
     assert swa_cls.reachable_block_mask(0, 4, 8, window, False) == [False, True, False, True]
     # With EAGLE the run ends one block past each boundary.
     assert swa_cls.reachable_block_mask(0, 4, 8, window, True) is None
-    state = mamba("all")
+    state = mamba(4, "all")
     mamba_cls = type(make(state).coordinator.single_type_managers[0])
     assert mamba_cls.reachable_block_mask(0, 6, 4, state, False) is None
     assert mamba_cls.reachable_block_mask(0, 6, 4, state, False, retention_interval=4) is None
@@ -520,7 +504,7 @@ def test_reachable_block_masks():
 
 
 def test_cross_attention_refuses_caching_and_hits():
-    m = make(full(), CrossAttentionSpec(block_size=4, **ATTN), enable_caching=False)
+    m = make(full(4), CrossAttentionSpec(block_size=4, **GEOMETRY), enable_caching=False)
     cross_manager = m.coordinator.single_type_managers[1]
     with pytest.raises(RuleError, match="never cached"):
         cross_manager.cache_blocks(request("r", range(4)), 4)

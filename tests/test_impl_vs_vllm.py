@@ -53,50 +53,17 @@ from kvspec import hashing
 from kvspec.conformance.machinery import describe_call
 from kvspec.conformance.manager_targets import ImplManagerTarget, VllmManagerTarget
 from kvspec.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
-    FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
-    MLAAttentionSpec,
-    RSWASpec,
-    SlidingWindowSpec,
 )
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
 from kvspec.spec import request_rules
+from kvspec.testing import chunked, cross, full, mamba, mla, rswa, swa
 
 _ATTN = dict(num_kv_heads=2, head_size=8, dtype="float16")
-
-
-def full(bs: int = 4) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=bs, **_ATTN)
-
-
-def mla(bs: int = 4) -> MLAAttentionSpec:
-    return MLAAttentionSpec(block_size=bs, **_ATTN)
-
-
-def swa(bs: int = 4, window: int = 8) -> SlidingWindowSpec:
-    return SlidingWindowSpec(block_size=bs, sliding_window=window, **_ATTN)
-
-
-def rswa(bs: int = 4, window: int = 8) -> RSWASpec:
-    return RSWASpec(block_size=bs, rswa_window=window, **_ATTN)
-
-
-def chunked(bs: int = 4, chunk: int = 8) -> ChunkedLocalAttentionSpec:
-    return ChunkedLocalAttentionSpec(block_size=bs, attention_chunk_size=chunk, **_ATTN)
-
-
-def mamba(bs: int = 4, mode: str = "align", speculative: int = 0) -> MambaSpec:
-    return MambaSpec(block_size=bs, shapes=((4,),), dtypes=("float32",), mamba_cache_mode=mode,
-                     num_speculative_blocks=speculative)
-
-
-def cross(bs: int = 4) -> CrossAttentionSpec:
-    return CrossAttentionSpec(block_size=bs, **_ATTN)
 
 
 @dataclass(frozen=True)
@@ -133,45 +100,46 @@ class Layout:
 
 
 LAYOUTS: dict[str, Layout] = {
-    "full": Layout((full(),)),
-    "full-eagle": Layout((full(),), use_eagle=True, max_drafts=2),
-    "mla": Layout((mla(),), num_blocks=32),
-    "swa": Layout((swa(4, 6),), num_blocks=14),
-    "full+swa": Layout((full(), swa(4, 8))),
-    "full+swa-different-blocks": Layout((full(4), swa(8, 12)), scheduler_block_size=8),
-    "full+swa-smaller-blocks": Layout((full(8), swa(4, 8)), scheduler_block_size=8, num_blocks=28),
-    "full+swa-eagle": Layout((full(), swa(4, 6)), use_eagle=True, max_drafts=2),
+    "full": Layout((full(4),)),
+    "full-eagle": Layout((full(4),), use_eagle=True, max_drafts=2),
+    "mla": Layout((mla(4),), num_blocks=32),
+    "swa": Layout((swa(4, window=6),), num_blocks=14),
+    "full+swa": Layout((full(4), swa(4, window=8))),
+    "full+swa-different-blocks": Layout((full(4), swa(8, window=12)), scheduler_block_size=8),
+    "full+swa-smaller-blocks": Layout((full(8), swa(4, window=8)), scheduler_block_size=8, num_blocks=28),
+    "full+swa-eagle": Layout((full(4), swa(4, window=6)), use_eagle=True, max_drafts=2),
     "full+swa-eagle-smaller-blocks": Layout(
-        (full(8), swa(4, 6)), scheduler_block_size=8, use_eagle=True, max_drafts=2, num_blocks=26
+        (full(8), swa(4, window=6)), scheduler_block_size=8, use_eagle=True, max_drafts=2, num_blocks=26
     ),
-    "full+swa-retention": Layout((full(), swa(4, 6)), retention_interval=16),
-    "full+chunked": Layout((full(), chunked(4, 8))),
+    "full+swa-retention": Layout((full(4), swa(4, window=6)), retention_interval=16),
+    "full+chunked": Layout((full(4), chunked(4, chunk=8))),
     # reference sliding window: the gap between prompt and window is released as decoding goes on
-    "rswa": Layout((rswa(4, 8),), max_model_len=96),
-    "rswa+swa": Layout((rswa(4, 8), swa(4, 6)), max_model_len=96),
+    "rswa": Layout((rswa(4, window=8),), max_model_len=96),
+    "rswa+swa": Layout((rswa(4, window=8), swa(4, window=6)), max_model_len=96),
     # EAGLE over three spec groups (chunked local attention cannot draft: the others are flagged)
     "full+swa+chunked-eagle": Layout(
-        (full(), swa(4, 8), chunked(4, 8)), use_eagle=True, eagle_groups=(0, 1), max_drafts=2, num_blocks=48
+        (full(4), swa(4, window=8), chunked(4, chunk=8)), use_eagle=True, eagle_groups=(0, 1), max_drafts=2,
+        num_blocks=48
     ),
     # two full-attention specs alone: one pass settles the hit, vLLM cuts both right (see
     # test_vllm_asks_its_pool_for_minus_one_block_with_two_full_attention_specs for where it does not)
     "full+mla-different-blocks": Layout((full(4), mla(8)), scheduler_block_size=8),
-    "full+mamba-align": Layout((full(), mamba(4, "align"))),
+    "full+mamba-align": Layout((full(4), mamba(4, "align"))),
     "full+mamba-align-bigger-blocks": Layout((full(4), mamba(8, "align")), scheduler_block_size=8),
     "full+mamba-align-drafts": Layout(
-        (full(), mamba(4, "align", speculative=1)), use_eagle=True, eagle_groups=(0,), max_drafts=2
+        (full(4), mamba(4, "align", speculative=1)), use_eagle=True, eagle_groups=(0,), max_drafts=2
     ),
     "full+mamba-align-two-drafts": Layout(
-        (full(), mamba(4, "align", speculative=2)), use_eagle=True, eagle_groups=(0,), max_drafts=2
+        (full(4), mamba(4, "align", speculative=2)), use_eagle=True, eagle_groups=(0,), max_drafts=2
     ),
-    "full+mamba-align-retention": Layout((full(), mamba(4, "align")), retention_interval=8),
-    "full+mamba-all": Layout((full(), mamba(4, "all"))),
-    "full+mamba-all-retention": Layout((full(), mamba(4, "all")), retention_interval=0),
+    "full+mamba-align-retention": Layout((full(4), mamba(4, "align")), retention_interval=8),
+    "full+mamba-all": Layout((full(4), mamba(4, "all"))),
+    "full+mamba-all-retention": Layout((full(4), mamba(4, "all")), retention_interval=0),
     "full+mamba-all-smaller-blocks": Layout((full(8), mamba(4, "all")), scheduler_block_size=8, num_blocks=24),
-    "full+swa+mamba": Layout((full(), swa(4, 8), mamba(4, "align")), num_blocks=48),
-    "encoder-decoder": Layout((full(), cross()), enable_caching=False),
-    "caching-off": Layout((full(), swa(4, 8)), enable_caching=False),
-    "watermark": Layout((full(), swa(4, 8)), watermark=0.1),
+    "full+swa+mamba": Layout((full(4), swa(4, window=8), mamba(4, "align")), num_blocks=48),
+    "encoder-decoder": Layout((full(4), cross(4)), enable_caching=False),
+    "caching-off": Layout((full(4), swa(4, window=8)), enable_caching=False),
+    "watermark": Layout((full(4), swa(4, window=8)), watermark=0.1),
 }
 
 SEEDS = range(int(os.environ.get("KVSPEC_DIFF_SEEDS", "4")))
@@ -582,7 +550,7 @@ def _pair(*specs: KVCacheSpec, num_blocks: int) -> tuple[ImplManagerTarget, Vllm
 
 
 def test_a_refusal_releases_the_same_out_of_window_blocks_as_vllm():
-    impl, ref = _pair(swa(4, 5), num_blocks=6)
+    impl, ref = _pair(swa(4, window=5), num_blocks=6)
     request = Request("a", list(range(16)), block_hasher=hashing.get_request_block_hasher(4))
     for target in (impl, ref):
         assert target.allocate_slots(request, 16) == ([1, 2, 3, 4],)
@@ -598,7 +566,7 @@ def test_a_refusal_releases_the_same_out_of_window_blocks_as_vllm():
 
 
 def test_vllm_runs_dry_on_mamba_align_connector_tokens():
-    impl, ref = _pair(full(), mamba(4, "align"), num_blocks=7)
+    impl, ref = _pair(full(4), mamba(4, "align"), num_blocks=7)
     request = Request("r", list(range(20)), block_hasher=hashing.get_request_block_hasher(4))
     before = impl.snapshot()
     assert impl.allocate_slots(request, 4, num_external_computed_tokens=16) is None
@@ -621,7 +589,7 @@ def test_vllm_asks_its_pool_for_minus_one_block_with_two_full_attention_specs():
     # the window cuts the hit to 0, the MLA group keeps its 2 blocks; with 8 connector tokens
     # allocate_external_computed_blocks asks for cdiv(8, 8) - 2 = -1 blocks, and the pool's free
     # count grows by one.  kvspec cuts every full-attention spec group.
-    impl, ref = _targets(Layout((full(4), mla(8), swa(4, 6)), scheduler_block_size=8, num_blocks=40))
+    impl, ref = _targets(Layout((full(4), mla(8), swa(4, window=6)), scheduler_block_size=8, num_blocks=40))
     hasher = hashing.get_request_block_hasher(4)
     a = Request("a", list(range(16)), block_hasher=hasher)
     b = Request("b", list(range(16)) + [1], block_hasher=hasher)
@@ -644,7 +612,7 @@ def test_vllm_hit_outruns_full_attention_with_mamba_as_an_eagle_group():
     # use_eagle, no group flagged: vLLM makes Mamba an EAGLE group and searches it up to one block
     # past the candidate (12 + 4); MambaManager.find_longest_cache_hit has no drop, so it returns 16 --
     # and the hit is 16 with 3 full-attention blocks (12 tokens).  kvspec: Mamba is no EAGLE group.
-    impl, ref = _targets(Layout((full(), mamba(4, "all")), use_eagle=True, num_blocks=20))
+    impl, ref = _targets(Layout((full(4), mamba(4, "all")), use_eagle=True, num_blocks=20))
     hasher = hashing.get_request_block_hasher(4)
     a = Request("a", list(range(16)), block_hasher=hasher)
     b = Request("b", list(range(16)) + [1, 2, 3, 4], block_hasher=hasher)

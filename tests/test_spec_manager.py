@@ -14,55 +14,10 @@ import pytest
 
 from kvspec.errors import RuleError, RuleTypeError
 from kvspec.hashing import get_request_block_hasher
-from kvspec.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    MambaSpec,
-    MLAAttentionSpec,
-    RSWASpec,
-    SlidingWindowSpec,
-)
 from kvspec.request import Request, RequestStatus
 from kvspec.spec.interface import Cleared, ManagerTarget, Removed, Stored
 from kvspec.spec.manager import SpecKVCacheManager
-
-ATTN = dict(num_kv_heads=1, head_size=8, dtype="float16")
-
-
-def full(bs=4):
-    return FullAttentionSpec(block_size=bs, **ATTN)
-
-
-def mla(bs=4):
-    return MLAAttentionSpec(block_size=bs, **ATTN)
-
-
-def swa(bs=4, window=5):
-    return SlidingWindowSpec(block_size=bs, sliding_window=window, **ATTN)
-
-
-def rswa(bs=4, window=8):
-    return RSWASpec(block_size=bs, rswa_window=window, **ATTN)
-
-
-def chunked(bs=4, chunk=8):
-    return ChunkedLocalAttentionSpec(block_size=bs, attention_chunk_size=chunk, **ATTN)
-
-
-def mamba(bs=4, mode="align", speculative=0):
-    return MambaSpec(block_size=bs, mamba_cache_mode=mode, num_speculative_blocks=speculative)
-
-
-def cross(bs=4):
-    return CrossAttentionSpec(block_size=bs, **ATTN)
-
-
-def config(*specs, num_blocks=16, eagle_groups=()):
-    groups = [KVCacheGroupSpec([f"l{i}"], s, is_eagle_group=i in eagle_groups) for i, s in enumerate(specs)]
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_groups=groups)
+from kvspec.testing import chunked, config, cross, full, mamba, mla, swa
 
 
 def manager(*specs, num_blocks=16, max_model_len=64, caching=True, eagle=False, events=False,
@@ -103,7 +58,7 @@ def cached(m):
 
 
 def test_the_model_is_a_manager_target():
-    assert isinstance(manager(full()), ManagerTarget)
+    assert isinstance(manager(full(4)), ManagerTarget)
 
 
 # --- full attention -----------------------------------------------------------------------------
@@ -438,7 +393,7 @@ def test_cross_attention_is_allocated_once_from_the_encoder_tokens():
 
 
 def test_caching_off_never_hits():
-    m = manager(full(4), swa(4), num_blocks=12, caching=False)
+    m = manager(full(4), swa(4, window=5), num_blocks=12, caching=False)
     run(m, request(m, "a", range(8)), 8)
     assert m.get_computed_blocks(request(m, "b", range(9))) == (([], []), 0)
 
@@ -545,12 +500,12 @@ def test_bad_input_is_refused_and_changes_nothing(call):
     "build",
     [
         lambda: manager(full(4), cross(4)),  # cross attention is never cached
-        lambda: manager(full(4), swa(4), sbs=6),  # scheduler block not a multiple of 4
-        lambda: manager(chunked(4), eagle=True),  # EAGLE with chunked local attention
+        lambda: manager(full(4), swa(4, window=5), sbs=6),  # scheduler block not a multiple of 4
+        lambda: manager(chunked(4, chunk=8), eagle=True),  # EAGLE with chunked local attention
         lambda: manager(full(4), full(4)),  # a hybrid needs two distinct specs
         lambda: manager(full(8), hbs=4),  # one group: block size == hash block size
         lambda: manager(full(4), retention_interval=4),  # retention needs a window or Mamba group
-        lambda: manager(full(4), swa(4), retention_interval=6),  # ... and a multiple of the scheduler block
+        lambda: manager(full(4), swa(4, window=5), retention_interval=6),  # ... and a multiple of the scheduler block
         lambda: manager(full(4), watermark=-0.1),
     ],
 )

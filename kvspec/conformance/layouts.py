@@ -11,47 +11,12 @@ import math
 from dataclasses import dataclass, field
 
 from kvspec.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
-    FullAttentionSpec,
     KVCacheConfig,
-    KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
-    MLAAttentionSpec,
-    RSWASpec,
-    SlidingWindowSpec,
 )
-
-_ATTN = dict(num_kv_heads=1, head_size=8, dtype="float16")
-
-
-def full(block_size: int = 2) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=block_size, **_ATTN)
-
-
-def mla(block_size: int = 2) -> MLAAttentionSpec:
-    return MLAAttentionSpec(block_size=block_size, **_ATTN)
-
-
-def swa(block_size: int = 2, window: int = 4) -> SlidingWindowSpec:
-    return SlidingWindowSpec(block_size=block_size, sliding_window=window, **_ATTN)
-
-
-def rswa(block_size: int = 2, window: int = 4) -> RSWASpec:
-    return RSWASpec(block_size=block_size, rswa_window=window, **_ATTN)
-
-
-def chunked(block_size: int = 2, chunk: int = 4) -> ChunkedLocalAttentionSpec:
-    return ChunkedLocalAttentionSpec(block_size=block_size, attention_chunk_size=chunk, **_ATTN)
-
-
-def mamba(block_size: int = 2, mode: str = "align", speculative: int = 0) -> MambaSpec:
-    return MambaSpec(block_size=block_size, mamba_cache_mode=mode, num_speculative_blocks=speculative)
-
-
-def cross(block_size: int = 2) -> CrossAttentionSpec:
-    return CrossAttentionSpec(block_size=block_size, **_ATTN)
+from kvspec.testing import chunked, config, cross, full, mamba, mla, rswa, swa
 
 
 @dataclass(frozen=True)
@@ -87,14 +52,7 @@ class ManagerLayout:
         return any(isinstance(g, MambaSpec) and g.mamba_cache_mode == "align" for g in self.groups)
 
     def kv_cache_config(self) -> KVCacheConfig:
-        return KVCacheConfig(
-            num_blocks=self.num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[
-                KVCacheGroupSpec([f"layer.{i}"], spec, is_eagle_group=i in self.eagle_groups)
-                for i, spec in enumerate(self.groups)
-            ],
-        )
+        return config(*self.groups, num_blocks=self.num_blocks, eagle_groups=self.eagle_groups)
 
     def target_args(self, enable_kv_cache_events: bool = True) -> tuple:
         """Positional arguments of a ManagerTarget factory."""
@@ -110,33 +68,35 @@ class ManagerLayout:
 
 
 MANAGER_LAYOUTS: dict[str, ManagerLayout] = {
-    "full": ManagerLayout((full(),)),
-    "mla": ManagerLayout((mla(),)),
-    "full+swa": ManagerLayout((full(), swa())),
+    "full": ManagerLayout((full(2),)),
+    "mla": ManagerLayout((mla(2),)),
+    "full+swa": ManagerLayout((full(2), swa(2, window=4))),
     "full+swa-bigger-blocks": ManagerLayout((full(2), swa(4, window=6))),
     # Reference sliding window: the prompt stays, generated tokens beyond the window are released.
     "rswa": ManagerLayout((rswa(2, window=4),), max_model_len=48),
-    "full+chunked": ManagerLayout((full(), chunked())),
-    "full+mamba-align": ManagerLayout((full(), mamba(mode="align"))),
-    "full+mamba-all": ManagerLayout((full(), mamba(mode="all"))),
-    "full+swa+mamba": ManagerLayout((full(), swa(), mamba(mode="align")), num_blocks=32),
-    "full+swa-eagle": ManagerLayout((full(), swa()), use_eagle=True),
+    "full+chunked": ManagerLayout((full(2), chunked(2, chunk=4))),
+    "full+mamba-align": ManagerLayout((full(2), mamba(2, "align"))),
+    "full+mamba-all": ManagerLayout((full(2), mamba(2, "all"))),
+    "full+swa+mamba": ManagerLayout((full(2), swa(2, window=4), mamba(2, "align")), num_blocks=32),
+    "full+swa-eagle": ManagerLayout((full(2), swa(2, window=4)), use_eagle=True),
     # vLLM turns prefix caching off for encoder-decoder models.
-    "encoder-decoder": ManagerLayout((full(), cross()), enable_caching=False),
-    "caching-off": ManagerLayout((full(), swa()), enable_caching=False),
+    "encoder-decoder": ManagerLayout((full(2), cross(2)), enable_caching=False),
+    "caching-off": ManagerLayout((full(2), swa(2, window=4)), enable_caching=False),
     # Two full-attention specs (block sizes 2 and 4) and a window that cuts the hit below theirs:
     # every full-attention group's hit must be cut to the final length (vLLM cuts the first only).
-    "two-full-specs": ManagerLayout((full(2), full(4), swa(2)), num_blocks=32),
+    "two-full-specs": ManagerLayout((full(2), full(4), swa(2, window=4)), num_blocks=32),
     # EAGLE with no group flagged: every group but Mamba is an EAGLE group (drafters have no Mamba
     # layers; vLLM makes Mamba one too and its hit outruns full attention).
-    "full+mamba-eagle": ManagerLayout((full(), mamba(mode="all")), use_eagle=True),
+    "full+mamba-eagle": ManagerLayout((full(2), mamba(2, "all")), use_eagle=True),
     # EAGLE over three spec groups; chunked local attention cannot be an EAGLE group, so the
     # drafter's groups are flagged and the chunked group's shrinks reset the EAGLE verifications.
-    "eagle-3-groups": ManagerLayout((full(), swa(), chunked()), num_blocks=32, use_eagle=True, eagle_groups=(0, 1)),
+    "eagle-3-groups": ManagerLayout(
+        (full(2), swa(2, window=4), chunked(2, chunk=4)), num_blocks=32, use_eagle=True, eagle_groups=(0, 1)
+    ),
     # Mamba align mode with speculative decoding: 0-2 drafts per step, two speculative state blocks
     # (one per draft), Mamba blocks of 4 so that a step crosses at most one boundary; the drafter's
     # group (full attention) is flagged, so Mamba is no EAGLE group in vLLM either.
     "full+mamba-align-drafts": ManagerLayout(
-        (full(2), mamba(4, mode="align", speculative=2)), use_eagle=True, eagle_groups=(0,)
+        (full(2), mamba(4, "align", speculative=2)), use_eagle=True, eagle_groups=(0,)
     ),
 }

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvspec.conformance.layouts import ManagerLayout, full, mamba
+from kvspec.conformance.layouts import ManagerLayout
 from kvspec.conformance.scheduler_machine import SchedulerHarness
+from kvspec.testing import full, mamba
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class SchedulerFinding:
 
 
 def _hybrid(mode: str) -> ManagerLayout:
-    return ManagerLayout((full(16), mamba(16, mode=mode)), num_blocks=16, max_model_len=256)
+    return ManagerLayout((full(16), mamba(16, mode)), num_blocks=16, max_model_len=256)
 
 
 def _steps(h: SchedulerHarness, n: int) -> list:

@@ -54,7 +54,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.conformance.layouts import ManagerLayout, full, mamba, swa
+from kvspec.conformance.layouts import ManagerLayout
 from kvspec.conformance.manager_targets import KVCacheManagerTarget
 from kvspec.kv_cache_interface import MambaSpec, cdiv
 from kvspec.spec.interface import NULL_BLOCK_ID
@@ -67,6 +67,7 @@ from kvspec.spec.request_rules import (
     computed_content_sound,
 )
 from kvspec.spec.rules import Violation
+from kvspec.testing import full, mamba, swa
 
 SCHEDULED_TOKENS_HAVE_SLOTS = "scheduled-tokens-have-slots"
 
@@ -76,8 +77,8 @@ LOAD_MODES = ("none", "sync", "async", "sync-fail", "async-fail")
 # a pool small enough that requests preempt and evict each other's prefixes.
 SCHEDULER_LAYOUTS: dict[str, ManagerLayout] = {
     "full": ManagerLayout((full(16),), num_blocks=12, max_model_len=256),
-    "full+mamba-all": ManagerLayout((full(16), mamba(16, mode="all")), num_blocks=16, max_model_len=256),
-    "full+mamba-align": ManagerLayout((full(16), mamba(16, mode="align")), num_blocks=16, max_model_len=256),
+    "full+mamba-all": ManagerLayout((full(16), mamba(16, "all")), num_blocks=16, max_model_len=256),
+    "full+mamba-align": ManagerLayout((full(16), mamba(16, "align")), num_blocks=16, max_model_len=256),
     # EAGLE: the machine drafts 2 tokens a step and accepts a random prefix of them.
     "full+swa-eagle": ManagerLayout((full(16), swa(16, window=32)), num_blocks=20, max_model_len=256,
                                     use_eagle=True),
