@@ -50,6 +50,7 @@ from kvspec.kv_cache_interface import (
     KVCacheSpec,
     MambaSpec,
     SlidingWindowSpec,
+    eagle_group_ids,
     spec_is,
 )
 
@@ -512,25 +513,6 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             pcp_world_size=self.pcp_world_size,
         )
         return hits, len(hits[0]) * self.block_size
-
-
-def eagle_group_ids(kv_cache_config: KVCacheConfig, use_eagle: bool) -> set[int]:
-    """Groups whose hits drop the EAGLE block: those marked as the drafter's,
-    or every group when EAGLE is on and none is marked -- never a Mamba
-    group.
-
-    Draft models have no Mamba layers and a Mamba hit (one state block) has
-    nothing to drop; ``MambaManager.find_longest_cache_hit`` ignores
-    ``drop_eagle_block``.  vLLM 0.25.1 flags Mamba groups too, and its
-    hybrid search then looks one block *past* the candidate for them (for
-    the drop that never comes): the Mamba hit can outrun the candidate and
-    the full-attention blocks (rule hit-soundness).  Excluding them keeps
-    every other layout exactly as vLLM's."""
-    groups = kv_cache_config.kv_cache_groups
-    marked = {i for i, g in enumerate(groups) if g.is_eagle_group}
-    if use_eagle and not marked:
-        marked = set(range(len(groups)))
-    return {i for i in marked if not spec_is(groups[i].kv_cache_spec, MambaSpec)}
 
 
 def _refuse_eagle_chunked(kv_cache_config: KVCacheConfig, use_eagle: bool, dropping: set[int]) -> None:

@@ -373,3 +373,29 @@ class KVCacheConfig:
     @property
     def has_mamba_layers(self) -> bool:
         return any(spec_is(g.kv_cache_spec, MambaSpec) for g in self.kv_cache_groups)
+
+
+def eagle_group_ids(kv_cache_config: Any, use_eagle: bool) -> set[int]:
+    """The groups whose hits drop the EAGLE block: those marked as the
+    drafter's (``is_eagle_group``), or every group when ``use_eagle`` is set
+    and none is marked -- never a Mamba group -- and, in a model of several
+    groups, every group whose spec equals a marked one's (the hybrid lookup
+    searches equal specs together, with one drop).
+
+    Draft models have no Mamba layers and a Mamba hit (one state block) has
+    nothing to drop.  vLLM 0.25.1 marks Mamba groups too when it falls back
+    to "every group", and its hybrid search then looks one block *past* the
+    candidate for them, for a drop that never comes: the Mamba hit can
+    outrun the candidate and the full-attention blocks (rule hit-soundness,
+    finding F7).  Excluding them keeps every other layout exactly as vLLM's.
+    This is the one place the set is derived: the spec, impl and the rules
+    all ask here."""
+    groups = kv_cache_config.kv_cache_groups
+    marked = {i for i, g in enumerate(groups) if g.is_eagle_group}
+    if use_eagle and not marked:
+        marked = set(range(len(groups)))
+    marked = {i for i in marked if not spec_is(groups[i].kv_cache_spec, MambaSpec)}
+    if len(groups) > 1:
+        marked = {i for i, g in enumerate(groups)
+                  if any(groups[j].kv_cache_spec == g.kv_cache_spec for j in marked)}
+    return marked

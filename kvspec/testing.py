@@ -17,7 +17,6 @@ from kvspec.kv_cache_interface import (
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
-    KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
@@ -59,9 +58,6 @@ def cross(block_size: int, **geometry: Any) -> CrossAttentionSpec:
 def config(*specs: KVCacheSpec, num_blocks: int = 16, eagle_groups: tuple[int, ...] = ()) -> KVCacheConfig:
     """One group per spec (one layer each, ``layer.i``); the groups in
     ``eagle_groups`` are the drafter's."""
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"layer.{i}"], spec, is_eagle_group=i in eagle_groups)
-                         for i, spec in enumerate(specs)],
-    )
+    from kvspec.spec.layout import Layout
+
+    return Layout(specs, num_blocks, eagle_groups=eagle_groups).kv_cache_config()

@@ -54,7 +54,6 @@ from kvspec.models.block_table import NULL_BLOCK, BlockTables
 from kvspec.models.content import AttentionContent, ContentIds, MambaContent, MLAContent
 from kvspec.request import LoRARequest, Request, RequestStatus
 from kvspec.spec.interface import ManagerTarget
-from kvspec.spec.request_rules import Layout as RulesLayout
 from kvspec.spec.request_rules import mamba_token_positions
 
 CHECKS = {
@@ -251,8 +250,7 @@ class Engine:
                  crosscheck_vllm_tables: bool = False, skip_checks: Sequence[str] = (), seed: int = 0):
         self.layout = layout
         self.target = target_factory(*layout.target_args(enable_kv_cache_events=False))
-        self.rules_layout = RulesLayout.from_config(layout.kv_cache_config(), layout.scheduler_block_size,
-                                                    layout.hash_block_size, layout.enable_caching, layout.use_eagle)
+        self.rules_layout = layout
         self.groups = describe_groups(layout, kernel_block_size=kernel_block_size, heads=heads, sinks=sinks,
                                       seed=seed)
         self.kernels = list(kernels)
@@ -632,7 +630,7 @@ class Engine:
         work = [w for w in self.work if w.num_new > 0]
         views = self.cache.views[group.index]
         state, tag = views["state"], views["tag"]
-        gl = self.rules_layout.groups[group.index]
+        gl = self.rules_layout.views[group.index]
         plans = []
         for w in work:
             if w.drafts:

@@ -39,7 +39,6 @@ from kvspec.hashing import get_request_block_hasher
 from kvspec.proofs.tracing import concrete, untraced
 from kvspec.request import Request
 from kvspec.spec.request_rules import (
-    Layout,
     ManagerStep,
     RequestContext,
     check_request_state,
@@ -61,11 +60,9 @@ class ManagerBench:
             self.block_sizes = [g.block_size for g in layout.groups]
             self.impl = ImplManagerTarget(*args)
             self.spec = SpecManagerTarget(*args)
-            rules_layout = Layout.from_config(layout.kv_cache_config(), layout.scheduler_block_size,
-                                              layout.hash_block_size, layout.enable_caching, layout.use_eagle)
             self.request = Request("r", [i % 3 for i in range(num_tokens)],
                                    block_hasher=get_request_block_hasher(layout.hash_block_size))
-            self.ctx = RequestContext(layout=rules_layout, requests={"r": self.request})
+            self.ctx = RequestContext(layout=layout, requests={"r": self.request})
             self.mirror = EventMirror()
         self.broken: set[str] = set()
 

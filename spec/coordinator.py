@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec.hashing import block_hashes_for_size
-from kvspec.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MambaSpec
+from kvspec.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from kvspec.spec.attention import NULL, CrossAttention, GroupManager, HitPositions
 from kvspec.spec.pool import SpecBlockPool
 
@@ -40,26 +40,6 @@ Tables = tuple[list[int], ...]
 
 RemovalPlan = list[tuple[int, list[list[int]]]]
 """Per group (by index), the free calls a removal makes (positions, in order)."""
-
-
-def eagle_group_ids(groups: list[Any], use_eagle: bool) -> set[int]:
-    """The groups whose hits drop the EAGLE block: those flagged in the
-    config; if none is flagged and ``use_eagle`` is set, every group.  Never
-    a Mamba group: draft models have no Mamba layers (vLLM says so itself in
-    ``MambaManager.reachable_block_mask``), and a Mamba hit -- one state
-    block -- has nothing to drop.
-
-    (vLLM 0.25.1 flags Mamba too when it falls back to "every group"; its
-    ``HybridKVCacheCoordinator.find_longest_cache_hit`` then searches the
-    Mamba group one block *past* the candidate length, for a drop that
-    ``MambaManager.find_longest_cache_hit`` never makes, so the Mamba hit can
-    come back longer than the candidate -- the fixed point's lengths stop
-    decreasing, and the hit returned can outrun the full-attention blocks:
-    rule hit-soundness.)"""
-    flagged = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
-    if use_eagle and not flagged:
-        flagged = set(range(len(groups)))
-    return {i for i in flagged if not isinstance(getattr(groups[i], "kv_cache_spec", None), MambaSpec)}
 
 
 class Coordinator:

@@ -51,6 +51,7 @@ from kvspec.kv_cache_interface import (
     KVCacheConfig,
     MambaSpec,
     SlidingWindowSpec,
+    eagle_group_ids,
 )
 from kvspec.request import RequestStatus
 from kvspec.spec.attention import NULL, CrossAttention, OutOfBlocks, group_class
@@ -60,7 +61,6 @@ from kvspec.spec.coordinator import (
     NoPrefixCacheCoordinator,
     Tables,
     UnitaryCoordinator,
-    eagle_group_ids,
 )
 from kvspec.spec.interface import Event, ManagerSnapshot
 from kvspec.spec.pool import SpecBlockPool
@@ -155,7 +155,7 @@ class SpecKVCacheManager:
         self.use_eagle = use_eagle
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
 
-        eagle = eagle_group_ids(kv_cache_config.kv_cache_groups, use_eagle)
+        eagle = eagle_group_ids(kv_cache_config, use_eagle)
         if enable_caching:
             self._check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size)
 

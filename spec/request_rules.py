@@ -39,17 +39,11 @@ from typing import Any
 
 from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id, prompt_embeds_bytes
 from kvspec.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
-    FullAttentionSpec,
-    KVCacheConfig,
-    MambaSpec,
-    RSWASpec,
-    SlidingWindowSpec,
     cdiv,
 )
 from kvspec.spec import rules as pool_rules
 from kvspec.spec.interface import NULL_BLOCK_ID, ManagerSnapshot, ManagerTarget, PoolSnapshot
+from kvspec.spec.layout import GroupView, Layout
 from kvspec.spec.rules import Violation
 
 NULL = NULL_BLOCK_ID
@@ -57,78 +51,6 @@ ATTENTION_KINDS = ("full_attention", "rswa", "sliding_window", "chunked_local_at
 
 
 # --- what the caller knows -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GroupLayout:
-    """One KV-cache group as the rules see it."""
-
-    kind: str  # full_attention, rswa, sliding_window, chunked_local_attention, mamba, cross_attention
-    block_size: int
-    sliding_window: int | None = None
-    rswa_window: int | None = None
-    attention_chunk_size: int | None = None
-    mamba_cache_mode: str | None = None
-    num_speculative_blocks: int = 0
-    eagle: bool = False
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A model's KV-cache layout, as the rules see it."""
-
-    groups: tuple[GroupLayout, ...]
-    scheduler_block_size: int
-    hash_block_size: int
-    enable_caching: bool = True
-
-    @classmethod
-    def from_config(
-        cls,
-        kv_cache_config: KVCacheConfig,
-        scheduler_block_size: int,
-        hash_block_size: int,
-        enable_caching: bool = True,
-        use_eagle: bool = False,
-    ) -> Layout:
-        """The layout of a config.  EAGLE groups: those flagged
-        ``is_eagle_group`` (all of them if ``use_eagle`` and none is flagged),
-        never a Mamba group (draft models have no Mamba layers); in a hybrid
-        model, groups with equal specs share the flag."""
-        cfg_groups = kv_cache_config.kv_cache_groups
-        flagged = {i for i, g in enumerate(cfg_groups) if g.is_eagle_group}
-        eagle = set(range(len(cfg_groups))) if use_eagle and not flagged else flagged
-        eagle -= {i for i, g in enumerate(cfg_groups) if isinstance(g.kv_cache_spec, MambaSpec)}
-        if len(cfg_groups) > 1:
-            eagle = {i for i, g in enumerate(cfg_groups)
-                     if any(j in eagle and h.kv_cache_spec == g.kv_cache_spec for j, h in enumerate(cfg_groups))}
-        groups = []
-        for i, g in enumerate(cfg_groups):
-            spec = g.kv_cache_spec
-            common = dict(block_size=spec.block_size, eagle=i in eagle)
-            if isinstance(spec, RSWASpec):
-                groups.append(GroupLayout("rswa", rswa_window=spec.rswa_window, **common))
-            elif isinstance(spec, FullAttentionSpec):
-                groups.append(GroupLayout("full_attention", **common))
-            elif isinstance(spec, SlidingWindowSpec):
-                groups.append(GroupLayout("sliding_window", sliding_window=spec.sliding_window, **common))
-            elif isinstance(spec, ChunkedLocalAttentionSpec):
-                groups.append(GroupLayout("chunked_local_attention",
-                                          attention_chunk_size=spec.attention_chunk_size, **common))
-            elif isinstance(spec, MambaSpec):
-                groups.append(GroupLayout("mamba", mamba_cache_mode=spec.mamba_cache_mode,
-                                          num_speculative_blocks=spec.num_speculative_blocks, **common))
-            elif isinstance(spec, CrossAttentionSpec):
-                groups.append(GroupLayout("cross_attention", **common))
-            else:
-                raise TypeError(f"unsupported KV-cache spec {type(spec).__name__}")
-        return cls(tuple(groups), scheduler_block_size, hash_block_size, enable_caching)
-
-    @property
-    def hit_alignment(self) -> int:
-        """Hits are multiples of this: the scheduler block size in a hybrid
-        model, the block size with one group."""
-        return self.scheduler_block_size if len(self.groups) != 1 else self.groups[0].block_size
 
 
 def tenant(request: Any) -> tuple[Any, Any]:
@@ -160,7 +82,7 @@ def state_content(request: Any, n: int) -> tuple[Any, ...]:
     return tenant(request), tuple(request.all_token_ids[:n]), inputs_before(request, n)
 
 
-def mamba_token_positions(group: GroupLayout, start: int, end: int) -> list[int]:
+def mamba_token_positions(group: GroupView, start: int, end: int) -> list[int]:
     """Where a Mamba group's step over tokens ``[start, end)`` keeps the
     running state after each token: token ``t`` leaves the state after
     ``t + 1`` tokens at position ``cdiv(t + 1, B) - 1`` of the request's
@@ -175,7 +97,7 @@ def mamba_token_positions(group: GroupLayout, start: int, end: int) -> list[int]
     return [cdiv(t + 1, bs) - 1 for t in range(start, end)]
 
 
-def mamba_states_written(group: GroupLayout, start: int, end: int) -> list[int]:
+def mamba_states_written(group: GroupView, start: int, end: int) -> list[int]:
     """The states a Mamba step over ``[start, end)`` leaves in the request's
     blocks, as token counts ``n`` (the state after ``n`` tokens, at position
     ``cdiv(n, B) - 1``): the last one written to each position by
@@ -225,7 +147,7 @@ class Shadow:
         """Record that ``request`` computed tokens ``[start, end)`` into its
         ``tables`` (one list per group, as the manager returned them); with
         ``kinds``, only into groups of those kinds."""
-        for g, (group, table) in enumerate(zip(self.layout.groups, tables, strict=True)):
+        for g, (group, table) in enumerate(zip(self.layout.views, tables, strict=True)):
             bs = group.block_size
             if group.kind == "cross_attention" or (kinds is not None and group.kind not in kinds):
                 continue
@@ -243,7 +165,7 @@ class Shadow:
     def scribble(self, request: Any, tables: tuple[list[int], ...], start: int, end: int) -> None:
         """Record that attention slots of tokens ``[start, end)`` hold KV no
         position names (rejected draft tokens), until overwritten."""
-        for g, (group, table) in enumerate(zip(self.layout.groups, tables, strict=True)):
+        for g, (group, table) in enumerate(zip(self.layout.views, tables, strict=True)):
             if group.kind not in ATTENTION_KINDS:
                 continue
             for t in range(start, end):
@@ -255,7 +177,7 @@ class Shadow:
     def holds(self, g: int, block_id: int, request: Any, position: int) -> list[str]:
         """How block ``block_id`` of group ``g`` differs from what position
         ``position`` of ``request`` names (empty: it holds exactly that)."""
-        group = self.layout.groups[g]
+        group = self.layout.views[g]
         bs = group.block_size
         if group.kind == "mamba":
             want = state_content(request, (position + 1) * bs)
@@ -275,7 +197,7 @@ class Shadow:
         (every one, for full attention; R-SWA: the prompt and the window);
         Mamba: the state after ``n`` tokens at position ``cdiv(n, B) - 1``;
         cross attention: nothing (the encoder's output is not a prefix)."""
-        group = self.layout.groups[g]
+        group = self.layout.views[g]
         bs = group.block_size
         if n == 0 or group.kind == "cross_attention":
             return []
@@ -298,7 +220,7 @@ class Shadow:
 
     def writers(self, g: int, block_id: int) -> set[tuple[Any, Any]]:
         """The tenants whose writes the block holds."""
-        if self.layout.groups[g].kind == "mamba":
+        if self.layout.views[g].kind == "mamba":
             state = self.states.get((g, block_id))
             return set() if state is None else {state[0]}
         return {content[0] for content in self.slots.get((g, block_id), {}).values()}
@@ -416,7 +338,7 @@ def holders(snap: ManagerSnapshot) -> Counter[int]:
 
 
 def _hashes(request: Any, layout: Layout, g: int):
-    return block_hashes_for_size(request.block_hashes, layout.hash_block_size, layout.groups[g].block_size)
+    return block_hashes_for_size(request.block_hashes, layout.hash_block_size, layout.views[g].block_size)
 
 
 def _key(request: Any, layout: Layout, g: int, i: int) -> bytes | None:
@@ -455,7 +377,7 @@ def group_can_serve(pool: PoolSnapshot, request: Any, layout: Layout, g: int, le
     """
     if length == 0:
         return True
-    group = layout.groups[g]
+    group = layout.views[g]
     bs = group.block_size
     if length % bs or group.kind == "cross_attention":
         return False
@@ -488,7 +410,7 @@ def oracle_hit_length(pool: PoolSnapshot, request: Any, layout: Layout) -> int:
     max_length = request.num_tokens - 1
     align = layout.hit_alignment
     for length in range(max_length // align * align, 0, -align):
-        if all(group_can_serve(pool, request, layout, g, length, max_length) for g in range(len(layout.groups))):
+        if all(group_can_serve(pool, request, layout, g, length, max_length) for g in range(len(layout.views))):
             return length
     return 0
 
@@ -541,7 +463,7 @@ def cached_content_sound(snap: ManagerSnapshot, ctx: RequestContext) -> list[str
         return []
     names: dict[bytes, tuple[Any, int, int]] = {}
     for request in ctx.requests.values():
-        for g in range(len(ctx.layout.groups)):
+        for g in range(len(ctx.layout.views)):
             for i, h in enumerate(_hashes(request, ctx.layout, g)):
                 names.setdefault(make_block_hash_with_group_id(h, g), (request, g, i))
     problems = []
@@ -565,8 +487,8 @@ def computed_content_sound(snap: ManagerSnapshot, ctx: RequestContext) -> list[s
         request = ctx.requests.get(rid)
         if request is None or n == 0:
             continue
-        tables = _tables_of(snap, rid, len(ctx.layout.groups))
-        for g in range(len(ctx.layout.groups)):
+        tables = _tables_of(snap, rid, len(ctx.layout.views))
+        for g in range(len(ctx.layout.views)):
             problems += [f"{rid} counts {n} tokens computed; group {g}: {p}"
                          for p in ctx.shadow.backs(g, tables[g], request, n)]
     return problems
@@ -596,7 +518,7 @@ def block_size_coherence(snap: ManagerSnapshot, ctx: RequestContext) -> list[str
     if layout is None:
         return []
     problems = []
-    for g, group in enumerate(layout.groups):
+    for g, group in enumerate(layout.views):
         if group.block_size % layout.hash_block_size or layout.scheduler_block_size % group.block_size:
             problems.append(f"group {g} block size {group.block_size} does not fit hash block size "
                             f"{layout.hash_block_size} / scheduler block size {layout.scheduler_block_size}")
@@ -608,10 +530,10 @@ def block_size_coherence(snap: ManagerSnapshot, ctx: RequestContext) -> list[str
         if want is not None and key != want:
             problems.append(f"block {b} at position {i} of {rid} (group {g}) carries another position's hash")
     for rid, tables in snap.tables.items():
-        spans = [(len(t) - 1) * layout.groups[g].block_size for g, t in enumerate(tables)
-                 if t and layout.groups[g].kind in ATTENTION_KINDS]
-        ends = [len(t) * layout.groups[g].block_size for g, t in enumerate(tables)
-                if t and layout.groups[g].kind in ATTENTION_KINDS]
+        spans = [(len(t) - 1) * layout.views[g].block_size for g, t in enumerate(tables)
+                 if t and layout.views[g].kind in ATTENTION_KINDS]
+        ends = [len(t) * layout.views[g].block_size for g, t in enumerate(tables)
+                if t and layout.views[g].kind in ATTENTION_KINDS]
         if spans and max(spans) >= min(ends):
             problems.append(f"{rid}'s attention tables cover different token counts: "
                             f"{[len(t) for t in tables]} blocks")
@@ -647,9 +569,9 @@ def hit_soundness(step: ManagerStep, ctx: RequestContext) -> list[str]:
         problems.append(f"hit {hit} although the cache is not read")
     if hit % layout.hit_alignment:
         problems.append(f"hit {hit} is not a multiple of {layout.hit_alignment}")
-    if len(tables) != len(layout.groups):
-        return problems + [f"{len(tables)} block lists for {len(layout.groups)} groups"]
-    for g, (group, blocks) in enumerate(zip(layout.groups, tables, strict=True)):
+    if len(tables) != len(layout.views):
+        return problems + [f"{len(tables)} block lists for {len(layout.views)} groups"]
+    for g, (group, blocks) in enumerate(zip(layout.views, tables, strict=True)):
         want = 0 if group.kind == "cross_attention" else hit // group.block_size
         if len(blocks) != want or len(blocks) * group.block_size not in (0, hit):
             problems.append(f"group {g} reports {len(blocks)} blocks ({len(blocks) * group.block_size} tokens) "
@@ -719,15 +641,15 @@ def _released(step: ManagerStep, rid: str, num_groups: int, layout: Layout | Non
     for g, bt in enumerate(before):
         at = after[g] if g < len(after) else ()
         moving = 0
-        if layout is not None and layout.groups[g].kind == "mamba" and layout.groups[g].mamba_cache_mode == "align":
-            moving = layout.groups[g].num_speculative_blocks
+        if layout is not None and layout.views[g].kind == "mamba" and layout.views[g].mamba_cache_mode == "align":
+            moving = layout.views[g].num_speculative_blocks
         for i, b in enumerate(bt):
             if b != NULL and (i >= len(at) or at[i] != b) and i < len(bt) - moving:
                 dropped[b] += 1
     return sum(1 for b, n in dropped.items() if step.before.pool.ref[b] == n)
 
 
-def _out_of_window(group: GroupLayout, num_computed: int, num_prompt_tokens: int | None) -> range:
+def _out_of_window(group: GroupView, num_computed: int, num_prompt_tokens: int | None) -> range:
     """The table positions a request with ``num_computed`` tokens computed
     (and a prompt of ``num_prompt_tokens``) never reads again: those before
     :func:`_window_start`, or for R-SWA (window ``w``) the gap between the
@@ -740,7 +662,7 @@ def _out_of_window(group: GroupLayout, num_computed: int, num_prompt_tokens: int
     return range(cdiv(num_prompt_tokens, group.block_size), window_start // group.block_size)
 
 
-def _window_start(group: GroupLayout, num_computed: int) -> int:
+def _window_start(group: GroupView, num_computed: int) -> int:
     """The first table position a request with ``num_computed`` tokens
     computed may still read; every block before it left the attention window:
     sliding window ``w``: tokens before ``num_computed - w + 1``; chunked
@@ -795,7 +717,7 @@ def _refused_release_problems(step: ManagerStep, layout: Layout | None) -> list[
                   step.args.get("num_external_computed_tokens", 0))
         computed = sum(c for c in counts if type(c) is int)
         prompt = getattr(request, "num_prompt_tokens", None)
-        gone = [_out_of_window(group, computed, prompt) for group in layout.groups]
+        gone = [_out_of_window(group, computed, prompt) for group in layout.views]
         problems += [f"released block {b} (group {g}, position {i}) inside the attention window"
                      for g, i, b, _ in changed if i not in gone[g]]
     if _after_frees(before.pool, _release_calls(bt, at)).without_null_ref() != after.pool.without_null_ref():
@@ -827,7 +749,7 @@ def released_out_of_window(step: ManagerStep, ctx: RequestContext) -> list[str]:
         prompt = step.args.get("num_prompt_tokens")
     else:
         return []
-    groups = ctx.layout.groups
+    groups = ctx.layout.views
     before, after = _tables_of(step.before, rid, len(groups)), _tables_of(step.after, rid, len(groups))
     problems = []
     for g, (bt, at) in enumerate(zip(before, after, strict=False)):
@@ -990,7 +912,7 @@ def check_request_step(
 __all__ = [
     "REQUEST_STATE_RULES",
     "REQUEST_STEP_RULES",
-    "GroupLayout",
+    "GroupView",
     "Layout",
     "ManagerStep",
     "RequestContext",

@@ -10,7 +10,6 @@ import random
 from dataclasses import replace
 
 import pytest
-from test_spec_manager import chunked, config, cross, full, mamba, mla, rswa, swa
 
 from broken_managers import IgnoresTenant, hasher_ignoring_embeddings
 from kvspec.conformance.manager_machine import embedding_rows
@@ -34,6 +33,7 @@ from kvspec.spec.request_rules import (
     refusal_changes_nothing,
     state_content,
 )
+from kvspec.testing import chunked, config, cross, full, mamba, mla, rswa, swa
 
 # --- a scheduler in miniature, checking every rule after every operation ------------------------------
 
@@ -725,7 +725,7 @@ def drive(name: str, seed: int, steps: int) -> tuple[Harness, int, int]:
     spec = LAYOUTS[name]
     h = harness(*spec["specs"], num_blocks=spec.get("num_blocks", 24), caching=spec.get("caching", True),
                 eagle=spec.get("eagle", False), exact=spec.get("exact", True))
-    has_mamba = any(g.kind == "mamba" for g in h.layout.groups)
+    has_mamba = any(g.kind == "mamba" for g in h.layout.views)
     sbs = h.layout.scheduler_block_size
     rng = random.Random(seed)
     prefixes = [[rng.randrange(3) for _ in range(36)] for _ in range(3)]

@@ -7,64 +7,11 @@ few dozen operations already share prefixes, fill windows and evict.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from kvspec.spec.layout import Layout
+from kvspec.testing import chunked, cross, full, mamba, mla, rswa, swa
 
-from kvspec.kv_cache_interface import (
-    CrossAttentionSpec,
-    KVCacheConfig,
-    KVCacheSpec,
-    MambaSpec,
-)
-from kvspec.testing import chunked, config, cross, full, mamba, mla, rswa, swa
-
-
-@dataclass(frozen=True)
-class ManagerLayout:
-    """A model's KV-cache groups and the pool they share."""
-
-    groups: tuple[KVCacheSpec, ...]
-    num_blocks: int = 24
-    max_model_len: int = 32
-    enable_caching: bool = True
-    use_eagle: bool = False
-    eagle_groups: tuple[int, ...] = field(default=())
-
-    @property
-    def scheduler_block_size(self) -> int:
-        """Every group's block boundary is a scheduling boundary: the LCM."""
-        return math.lcm(*(g.block_size for g in self.groups)) if self.groups else 1
-
-    @property
-    def hash_block_size(self) -> int:
-        """The finest granularity every group's blocks are made of: the GCD
-        (one group: its block size; caching off: the scheduler block size)."""
-        if len(self.groups) <= 1 or not self.enable_caching:
-            return self.scheduler_block_size
-        return math.gcd(*(g.block_size for g in self.groups))
-
-    @property
-    def has_cross_attention(self) -> bool:
-        return any(isinstance(g, CrossAttentionSpec) for g in self.groups)
-
-    @property
-    def has_mamba_align(self) -> bool:
-        return any(isinstance(g, MambaSpec) and g.mamba_cache_mode == "align" for g in self.groups)
-
-    def kv_cache_config(self) -> KVCacheConfig:
-        return config(*self.groups, num_blocks=self.num_blocks, eagle_groups=self.eagle_groups)
-
-    def target_args(self, enable_kv_cache_events: bool = True) -> tuple:
-        """Positional arguments of a ManagerTarget factory."""
-        return (
-            self.kv_cache_config(),
-            self.max_model_len,
-            self.scheduler_block_size,
-            self.hash_block_size,
-            self.enable_caching,
-            self.use_eagle,
-            enable_kv_cache_events,
-        )
+ManagerLayout = Layout
+"""The conformance machines' name for :class:`kvspec.spec.layout.Layout`."""
 
 
 MANAGER_LAYOUTS: dict[str, ManagerLayout] = {

@@ -30,7 +30,6 @@ from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import LoRARequest, Request, RequestStatus
 from kvspec.spec.interface import ManagerTarget
-from kvspec.spec.request_rules import Layout as RulesLayout
 from kvspec.spec.request_rules import RequestContext, Shadow, check_request_state, check_request_step, observe
 from kvspec.spec.rules import EventMirror, Violation, check_events
 
@@ -60,10 +59,7 @@ def manager_machine(
     ``"bad-input:no_tokens"``, ``"mamba-align-external"``."""
 
     sbs = layout.scheduler_block_size
-    rules_layout = RulesLayout.from_config(
-        layout.kv_cache_config(), sbs, layout.hash_block_size, layout.enable_caching, layout.use_eagle
-    )
-    has_rswa = any(group.kind == "rswa" for group in rules_layout.groups)
+    has_rswa = any(group.kind == "rswa" for group in layout.views)
 
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
 
@@ -82,8 +78,8 @@ def manager_machine(
             self.next_id = 0
             self.mirror = EventMirror()
             self.requests: dict[str, Request] = {}
-            self.shadow = Shadow(rules_layout)
-            self.ctx = RequestContext(layout=rules_layout, requests=self.requests, shadow=self.shadow)
+            self.shadow = Shadow(layout)
+            self.ctx = RequestContext(layout=layout, requests=self.requests, shadow=self.shadow)
 
         # --- one operation: apply, compare, check -----------------------------------
 

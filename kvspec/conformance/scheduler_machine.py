@@ -60,7 +60,6 @@ from kvspec.kv_cache_interface import MambaSpec, cdiv
 from kvspec.spec.interface import NULL_BLOCK_ID
 from kvspec.spec.request_rules import (
     ATTENTION_KINDS,
-    Layout,
     RequestContext,
     Shadow,
     check_request_state,
@@ -140,8 +139,7 @@ class SchedulerHarness:
         self.new_request = request_factory(layout.hash_block_size)
         self.manager = KVCacheManagerTarget(self.scheduler.kv_cache_manager)
         self.connector = self.scheduler.connector
-        self.rules_layout = Layout.from_config(layout.kv_cache_config(), layout.scheduler_block_size,
-                                               layout.hash_block_size, layout.enable_caching, layout.use_eagle)
+        self.rules_layout = layout
         self.shadow = Shadow(self.rules_layout)
         self.requests: dict[str, Any] = {}  # every request that arrived, finished or not
         self.pending: list[Any] = []  # asynchronous loads under way: they complete at the next step
@@ -265,7 +263,7 @@ class SchedulerHarness:
         must have a slot."""
         request = self.scheduler.requests[request_id]
         problems = []
-        for g, (group, table) in enumerate(zip(self.rules_layout.groups, tables, strict=True)):
+        for g, (group, table) in enumerate(zip(self.rules_layout.views, tables, strict=True)):
             if group.kind not in kinds:
                 continue
             p = (cdiv(start + count, group.block_size) if group.kind == "mamba"
@@ -286,7 +284,7 @@ class SchedulerHarness:
             self.shadow.write(self.scheduler.requests[load.request_id], tables, load.start, load.start + load.count)
             return set()
         blocks = set()
-        for group, table in zip(self.rules_layout.groups, tables, strict=True):
+        for group, table in zip(self.rules_layout.views, tables, strict=True):
             first, last = load.start // group.block_size, (load.start + load.count - 1) // group.block_size
             blocks |= {b for b in table[first: last + 1] if b != NULL_BLOCK_ID}
         self.failed_blocks |= blocks

@@ -1,0 +1,146 @@
+"""A model's layout: its KV-cache groups and the pool they share.
+
+One type serves everyone: the conformance machines build managers from it,
+the rules read each group's kind and sizes from it, the vectors write it
+down.  A layout is given by its groups' specs (:mod:`kvspec.kv_cache_interface`)
+and a few numbers; everything else follows:
+
+- the **scheduler block size** -- every group's block boundary is a
+  scheduling boundary: the least common multiple of the block sizes;
+- the **hash block size** -- the finest granularity every group's blocks are
+  made of: the greatest common divisor (one group, or caching off: the
+  scheduler block size);
+- the **EAGLE groups** (:func:`kvspec.kv_cache_interface.eagle_group_ids`);
+- each group's **view** (:class:`GroupView`): its kind and the numbers the
+  rules need, without the spec classes.
+
+A config from elsewhere (vLLM's scheduler, a real model) names its own
+scheduler and hash block sizes: give them, and they are kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from kvspec.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    MambaSpec,
+    RSWASpec,
+    SlidingWindowSpec,
+    eagle_group_ids,
+    spec_is,
+)
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """One KV-cache group as the rules see it."""
+
+    kind: str  # full_attention, rswa, sliding_window, chunked_local_attention, mamba, cross_attention
+    block_size: int
+    sliding_window: int | None = None
+    rswa_window: int | None = None
+    attention_chunk_size: int | None = None
+    mamba_cache_mode: str | None = None
+    num_speculative_blocks: int = 0
+    eagle: bool = False
+
+
+def view_of(spec: KVCacheSpec, eagle: bool) -> GroupView:
+    """A spec's kind and numbers (RSWA before full attention: it is one)."""
+    common = dict(block_size=spec.block_size, eagle=eagle)
+    if spec_is(spec, RSWASpec):
+        return GroupView("rswa", rswa_window=spec.rswa_window, **common)
+    if spec_is(spec, FullAttentionSpec):
+        return GroupView("full_attention", **common)
+    if spec_is(spec, SlidingWindowSpec):
+        return GroupView("sliding_window", sliding_window=spec.sliding_window, **common)
+    if spec_is(spec, ChunkedLocalAttentionSpec):
+        return GroupView("chunked_local_attention", attention_chunk_size=spec.attention_chunk_size, **common)
+    if spec_is(spec, MambaSpec):
+        return GroupView("mamba", mamba_cache_mode=spec.mamba_cache_mode,
+                         num_speculative_blocks=spec.num_speculative_blocks, **common)
+    if spec_is(spec, CrossAttentionSpec):
+        return GroupView("cross_attention", **common)
+    raise TypeError(f"unsupported KV-cache spec {type(spec).__name__}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A model's KV-cache groups and the pool they share (see the module docstring).
+
+    ``eagle_groups``: the groups the config marks as the drafter's.  A
+    ``scheduler_block_size``/``hash_block_size`` of 0 is derived."""
+
+    groups: tuple[KVCacheSpec, ...]
+    num_blocks: int = 24
+    max_model_len: int = 32
+    enable_caching: bool = True
+    use_eagle: bool = False
+    eagle_groups: tuple[int, ...] = field(default=())
+    given_scheduler_block_size: int = 0
+    given_hash_block_size: int = 0
+
+    @classmethod
+    def from_config(cls, kv_cache_config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int,
+                    enable_caching: bool = True, use_eagle: bool = False, max_model_len: int = 0) -> Layout:
+        """The layout of a config built elsewhere, with its own sizes."""
+        groups = kv_cache_config.kv_cache_groups
+        return cls(tuple(g.kv_cache_spec for g in groups), kv_cache_config.num_blocks, max_model_len,
+                   enable_caching, use_eagle, tuple(i for i, g in enumerate(groups) if g.is_eagle_group),
+                   scheduler_block_size, hash_block_size)
+
+    @property
+    def scheduler_block_size(self) -> int:
+        if self.given_scheduler_block_size:
+            return self.given_scheduler_block_size
+        return math.lcm(*(g.block_size for g in self.groups)) if self.groups else 1
+
+    @property
+    def hash_block_size(self) -> int:
+        if self.given_hash_block_size:
+            return self.given_hash_block_size
+        if len(self.groups) <= 1 or not self.enable_caching:
+            return self.scheduler_block_size
+        return math.gcd(*(g.block_size for g in self.groups))
+
+    @property
+    def hit_alignment(self) -> int:
+        """Hits are multiples of this: the scheduler block size in a hybrid
+        model, the block size with one group."""
+        return self.scheduler_block_size if len(self.groups) != 1 else self.groups[0].block_size
+
+    @property
+    def has_cross_attention(self) -> bool:
+        return any(spec_is(g, CrossAttentionSpec) for g in self.groups)
+
+    @property
+    def has_mamba_align(self) -> bool:
+        return any(spec_is(g, MambaSpec) and g.mamba_cache_mode == "align" for g in self.groups)
+
+    def kv_cache_config(self) -> KVCacheConfig:
+        """One group per spec (one layer each, ``layer.i``)."""
+        return KVCacheConfig(
+            num_blocks=self.num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec([f"layer.{i}"], spec, is_eagle_group=i in self.eagle_groups)
+                             for i, spec in enumerate(self.groups)],
+        )
+
+    @cached_property
+    def views(self) -> tuple[GroupView, ...]:
+        """Each group's kind and numbers, with its EAGLE flag."""
+        eagle = eagle_group_ids(self.kv_cache_config(), self.use_eagle)
+        return tuple(view_of(spec, i in eagle) for i, spec in enumerate(self.groups))
+
+    def target_args(self, enable_kv_cache_events: bool = True) -> tuple:
+        """Positional arguments of a ManagerTarget factory."""
+        return (self.kv_cache_config(), self.max_model_len, self.scheduler_block_size, self.hash_block_size,
+                self.enable_caching, self.use_eagle, enable_kv_cache_events)
