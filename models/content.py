@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from kvspec.hashing import prompt_embeds_bytes
-from kvspec.spec.request_rules import tenant
+from kvspec.spec.content import tenant
 
 TABLE_ROWS = 4096
 _MASK = (1 << 62) - 1

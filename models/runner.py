@@ -53,8 +53,8 @@ from kvspec.models import kernels as K
 from kvspec.models.block_table import NULL_BLOCK, BlockTables
 from kvspec.models.content import AttentionContent, ContentIds, MambaContent, MLAContent
 from kvspec.request import LoRARequest, Request, RequestStatus
+from kvspec.spec.content import mamba_token_positions
 from kvspec.spec.interface import ManagerTarget
-from kvspec.spec.request_rules import mamba_token_positions
 
 CHECKS = {
     "table-coherence": "the worker's block-table row holds what the manager's table holds, except blocks the "

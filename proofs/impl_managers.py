@@ -15,7 +15,7 @@ allocates its first chunk (``allocate_slots``) with symbolic counts.
 Every call is checked as the conformance machine checks it: the
 request-level step and state rules of :mod:`kvspec.spec.request_rules` --
 among them **hit-optimality**, impl's hit against the brute-force oracle
-:func:`~kvspec.spec.request_rules.oracle_hit_length`, and
+:func:`~kvspec.spec.oracle.oracle_hit_length`, and
 **allocation-accounting**, the blocks impl takes against the spec's estimate
 -- and impl's result, tables, pool and events against the spec's
 (:func:`divergence`, rule spec-equivalence).  Each obligation

@@ -30,209 +30,28 @@ pool's hash table, and asks each group whether it could serve it
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id, prompt_embeds_bytes
-from kvspec.kv_cache_interface import (
-    cdiv,
-)
+from kvspec.hashing import make_block_hash_with_group_id
 from kvspec.spec import rules as pool_rules
-from kvspec.spec.interface import NULL_BLOCK_ID, ManagerSnapshot, ManagerTarget, PoolSnapshot
+from kvspec.spec.content import (
+    ATTENTION_KINDS,
+    NULL,
+    Shadow,
+    hashes_for,
+    key_for,
+    out_of_window,
+    tenant,
+)
+from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot
 from kvspec.spec.layout import GroupView, Layout
+from kvspec.spec.oracle import group_can_serve, oracle_hit_length
 from kvspec.spec.rules import Violation
 
-NULL = NULL_BLOCK_ID
-ATTENTION_KINDS = ("full_attention", "rswa", "sliding_window", "chunked_local_attention")
-
-
 # --- what the caller knows -----------------------------------------------------------------------
-
-
-def tenant(request: Any) -> tuple[Any, Any]:
-    """Who may share a request's blocks: its cache salt and LoRA adapter."""
-    lora = getattr(request, "lora_request", None)
-    return getattr(request, "cache_salt", None), (lora.lora_name if lora else None)
-
-
-def inputs_before(request: Any, end: int) -> tuple[Any, ...]:
-    """The inputs besides token ids that tokens ``[0, end)`` were computed
-    from: multimodal inputs starting by then, and the prompt's embeddings
-    (when the prompt came as embeddings, its token ids are placeholders)."""
-    mm = tuple((f.identifier, f.mm_position.offset)
-               for f in getattr(request, "mm_features", None) or () if f.mm_position.offset < end)
-    embeds = getattr(request, "prompt_embeds", None)
-    if embeds is None:
-        return mm
-    return mm + (("prompt embeds", hashlib.sha256(prompt_embeds_bytes(embeds, 0, end)).hexdigest()),)
-
-
-def token_content(request: Any, t: int) -> tuple[Any, ...]:
-    """What the KV of token ``t`` of ``request`` depends on: the tenant, every
-    token up to ``t`` and the other inputs given by then."""
-    return tenant(request), tuple(request.all_token_ids[: t + 1]), inputs_before(request, t + 1)
-
-
-def state_content(request: Any, n: int) -> tuple[Any, ...]:
-    """What a recurrent state after ``n`` tokens depends on."""
-    return tenant(request), tuple(request.all_token_ids[:n]), inputs_before(request, n)
-
-
-def mamba_token_positions(group: GroupView, start: int, end: int) -> list[int]:
-    """Where a Mamba group's step over tokens ``[start, end)`` keeps the
-    running state after each token: token ``t`` leaves the state after
-    ``t + 1`` tokens at position ``cdiv(t + 1, B) - 1`` of the request's
-    table -- so the state at every block boundary stays behind in that
-    boundary's block -- except in align mode, where every token of the step
-    writes the one block of the step's final state, ``cdiv(end, B) - 1``.
-    The step reads its initial state from position ``cdiv(start, B) - 1``
-    (none when ``start`` is 0)."""
-    bs = group.block_size
-    if group.mamba_cache_mode == "align":
-        return [cdiv(end, bs) - 1] * (end - start)
-    return [cdiv(t + 1, bs) - 1 for t in range(start, end)]
-
-
-def mamba_states_written(group: GroupView, start: int, end: int) -> list[int]:
-    """The states a Mamba step over ``[start, end)`` leaves in the request's
-    blocks, as token counts ``n`` (the state after ``n`` tokens, at position
-    ``cdiv(n, B) - 1``): the last one written to each position by
-    :func:`mamba_token_positions`, plus, in align mode with speculative
-    blocks, the boundary state the model runner copies (see :class:`Shadow`)."""
-    last: dict[int, int] = {}
-    for t, p in zip(range(start, end), mamba_token_positions(group, start, end), strict=True):
-        last[p] = t + 1
-    written = sorted(last.values())
-    bs, spec = group.block_size, group.num_speculative_blocks
-    if group.mamba_cache_mode == "align" and spec and end - start <= 1 + spec:
-        boundary = end // bs * bs
-        if start < boundary < end:
-            written.insert(0, boundary)
-    return written
-
-
-class Shadow:
-    """What every (group, block) holds, as the caller wrote it.
-
-    Attention groups hold one token's KV per slot: writing tokens
-    ``[start, end)`` of a request puts token ``t`` into slot ``t % B`` of the
-    block at position ``t // B`` of its table.  Mamba groups hold one state per
-    block: a step that computes ``[start, end)`` writes the state after
-    ``end`` into the block at position ``cdiv(end, B) - 1`` (the running
-    state) and, except in align mode, the state at every block boundary it
-    crosses into the block at that position.  In align mode with ``s > 0``
-    speculative blocks, a step of at most ``1 + s`` tokens is a speculative
-    decode step (one token plus accepted drafts); when it crosses a block
-    boundary without ending on it, vLLM's model runner copies the state at
-    the last boundary crossed into that boundary's block
-    (``postprocess_mamba`` in ``vllm/v1/worker/mamba_utils.py``), and so does
-    the shadow.  (A longer step -- a prefill chunk -- writes only its final
-    state: a chunk that does not end on a boundary leaves the boundary's
-    block stale, which is why align mode needs block-aligned chunks.)  Null
-    entries are not written.  Freeing a block does not erase it (that is
-    what makes a cache hit possible); only new writes do.
-    """
-
-    def __init__(self, layout: Layout):
-        self.layout = layout
-        self.slots: dict[tuple[int, int], dict[int, tuple[Any, ...]]] = {}
-        self.states: dict[tuple[int, int], tuple[Any, ...]] = {}
-
-    def write(self, request: Any, tables: tuple[list[int], ...], start: int, end: int,
-              kinds: tuple[str, ...] | None = None) -> None:
-        """Record that ``request`` computed tokens ``[start, end)`` into its
-        ``tables`` (one list per group, as the manager returned them); with
-        ``kinds``, only into groups of those kinds."""
-        for g, (group, table) in enumerate(zip(self.layout.views, tables, strict=True)):
-            bs = group.block_size
-            if group.kind == "cross_attention" or (kinds is not None and group.kind not in kinds):
-                continue
-            if group.kind == "mamba":
-                for n in mamba_states_written(group, start, end):
-                    p = cdiv(n, bs) - 1
-                    if p < len(table) and table[p] != NULL:
-                        self.states[(g, table[p])] = state_content(request, n)
-                continue
-            for t in range(start, end):
-                p = t // bs
-                if p < len(table) and table[p] != NULL:
-                    self.slots.setdefault((g, table[p]), {})[t % bs] = token_content(request, t)
-
-    def scribble(self, request: Any, tables: tuple[list[int], ...], start: int, end: int) -> None:
-        """Record that attention slots of tokens ``[start, end)`` hold KV no
-        position names (rejected draft tokens), until overwritten."""
-        for g, (group, table) in enumerate(zip(self.layout.views, tables, strict=True)):
-            if group.kind not in ATTENTION_KINDS:
-                continue
-            for t in range(start, end):
-                p = t // group.block_size
-                if p < len(table) and table[p] != NULL:
-                    self.slots.setdefault((g, table[p]), {})[t % group.block_size] = (
-                        tenant(request), ("rejected draft", request.request_id, t), ())
-
-    def holds(self, g: int, block_id: int, request: Any, position: int) -> list[str]:
-        """How block ``block_id`` of group ``g`` differs from what position
-        ``position`` of ``request`` names (empty: it holds exactly that)."""
-        group = self.layout.views[g]
-        bs = group.block_size
-        if group.kind == "mamba":
-            want = state_content(request, (position + 1) * bs)
-            have = self.states.get((g, block_id))
-            return [] if have == want else [f"holds state {_short(have)}, position {position} names {_short(want)}"]
-        slots = self.slots.get((g, block_id), {})
-        for s in range(bs):
-            want = token_content(request, position * bs + s)
-            if slots.get(s) != want:
-                return [f"slot {s} holds {_short(slots.get(s))}, position {position} names {_short(want)}"]
-        return []
-
-    def backs(self, g: int, table: tuple[int, ...], request: Any, n: int) -> list[str]:
-        """How group ``g``'s ``table`` fails to hold what ``request``'s next
-        step reads after ``n`` computed tokens (empty: it holds it all).
-        Attention: the KV of every computed token the window still reads
-        (every one, for full attention; R-SWA: the prompt and the window);
-        Mamba: the state after ``n`` tokens at position ``cdiv(n, B) - 1``;
-        cross attention: nothing (the encoder's output is not a prefix)."""
-        group = self.layout.views[g]
-        bs = group.block_size
-        if n == 0 or group.kind == "cross_attention":
-            return []
-        if group.kind == "mamba":
-            p = cdiv(n, bs) - 1
-            have = self.states.get((g, table[p])) if p < len(table) and table[p] != NULL else None
-            want = state_content(request, n)
-            return [] if have == want else [f"position {p} holds state {_short(have)}, not the state after {n}"]
-        gone = set(_out_of_window(group, n, getattr(request, "num_prompt_tokens", None)))
-        for t in range(n):
-            p = t // bs
-            if p in gone:
-                continue
-            block = table[p] if p < len(table) else NULL
-            have = None if block == NULL else self.slots.get((g, block), {}).get(t % bs)
-            if have != token_content(request, t):
-                where = "no block" if block == NULL else f"block {block} slot {t % bs} holds {_short(have)}"
-                return [f"token {t} (position {p}): {where}"]
-        return []
-
-    def writers(self, g: int, block_id: int) -> set[tuple[Any, Any]]:
-        """The tenants whose writes the block holds."""
-        if self.layout.views[g].kind == "mamba":
-            state = self.states.get((g, block_id))
-            return set() if state is None else {state[0]}
-        return {content[0] for content in self.slots.get((g, block_id), {}).values()}
-
-
-def _short(content: Any) -> str:
-    if content is None:
-        return "nothing"
-    who, tokens, _ = content
-    if tokens and tokens[0] == "rejected draft":
-        return f"a rejected draft token of {tokens[1]}"
-    return f"{who} tokens[:{len(tokens)}]=...{list(tokens[-4:])}"
 
 
 @dataclass
@@ -269,28 +88,6 @@ def _computed_at_call(step: ManagerStep) -> int:
     if step.computed_before is not None:
         return step.computed_before
     return getattr(step.args.get("request"), "num_computed_tokens", 0)
-
-
-def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | None = None,
-            **kwargs: Any) -> ManagerStep:
-    """Call ``target.op(*args, **kwargs)`` between two snapshots.  A refusal
-    (``ValueError``/``TypeError``) is recorded in the step, not raised."""
-    method = getattr(target, op)
-    try:
-        bound = inspect.signature(method).bind(*args, **kwargs)
-        bound.apply_defaults()
-        named = dict(bound.arguments)
-    except TypeError:
-        named = {"args": args, **kwargs}
-    before = target.snapshot()
-    computed = getattr(named.get("request"), "num_computed_tokens", None)
-    result, error = None, None
-    try:
-        result = method(*args, **kwargs)
-    except (ValueError, TypeError) as e:
-        error = e
-    return ManagerStep(op, named, before, target.snapshot(), result, error, expected_pulled,
-                       computed if type(computed) is int else None)
 
 
 # --- registries ----------------------------------------------------------------------------------------
@@ -337,82 +134,12 @@ def holders(snap: ManagerSnapshot) -> Counter[int]:
     return Counter(b for _, _, _, b in slots(snap))
 
 
-def _hashes(request: Any, layout: Layout, g: int):
-    return block_hashes_for_size(request.block_hashes, layout.hash_block_size, layout.views[g].block_size)
-
-
-def _key(request: Any, layout: Layout, g: int, i: int) -> bytes | None:
-    hashes = _hashes(request, layout, g)
-    return make_block_hash_with_group_id(hashes[i], g) if i < len(hashes) else None
-
-
 def _tables_of(snap: ManagerSnapshot, rid: str, num_groups: int) -> tuple[tuple[int, ...], ...]:
     return snap.tables.get(rid, tuple(() for _ in range(num_groups)))
 
 
 def _unchanged(before: ManagerSnapshot, after: ManagerSnapshot) -> bool:
     return before.pool.without_null_ref() == after.pool.without_null_ref() and before.tables == after.tables
-
-
-# --- the oracle ------------------------------------------------------------------------------------------------
-
-
-def group_can_serve(pool: PoolSnapshot, request: Any, layout: Layout, g: int, length: int, max_length: int) -> bool:
-    """Could group ``g`` start ``request`` with ``length`` tokens computed,
-    from what the pool's hash table holds?  ``length`` must be a multiple of
-    the group's block size ``B``; ``n = length / B``.  The positions it needs
-    cached (under the request's hash for the position and group ``g``):
-
-    - full attention: all of ``0 .. n-1``;
-    - sliding window ``w``: the last ``max(1, cdiv(w-1, B))`` before ``n``
-      (all of them when fewer exist);
-    - chunked local ``c``: ``(length // c * c) // B .. n-1`` -- every block
-      holding a token of the chunk of token ``length``;
-    - Mamba: ``n - 1`` (the state after token ``length - 1``);
-    - cross attention: never (length 0 only).
-
-    An EAGLE group (never a Mamba group: drafts have no Mamba layers) must
-    also have position ``n`` cached, within ``max_length``: it serves
-    ``length`` by recomputing one more block.  Length 0 is always served.
-    """
-    if length == 0:
-        return True
-    group = layout.views[g]
-    bs = group.block_size
-    if length % bs or group.kind == "cross_attention":
-        return False
-    n = length // bs
-    if group.kind in ("full_attention", "rswa"):
-        needed = list(range(n))
-    elif group.kind == "sliding_window":
-        needed = list(range(max(0, n - max(1, cdiv(group.sliding_window - 1, bs))), n))
-    elif group.kind == "chunked_local_attention":
-        c = group.attention_chunk_size
-        needed = list(range(length // c * c // bs, n))
-    elif group.kind == "mamba":
-        needed = [n - 1]
-    else:
-        raise ValueError(f"unknown group kind {group.kind}")
-    if group.eagle and group.kind != "mamba":
-        if length + bs > max_length:
-            return False
-        needed.append(n)
-    return all((key := _key(request, layout, g, i)) is not None and key in pool.table for i in needed)
-
-
-def oracle_hit_length(pool: PoolSnapshot, request: Any, layout: Layout) -> int:
-    """The optimal hit: the longest length ``L <= num_tokens - 1``, a
-    multiple of the layout's hit alignment, that every group can serve
-    (:func:`group_can_serve`) -- found by trying every candidate, longest
-    first.  0 when caching is off or the request skips reading the cache."""
-    if not layout.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
-        return 0
-    max_length = request.num_tokens - 1
-    align = layout.hit_alignment
-    for length in range(max_length // align * align, 0, -align):
-        if all(group_can_serve(pool, request, layout, g, length, max_length) for g in range(len(layout.views))):
-            return length
-    return 0
 
 
 # --- state rules ---------------------------------------------------------------------------------------------------
@@ -464,7 +191,7 @@ def cached_content_sound(snap: ManagerSnapshot, ctx: RequestContext) -> list[str
     names: dict[bytes, tuple[Any, int, int]] = {}
     for request in ctx.requests.values():
         for g in range(len(ctx.layout.views)):
-            for i, h in enumerate(_hashes(request, ctx.layout, g)):
+            for i, h in enumerate(hashes_for(request, ctx.layout, g)):
                 names.setdefault(make_block_hash_with_group_id(h, g), (request, g, i))
     problems = []
     for b, key in snap.pool.key_of.items():
@@ -526,7 +253,7 @@ def block_size_coherence(snap: ManagerSnapshot, ctx: RequestContext) -> list[str
         key = snap.pool.key_of.get(b)
         if key is None or rid not in ctx.requests:
             continue
-        want = _key(ctx.requests[rid], layout, g, i)
+        want = key_for(ctx.requests[rid], layout, g, i)
         if want is not None and key != want:
             problems.append(f"block {b} at position {i} of {rid} (group {g}) carries another position's hash")
     for rid, tables in snap.tables.items():
@@ -577,7 +304,7 @@ def hit_soundness(step: ManagerStep, ctx: RequestContext) -> list[str]:
             problems.append(f"group {g} reports {len(blocks)} blocks ({len(blocks) * group.block_size} tokens) "
                             f"for hit {hit}")
         for i, b in enumerate(blocks):
-            if b != NULL and step.before.pool.key_of.get(b) != _key(request, layout, g, i):
+            if b != NULL and step.before.pool.key_of.get(b) != key_for(request, layout, g, i):
                 problems.append(f"hit block {b} at position {i} of group {g} is not cached for this request")
         if hit and not group_can_serve(step.before.pool, request, layout, g, hit, request.num_tokens - 1):
             problems.append(f"group {g} ({group.kind}) cannot serve hit {hit}")
@@ -649,38 +376,6 @@ def _released(step: ManagerStep, rid: str, num_groups: int, layout: Layout | Non
     return sum(1 for b, n in dropped.items() if step.before.pool.ref[b] == n)
 
 
-def _out_of_window(group: GroupView, num_computed: int, num_prompt_tokens: int | None) -> range:
-    """The table positions a request with ``num_computed`` tokens computed
-    (and a prompt of ``num_prompt_tokens``) never reads again: those before
-    :func:`_window_start`, or for R-SWA (window ``w``) the gap between the
-    prompt and the window, positions ``cdiv(P, B)`` up to ``max(P, n - w) // B``."""
-    if group.kind != "rswa":
-        return range(_window_start(group, num_computed))
-    if num_prompt_tokens is None:
-        return range(0)
-    window_start = max(num_prompt_tokens, num_computed - group.rswa_window)
-    return range(cdiv(num_prompt_tokens, group.block_size), window_start // group.block_size)
-
-
-def _window_start(group: GroupView, num_computed: int) -> int:
-    """The first table position a request with ``num_computed`` tokens
-    computed may still read; every block before it left the attention window:
-    sliding window ``w``: tokens before ``num_computed - w + 1``; chunked
-    local ``c``: the chunks before the one of token ``num_computed``; Mamba
-    (``s`` speculative blocks; drafts may be rejected): all but the state
-    after ``max(0, num_computed - s)`` tokens; full and cross attention:
-    none (R-SWA: see :func:`_out_of_window`)."""
-    if group.kind == "sliding_window":
-        skipped = num_computed - group.sliding_window + 1
-    elif group.kind == "chunked_local_attention":
-        skipped = num_computed // group.attention_chunk_size * group.attention_chunk_size
-    elif group.kind == "mamba":
-        skipped = max(0, num_computed - group.num_speculative_blocks) - 1
-    else:
-        skipped = 0
-    return max(0, skipped) // group.block_size
-
-
 def _release_calls(before: tuple[tuple[int, ...], ...], after: tuple[tuple[int, ...], ...]) -> list[list[int]]:
     """The free calls that null a request's entries from tables ``before`` to
     ``after``: group by group, each run of consecutive nulled positions, tail
@@ -717,7 +412,7 @@ def _refused_release_problems(step: ManagerStep, layout: Layout | None) -> list[
                   step.args.get("num_external_computed_tokens", 0))
         computed = sum(c for c in counts if type(c) is int)
         prompt = getattr(request, "num_prompt_tokens", None)
-        gone = [_out_of_window(group, computed, prompt) for group in layout.views]
+        gone = [out_of_window(group, computed, prompt) for group in layout.views]
         problems += [f"released block {b} (group {g}, position {i}) inside the attention window"
                      for g, i, b, _ in changed if i not in gone[g]]
     if _after_frees(before.pool, _release_calls(bt, at)).without_null_ref() != after.pool.without_null_ref():
@@ -726,13 +421,13 @@ def _refused_release_problems(step: ManagerStep, layout: Layout | None) -> list[
 
 
 @step_rule("content-soundness")
-def released_out_of_window(step: ManagerStep, ctx: RequestContext) -> list[str]:
+def releasedout_of_window(step: ManagerStep, ctx: RequestContext) -> list[str]:
     """A request's block is released only once no future query of it reads
     the block's tokens: an accepted ``allocate_slots`` (after its
     ``num_computed_tokens + num_new_computed_tokens +
     num_external_computed_tokens`` tokens) or ``remove_skipped_blocks``
     (after ``total_computed_tokens``) releases positions out of the window
-    only (:func:`_out_of_window`; R-SWA's gap needs the prompt length).  A
+    only (:func:`out_of_window`; R-SWA's gap needs the prompt length).  A
     block released while still read would be reused and overwritten under
     the request: wrong KV, no error.  (A refused ``allocate_slots``:
     :func:`refusal_changes_nothing`.)"""
@@ -753,7 +448,7 @@ def released_out_of_window(step: ManagerStep, ctx: RequestContext) -> list[str]:
     before, after = _tables_of(step.before, rid, len(groups)), _tables_of(step.after, rid, len(groups))
     problems = []
     for g, (bt, at) in enumerate(zip(before, after, strict=False)):
-        gone = _out_of_window(groups[g], computed, prompt)
+        gone = out_of_window(groups[g], computed, prompt)
         kept = set(at)
         problems += [f"{step.op} released block {b} of {rid} (group {g}, position {i}) inside the attention window"
                      for i, b in enumerate(bt)
@@ -921,8 +616,4 @@ __all__ = [
     "check_request_step",
     "group_can_serve",
     "oracle_hit_length",
-    "observe",
-    "state_content",
-    "tenant",
-    "token_content",
 ]

@@ -13,25 +13,24 @@ import pytest
 
 from broken_managers import IgnoresTenant, hasher_ignoring_embeddings
 from kvspec.conformance.manager_machine import embedding_rows
+from kvspec.conformance.observe import observe
 from kvspec.errors import RuleError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request, RequestStatus
 from kvspec.spec.attention import FullAttention, ReferenceSlidingWindow, SlidingWindow
+from kvspec.spec.content import Shadow, state_content
 from kvspec.spec.coordinator import HybridCoordinator
 from kvspec.spec.manager import SpecKVCacheManager
+from kvspec.spec.oracle import oracle_hit_length
 from kvspec.spec.pool import SpecBlockPool
 from kvspec.spec.request_rules import (
     REQUEST_STATE_RULES,
     REQUEST_STEP_RULES,
     Layout,
     RequestContext,
-    Shadow,
     check_request_state,
     check_request_step,
-    observe,
-    oracle_hit_length,
     refusal_changes_nothing,
-    state_content,
 )
 from kvspec.testing import chunked, config, cross, full, mamba, mla, rswa, swa
 

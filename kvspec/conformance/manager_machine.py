@@ -26,11 +26,13 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvspec.conformance.layouts import ManagerLayout
 from kvspec.conformance.machinery import CheckingMachine, Refused, describe_call, describe_outcome
+from kvspec.conformance.observe import observe
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import LoRARequest, Request, RequestStatus
+from kvspec.spec.content import Shadow
 from kvspec.spec.interface import ManagerTarget
-from kvspec.spec.request_rules import RequestContext, Shadow, check_request_state, check_request_step, observe
+from kvspec.spec.request_rules import RequestContext, check_request_state, check_request_step
 from kvspec.spec.rules import EventMirror, Violation, check_events
 
 ENCODER_TOKENS = 6

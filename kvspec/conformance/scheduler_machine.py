@@ -26,7 +26,7 @@ every forward pass:
 ``content-soundness`` for what is counted computed
     A scheduled request that counts ``n`` tokens as computed holds, in
     every group, what its step reads of them (:meth:`Shadow.backs
-    <kvspec.spec.request_rules.Shadow.backs>`): the KV of its own tokens in
+    <kvspec.spec.content.Shadow.backs>`): the KV of its own tokens in
     every slot the window still reads, the state after ``n`` tokens in a
     Mamba group -- whether those tokens were computed, hit in the prefix
     cache or loaded by the connector.  A request that reads a block this
@@ -57,14 +57,9 @@ from typing import Any
 from kvspec.conformance.layouts import ManagerLayout
 from kvspec.conformance.manager_targets import KVCacheManagerTarget
 from kvspec.kv_cache_interface import MambaSpec, cdiv
+from kvspec.spec.content import ATTENTION_KINDS, Shadow
 from kvspec.spec.interface import NULL_BLOCK_ID
-from kvspec.spec.request_rules import (
-    ATTENTION_KINDS,
-    RequestContext,
-    Shadow,
-    check_request_state,
-    computed_content_sound,
-)
+from kvspec.spec.request_rules import RequestContext, check_request_state, computed_content_sound
 from kvspec.spec.rules import Violation
 from kvspec.testing import full, mamba, swa
 

@@ -1,0 +1,37 @@
+"""Observing a manager: one operation between two snapshots.
+
+The request-level rules judge a :class:`~kvspec.spec.request_rules.ManagerStep`
+-- the call with its arguments by name, the snapshots around it, the result
+or the refusal.  :func:`observe` makes one by calling a target; the
+machines, the kernel stage and the proofs all observe through it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from kvspec.spec.interface import ManagerTarget
+from kvspec.spec.request_rules import ManagerStep
+
+
+def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | None = None,
+            **kwargs: Any) -> ManagerStep:
+    """Call ``target.op(*args, **kwargs)`` between two snapshots.  A refusal
+    (``ValueError``/``TypeError``) is recorded in the step, not raised."""
+    method = getattr(target, op)
+    try:
+        bound = inspect.signature(method).bind(*args, **kwargs)
+        bound.apply_defaults()
+        named = dict(bound.arguments)
+    except TypeError:
+        named = {"args": args, **kwargs}
+    before = target.snapshot()
+    computed = getattr(named.get("request"), "num_computed_tokens", None)
+    result, error = None, None
+    try:
+        result = method(*args, **kwargs)
+    except (ValueError, TypeError) as e:
+        error = e
+    return ManagerStep(op, named, before, target.snapshot(), result, error, expected_pulled,
+                       computed if type(computed) is int else None)
