@@ -14,10 +14,35 @@ if os.environ.get("KVSPEC_DEVICE", "cpu") == "cpu":
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from kvspec.conformance.settings import load_profile
+from kvspec.conformance.settings import PROFILES, load_profile
 from operations import OPERATIONS
 
-load_profile()
+
+def pytest_configure(config):
+    """The Hypothesis profile: ``--hypothesis-profile`` (``ci`` in CI, ``long``
+    for fuzzing), else ``$HYPOTHESIS_PROFILE``, else ``quick`` -- the default
+    for a developer's run.  It is exported so that every worker process and
+    every helper that calls ``load_profile()`` sees the same one."""
+    name = config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE") or "quick"
+    if name not in PROFILES:
+        raise ValueError(f"unknown Hypothesis profile {name!r}; choose one of {sorted(PROFILES)}")
+    os.environ["HYPOTHESIS_PROFILE"] = name
+    load_profile(name)
+
+
+def pytest_report_header(config):
+    return f"kvspec: Hypothesis profile {os.environ.get('HYPOTHESIS_PROFILE')}"
+
+
+def pytest_make_parametrize_id(config, val, argname):
+    """Readable ids for argument lists and keyword dicts (``conform --target
+    nope``, not ``argv0``)."""
+    plain = (str, int, float, bool, type(None))
+    if isinstance(val, (list, tuple)) and val and all(isinstance(v, plain) for v in val):
+        return " ".join(map(str, val))[:80]
+    if isinstance(val, dict) and val and all(isinstance(k, str) and isinstance(v, plain) for k, v in val.items()):
+        return ",".join(f"{k}={v}" for k, v in val.items())[:80]
+    return None
 
 
 def pytest_runtest_logreport(report):
