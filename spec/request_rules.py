@@ -421,7 +421,7 @@ def _refused_release_problems(step: ManagerStep, layout: Layout | None) -> list[
 
 
 @step_rule("content-soundness")
-def releasedout_of_window(step: ManagerStep, ctx: RequestContext) -> list[str]:
+def released_out_of_window(step: ManagerStep, ctx: RequestContext) -> list[str]:
     """A request's block is released only once no future query of it reads
     the block's tokens: an accepted ``allocate_slots`` (after its
     ``num_computed_tokens + num_new_computed_tokens +
