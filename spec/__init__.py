@@ -1,11 +1,14 @@
 """The executable specification of vLLM v1's KV-cache block manager.
 
-Read in this order:
-
-1. :mod:`kvspec.hashing` -- how a block's content is named;
-2. :mod:`kvspec.spec.pool` -- the block pool: state, operations, order;
-3. :mod:`kvspec.spec.rules` -- the rules every pool must keep, as predicates;
-4. :mod:`kvspec.spec.interface` -- what a pool must offer to be checked.
+Start at ``spec/README.md``: the normative document, chapter by chapter --
+notation (:mod:`~kvspec.spec.interface`, :mod:`~kvspec.spec.layout`), the
+pool (:mod:`~kvspec.spec.pool`, :mod:`~kvspec.spec.rules`), one
+full-attention group (:mod:`~kvspec.spec.core`,
+:mod:`~kvspec.spec.request_rules`, :mod:`~kvspec.spec.content`,
+:mod:`~kvspec.spec.oracle`), then windows, several groups, Mamba, EAGLE and
+external tokens as deltas (:mod:`~kvspec.spec.attention`,
+:mod:`~kvspec.spec.coordinator`, :mod:`~kvspec.spec.manager`).  The rule
+catalogue is :mod:`~kvspec.spec.catalogue`.
 """
 
 from kvspec.spec.interface import NULL_BLOCK_ID, Cleared, PoolSnapshot, PoolTarget, Removed, Stored

@@ -18,7 +18,7 @@ is the rule.  **State rules** take ``(snapshot, context)``; **step rules** take
 ``(step, context)`` for one operation (:class:`ManagerStep`, built by
 :func:`observe`).  :func:`check_request_state` and :func:`check_request_step`
 run them all and return :class:`~kvspec.spec.rules.Violation` records that
-cite the rule names of the catalogue (``docs/rules.md``).  Rules that need context the caller did
+cite the rule names of the catalogue (:mod:`kvspec.spec.catalogue`).  Rules that need context the caller did
 not give (a shadow, the requests) skip silently.
 
 **The oracle.** :func:`oracle_hit_length` states the optimal hit by brute

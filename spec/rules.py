@@ -12,7 +12,7 @@ Two kinds:
 
 :func:`check_state` and :func:`check_step` run every rule of a kind and return
 :class:`Violation` records that cite the rule's name.  The names are the
-catalogue (``docs/rules.md``); reports and exceptions use the same names.
+catalogue (:mod:`kvspec.spec.catalogue`); reports and exceptions use the same names.
 """
 
 from __future__ import annotations
