@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvspec import __version__
 from kvspec.conformance.findings import AVOIDABLE, is_avoidable, known_findings
 from kvspec.conformance.runner import (
     LEVELS,
@@ -32,6 +33,7 @@ from kvspec.conformance.runner import (
     Progress,
     Search,
     SetupError,
+    check_target,
     is_layout,
     layout_names,
     machine_for,
@@ -63,7 +65,7 @@ def conform(args: argparse.Namespace) -> int:
     if not plan:
         raise UsageError(f"no layout named {', '.join(args.layout)} in scope {args.scope}")
     for scope in scopes:
-        resolve_target(args.target, scope)  # an unusable target stops the run before it starts
+        check_target(args.target, scope)  # an unusable target stops the run before it starts
     _quiet_loggers()
     profiles = {"pool": PROFILES[args.profile], "manager": manager_settings(args.profile)}
     progress = Progress() if _show_progress(args) else None
@@ -262,7 +264,14 @@ def kernels_command(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvspec", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="kvspec",
+        description="Check a KV-cache block manager against the executable specification of vLLM v1's block "
+        "manager (reference: vLLM 0.25.1).",
+        epilog="Exit codes: 0 conforms, 1 a rule broke or the target diverged from the spec, 2 usage or "
+        "environment error.  The specification: spec/README.md; the vectors' format: docs/VECTORS.md.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvspec {__version__} (reference: vLLM 0.25.1)")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("conform", help="check a target against the specification")
     run.add_argument("--target", default="impl", help="impl, spec, vllm, or module:factory (default impl)")
@@ -381,6 +390,8 @@ def vectors_check(args: argparse.Namespace) -> int:
     if args.target == "vllm" and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
         raise UsageError(f"vectors are hashed as under PYTHONHASHSEED={HASH_SEED}, and vLLM roots its hashes "
                          f"at start-up: run with PYTHONHASHSEED={HASH_SEED}")
+    for scope in scopes:
+        check_target(args.target, scope)
     factories = {scope: resolve_target(args.target, scope) for scope in scopes}
     known = frozenset(f.id for f in known_findings(args.target)) if args.known_findings else frozenset()
     _quiet_loggers()

@@ -450,8 +450,8 @@ class SlidingWindow(GroupManager):
         2. Otherwise the largest aligned ``n`` no longer than the leading run
            of cached positions (the window reaches back to token 0): those
            ``n`` blocks, cut back to the alignment; with EAGLE one block is
-           dropped and the rest cut back to the alignment again.  (vLLM's
-           quirk: with EAGLE and ``B`` not equal to the alignment, the first
+           dropped and the rest cut back to the alignment again.  (vLLM
+           compatibility, binding at L3 only: with EAGLE and ``B`` not equal to the alignment, the first
            cut undoes the EAGLE alignment, so the result can be shorter than
            the longest servable length.)
         """
@@ -539,7 +539,7 @@ class ChunkedLocal(GroupManager):
         run of cached positions from there, up to ``max_length // B``.
 
         The positions before the chunk need no lookup at all, so a request
-        longer than a chunk always "hits" them.  (vLLM's quirk: when ``c`` is
+        longer than a chunk always "hits" them.  (vLLM compatibility, binding at L3 only: when ``c`` is
         not a multiple of ``B``, the chunk's first block also holds tokens of
         the previous chunk, and a hit ending there is not checked for them.)
         EAGLE is not supported with chunked local attention and the alignment
@@ -601,10 +601,10 @@ class Mamba(GroupManager):
 
         There is no EAGLE drop (draft models have no Mamba layers), and a
         Mamba group is never an EAGLE group
-        (:func:`~kvspec.spec.coordinator.eagle_group_ids`), so the search is
+        (:func:`~kvspec.kv_cache_interface.eagle_group_ids`), so the search is
         never widened past the candidate and the hit is never longer than
-        ``max_length``.  (vLLM 0.25.1 widens it by one block for EAGLE and
-        ignores ``drop_eagle`` here: its hit can outrun the candidate.)
+        ``max_length``.  (vLLM compatibility, a departure: vLLM 0.25.1 widens it by one block
+        for EAGLE and ignores ``drop_eagle`` here; its hit can outrun the candidate, finding F7.)
         """
         block_size = spec.block_size
         for n in range(max_length // block_size, 0, -1):

@@ -21,8 +21,9 @@ decoding drafts from them, so their hits drop the last block, see
 :mod:`kvspec.spec.attention`): the groups the config flags with
 ``is_eagle_group``, or, when ``use_eagle`` is set and none is flagged, all of
 them -- Mamba groups excepted, always: draft models have no Mamba layers, so
-a Mamba hit has no block to drop (vLLM 0.25.1 makes a Mamba group an EAGLE
-group too; see :func:`eagle_group_ids`).
+a Mamba hit has no block to drop (vLLM compatibility, a departure: vLLM
+0.25.1 makes a Mamba group an EAGLE group too; see
+:func:`kvspec.kv_cache_interface.eagle_group_ids`).
 """
 
 from __future__ import annotations
@@ -273,11 +274,11 @@ class HybridCoordinator(Coordinator):
         Every spec group's search returns at most the candidate it is given
         (an EAGLE group's peek is dropped again), so the candidate never
         grows; a Mamba group is never an EAGLE group
-        (:func:`eagle_group_ids`).  Every group's blocks then cover exactly
+        (:func:`kvspec.kv_cache_interface.eagle_group_ids`).  Every group's blocks then cover exactly
         the hit: full attention is cut to it, and every other group's last
         search returned exactly the final length.
 
-        (Where vLLM 0.25.1 differs, the rules flag it: its final cut is
+        (vLLM compatibility, a departure; the rules flag it: its final cut is
         applied to the *first* spec group only, so a second full-attention
         spec keeps the blocks of its first, longer search -- rule
         hit-soundness, and with connector tokens

@@ -406,7 +406,7 @@ class SpecKVCacheManager:
            (never unverified draft tokens).
 
         Guarantees: the new blocks, or ``None`` (refused) with nothing
-        changed but step 2's release.  (vLLM's estimate misses the blocks a
+        changed but step 2's release.  (vLLM compatibility, a departure: vLLM's estimate misses the blocks a
         Mamba align group takes for external tokens; should the pool run out
         during steps 4-5, steps 4-5 are undone and the allocation is refused
         like a step-3 refusal -- step 2's release stays done, as it does in
@@ -538,8 +538,8 @@ class SpecKVCacheManager:
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Per group, how many leading blocks of this running request every
         request holding a table in the group shares (full attention only; 0
-        elsewhere, and 0 for a request holding nothing -- vLLM also leaves an
-        empty table behind for such a request, which later counts as a
+        elsewhere, and 0 for a request holding nothing -- vLLM compatibility, a
+        departure: vLLM also leaves an empty table behind for such a request, which later counts as a
         request; the model does not)."""
         rid = self._require_request_id(running_request_id)
         return self.coordinator.common_prefix_blocks(rid)

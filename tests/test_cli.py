@@ -281,3 +281,54 @@ def test_kernels_name_the_check_that_caught_a_broken_manager(capsys):
     assert code == 1
     assert "[exact-gather]" in out and "1 layout(s) failed" in out
     assert "Falsifying example" in out or "Failing test case" in out  # Hypothesis's wording, by version
+
+
+BROKEN_TARGETS = {
+    "raises_at_import": ("raise RuntimeError('no GPU here')\n", "importing target module 'raises_at_import' failed: "
+                         "RuntimeError: no GPU here"),
+    "syntax_error": ("def make(:\n", "importing target module 'syntax_error' failed: SyntaxError"),
+    "exits_at_import": ("import sys\nsys.exit(3)\n", "importing target module 'exits_at_import' failed: SystemExit: 3"),
+    "returns_none": ("def make(*args):\n    return None\n", "target factory returns_none:make returned None"),
+    "factory_raises": ("def make(*args):\n    raise KeyError('config')\n",
+                       "target factory_raises:make could not build a pool target: KeyError: 'config'"),
+    "not_a_pool": ("def make(*args):\n    return object()\n",
+                   "returned a object, which is neither a PoolTarget nor a pool with vLLM's BlockPool API"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(BROKEN_TARGETS))
+def test_a_target_that_cannot_load_is_a_usage_error(module, tmp_path, monkeypatch, capsys):
+    """Whatever goes wrong loading a target -- at import, in the factory, in
+    what it returns -- is one line and exit 2, before any layout runs."""
+    source, message = BROKEN_TARGETS[module]
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["conform", "--target", f"{module}:make", "--scope", "pool"]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.err.count("\n") == 1, captured.err
+    assert "layout" not in captured.out  # nothing ran
+
+
+def test_a_pool_target_under_the_manager_scope_is_told_so(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_pool.py").write_text(
+        "from kvspec.impl import BlockPool\n"
+        "def make(num_blocks, enable_caching, hash_block_size, events):\n"
+        "    return BlockPool(num_blocks, enable_caching, hash_block_size, events)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["conform", "--target", "my_pool:make"]) == 2  # --scope all: pool and manager
+    err = capsys.readouterr().err
+    assert "could not build a manager target" in err and "run with --scope pool" in err, err
+    assert main(["vectors", "check", str(tmp_path), "--target", "my_pool:make", "--scope", "manager"]) == 2
+    assert "run with --scope pool" in capsys.readouterr().err
+
+
+def test_version_and_help_read_as_plain_text(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("kvspec 0.")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and "Exit codes: 0 conforms" in out

@@ -114,16 +114,80 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise SetupError(f"cannot import target module {module_name!r}: {error}") from None
+    except (Exception, SystemExit) as error:  # the module itself fails: a syntax error, a raise, sys.exit
+        raise SetupError(f"importing target module {module_name!r} failed: {_one_line(error)}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise SetupError(f"module {module_name!r} has no callable {attr!r}")
 
     def make(*args: Any) -> Any:
         target = factory(*args)
-        return target if hasattr(target, "snapshot") else VllmApiPoolTarget(target)
+        if target is None:
+            raise SetupError(f"target factory {name} returned None")
+        if scope == "pool" and not hasattr(target, "snapshot"):
+            missing = [a for a in BLOCK_POOL_API if not hasattr(target, a)]
+            if missing:
+                raise SetupError(f"target factory {name} returned a {type(target).__name__}, which is neither a "
+                                 f"PoolTarget nor a pool with vLLM's BlockPool API (it lacks {', '.join(missing)})")
+            return VllmApiPoolTarget(target)
+        return target
 
     make.__name__ = attr
     return make
+
+
+BLOCK_POOL_API = ("get_new_blocks", "touch", "free_blocks", "get_cached_block", "cache_full_blocks", "blocks",
+                  "num_gpu_blocks", "hash_block_size")
+"""What the adapter for vLLM's ``BlockPool`` API reads."""
+
+REQUIRED_OPERATIONS = {
+    "pool": ("get_new_blocks", "touch", "free_blocks", "get_cached_block", "cache_full_blocks", "snapshot"),
+    "manager": ("get_computed_blocks", "allocate_slots", "free", "cache_blocks", "snapshot"),
+}
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _build(factory: Callable[..., Any], scope: str) -> Any:
+    """One target of ``scope`` built for its first layout (or the error)."""
+    if scope == "pool":
+        layout = next(iter(LAYOUTS.values()))
+        args = (layout.num_blocks, layout.enable_caching, layout.hash_block_size, layout.events)
+    else:
+        args = MANAGER_LAYOUTS["full"].target_args()
+    try:
+        return factory(*args)
+    except SetupError:
+        raise
+    except (Exception, SystemExit) as error:
+        return error
+
+
+def check_target(name: str, scope: str) -> None:
+    """Build the target once before a run: a factory that raises, returns
+    nothing or builds the other scope's kind of target stops the run before
+    it starts, with one line that says so."""
+    factory = resolve_target(name, scope)
+    if name in TARGETS[scope]:
+        return
+    target = _build(factory, scope)
+    missing = [] if isinstance(target, BaseException) else \
+        [op for op in REQUIRED_OPERATIONS[scope] if not callable(getattr(target, op, None))]
+    if not isinstance(target, BaseException) and not missing:
+        return
+    other = "manager" if scope == "pool" else "pool"
+    found = _build(resolve_target(name, other), other)
+    hint = ""
+    if not isinstance(found, BaseException) and all(callable(getattr(found, op, None))
+                                                      for op in REQUIRED_OPERATIONS[other]):
+        hint = f"; it builds a {other} target: run with --scope {other}"
+    if isinstance(target, BaseException):
+        raise SetupError(f"target {name} could not build a {scope} target: {_one_line(target)}{hint}")
+    raise SetupError(f"target {name} built a {type(target).__name__}, which is no {scope} target "
+                     f"(it lacks {', '.join(missing)}){hint}")
 
 
 def layout_names(scope: str) -> list[str]:

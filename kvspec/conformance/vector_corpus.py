@@ -216,33 +216,38 @@ def _tenants(p, req):
         p.free_blocks(blocks[::-1])
 
 
+def _pool(num_blocks: int, group_block_sizes: tuple[int, ...] = (2,), **kw: Any) -> PoolLayout:
+    """The cases' pools: hashes of 2 tokens, one group of 2 unless said."""
+    return PoolLayout(num_blocks=num_blocks, hash_block_size=2, group_block_sizes=group_block_sizes, **kw)
+
+
 POOL_CASES: tuple[PoolCase, ...] = (
     PoolCase("empty-pool", "a pool of the null block alone: nothing to take, the null block skipped",
-             PoolLayout(num_blocks=1, hash_block_size=2, group_block_sizes=(2,)), _empty_pool),
+             _pool(1), _empty_pool),
     PoolCase("exact-fit", "every free block taken, one more refused, all freed and taken again",
-             PoolLayout(num_blocks=5, hash_block_size=2, group_block_sizes=(2,)), _exact_fit),
+             _pool(5), _exact_fit),
     PoolCase("hit-from-inside-the-queue", "cached blocks freed to the tail, then hit and touched out of the queue",
-             PoolLayout(num_blocks=6, hash_block_size=2, group_block_sizes=(2,)), _hit_from_inside_the_queue),
+             _pool(6), _hit_from_inside_the_queue),
     PoolCase("shared-prefix", "a second request takes the first one's cached prefix while it still runs",
-             PoolLayout(num_blocks=6, hash_block_size=2, group_block_sizes=(2,)), _shared_prefix),
+             _pool(6), _shared_prefix),
     PoolCase("lru-eviction", "plain blocks are reused before cached ones; cached ones least recently used first",
-             PoolLayout(num_blocks=4, hash_block_size=2, group_block_sizes=(2,)), _lru_eviction),
+             _pool(4), _lru_eviction),
     PoolCase("one-key-two-blocks", "a prefix computed twice: one key, two blocks, the oldest is the hit",
-             PoolLayout(num_blocks=6, hash_block_size=2, group_block_sizes=(2,)), _one_key_two_blocks),
+             _pool(6), _one_key_two_blocks),
     PoolCase("mask-and-null", "caching skips the null placeholder and masked-out blocks; one event for the range",
-             PoolLayout(num_blocks=6, hash_block_size=2, group_block_sizes=(2,)), _mask_and_null),
+             _pool(6), _mask_and_null),
     PoolCase("two-groups", "a lookup across groups hits only if every group hits; block size 4 over hashes of 2",
-             PoolLayout(num_blocks=6, hash_block_size=2, group_block_sizes=(2, 4)), _two_groups),
+             _pool(6, (2, 4)), _two_groups),
     PoolCase("evict-by-id", "evicting by id drops the hash, not the block's place or references",
-             PoolLayout(num_blocks=4, hash_block_size=2, group_block_sizes=(2,)), _evict_by_id),
+             _pool(4), _evict_by_id),
     PoolCase("reset", "reset refused while a block is in use, then accepted: every hash gone",
-             PoolLayout(num_blocks=4, hash_block_size=2, group_block_sizes=(2,)), _reset),
+             _pool(4), _reset),
     PoolCase("bad-input", "every kind of impossible call is refused and changes nothing",
-             PoolLayout(num_blocks=5, hash_block_size=2, group_block_sizes=(2,)), _bad_input, ("F1", "F2", "F3")),
+             _pool(5), _bad_input, ("F1", "F2", "F3")),
     PoolCase("caching-off", "with prefix caching off nothing hits and a reset is trivially accepted",
-             PoolLayout(num_blocks=4, hash_block_size=2, group_block_sizes=(2,), enable_caching=False), _caching_off),
+             _pool(4, enable_caching=False), _caching_off),
     PoolCase("tenants", "a cache salt and a LoRA adapter give one token prefix three keys",
-             PoolLayout(num_blocks=8, hash_block_size=2, group_block_sizes=(2,)), _tenants),
+             _pool(8), _tenants),
 )
 
 
