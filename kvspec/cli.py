@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +52,8 @@ from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
 
+MIN_LAYOUT_SECONDS = 0.5  # under a budget, what a failing layout's shrinking leaves each later layout
+
 
 def conform(args: argparse.Namespace) -> int:
     if args.examples is not None and args.examples <= 0:
@@ -72,7 +75,8 @@ def conform(args: argparse.Namespace) -> int:
     steered = known_findings(args.target) if args.known_findings else ()
     avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(args.avoid or ())
     searched = [name for _, name in plan if f"layout:{name}" not in avoid]
-    per_layout = args.budget / max(1, len(searched)) if args.budget else None
+    start = time.perf_counter()
+    deadline = start + args.budget if args.budget else None  # the whole run, shrinking included
 
     from kvspec.conformance.report import RunReport, write_reports
 
@@ -88,13 +92,26 @@ def conform(args: argparse.Namespace) -> int:
     if avoid:
         print(f"the machines do not send: {'; '.join(sorted(avoid))}")
     print(f"{'scope':<8} {'layout':<24} {'operations':>10} {'seconds':>8}  result", flush=True)
-    for scope, name in plan:
+    left = len(searched)
+    for i, (scope, name) in enumerate(plan, 1):
         if f"layout:{name}" in avoid:
             why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
             print(f"{scope:<8} {name:<24} {'-':>10} {'-':>8}  skipped ({why})", flush=True)
             continue
-        search = Search(profiles[scope], examples=args.examples, seconds=per_layout, seed=args.seed,
-                        batch=25 if scope == "pool" else 10)
+        share, layout_deadline = None, None
+        if deadline is not None:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                print(f"{scope:<8} {name:<24} {'-':>10} {'-':>8}  not searched (the budget is spent)", flush=True)
+                left -= 1
+                continue
+            share = remaining / left  # time a layout does not use goes to the ones after it
+            layout_deadline = deadline - MIN_LAYOUT_SECONDS * (left - 1)  # shrinking leaves the rest a slice
+        left -= 1
+        search = Search(profiles[scope], examples=args.examples, seconds=share, seed=args.seed,
+                        batch=25 if scope == "pool" else 10, deadline=layout_deadline)
+        if progress:
+            progress.position = (i, len(plan), start, deadline)
         r = run_layout(machine_for(scope, name, args.target, args.level, avoid), search, progress)
         r.seed = search.seed
         report.results.append(r)
@@ -117,6 +134,8 @@ def _verdict(r) -> str:
     if r.conforms:
         return "conforms"
     lines = ["FAILED", *("    " + line for line in r.details)]
+    if r.shrinking_stopped:
+        lines += ["    shrinking stopped at the budget: the run below is the smallest found in time"]
     if r.trace is not None:
         lines += ["    minimal failing run:", *("      " + line for line in r.trace.readable())]
         lines += [f"    saved: {r.trace_file}  (kvspec replay {r.trace_file})"]

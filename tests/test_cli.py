@@ -332,3 +332,29 @@ def test_version_and_help_read_as_plain_text(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert "``" not in out and "Exit codes: 0 conforms" in out
+
+
+def test_a_budget_bounds_the_whole_run_shrinking_included(tmp_path, monkeypatch, capsys):
+    """A slow broken pool fails early and would shrink for minutes: the
+    budget stops it, the report says so, and every layout still gets a turn."""
+    import time
+
+    (tmp_path / "slow_broken.py").write_text(
+        "import time\n"
+        "from broken_pools import DoubleDecrement, target\n"
+        "class Slow(DoubleDecrement):\n"
+        "    def free_blocks(self, blocks):\n"
+        "        time.sleep(0.02)\n"
+        "        super().free_blocks(blocks)\n"
+        "make = target(Slow)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    start = time.perf_counter()
+    code = main(["conform", "--target", "slow_broken:make", "--scope", "pool", "--budget", "6", "--seed", "3",
+                 "--trace-dir", str(tmp_path / "traces")])
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert code == 1 and "FAILED" in out
+    assert elapsed < 6 + 4, f"a 6 s budget took {elapsed:.1f} s"
+    assert sum(line.startswith("pool ") for line in out.splitlines()) == 4  # every layout reported

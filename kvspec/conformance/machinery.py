@@ -3,6 +3,7 @@ refusal travels, how a call is made without letting its error escape."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,11 @@ class ConformanceError(AssertionError):  # noqa: N818 (it is an assertion failur
         if divergence:
             lines.append(f"divergence from the spec: {divergence}")
         super().__init__("\n".join(lines))
+
+
+class BudgetSpent(BaseException):  # noqa: N818 (not an error: the time is up)
+    """The run's time is up.  A ``BaseException``, so that Hypothesis does
+    not take it for a failure to shrink: it ends the search at once."""
 
 
 class Refused(Exception):  # noqa: N818 (a refusal is an outcome, not an error)
@@ -122,8 +128,15 @@ class CheckingMachine(RuleBasedStateMachine):
     steps_run = 0
     examples_run = 0
     last_trace: Trace | None = None
+    # Under a budget: when the search must stop (before any failure), when
+    # shrinking must stop, and the smallest failure seen so far -- what is
+    # reported if the time runs out while shrinking.
+    search_deadline: float | None = None
+    shrink_deadline: float | None = None
+    best_failure: tuple[Trace, ConformanceError] | None = None
 
     def __init__(self) -> None:
+        self.check_time()
         super().__init__()
         self.failed = False
         self.trace = Trace(self.scope, self.layout_name, avoid=sorted(self.avoid))
@@ -137,7 +150,18 @@ class CheckingMachine(RuleBasedStateMachine):
         self.failed = True
         error = ConformanceError(violations, divergence)
         self.trace.record_failure(sorted({v.rule for v in violations}), str(error))
+        best = type(self).best_failure
+        if best is None or len(self.trace.steps) <= len(best[0].steps):
+            type(self).best_failure = (self.trace, error)
         raise error
+
+    def check_time(self) -> None:
+        """Stop the run (:class:`BudgetSpent`) once its time is up: the
+        search's share before a failure, the shrinking deadline after one."""
+        cls = type(self)
+        deadline = cls.shrink_deadline if cls.best_failure is not None else cls.search_deadline
+        if deadline is not None and time.perf_counter() > deadline:
+            raise BudgetSpent
 
     def in_lockstep(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Outcome | None:
         """The spec's outcome of the same operation (``None`` without
@@ -158,5 +182,6 @@ class CheckingMachine(RuleBasedStateMachine):
 
     def record(self, description: str, outcome: str) -> None:
         """One operation sent to the target, for the trace's reader."""
+        self.check_time()
         type(self).steps_run += 1
         self.trace.operation(f"{description} -> {outcome}")

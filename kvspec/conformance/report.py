@@ -29,6 +29,7 @@ class LayoutResult:
     seed: int | None = None
     trace: Trace | None = field(default=None, repr=False)  # the minimal failing run
     trace_file: str | None = None  # where that trace was saved
+    shrinking_stopped: bool = False  # the budget ran out while shrinking: the trace is not minimal
 
     def to_json(self) -> dict:
         out = asdict(self)

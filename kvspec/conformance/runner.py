@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import inspect
 import os
+import signal
 import sys
 import threading
 import time
@@ -22,10 +23,11 @@ from typing import Any
 
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings
+from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
 from kvspec.conformance.layouts import MANAGER_LAYOUTS, ManagerLayout
-from kvspec.conformance.machinery import CheckingMachine, ConformanceError
+from kvspec.conformance.machinery import BudgetSpent, CheckingMachine, ConformanceError
 from kvspec.conformance.manager_machine import manager_machine
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.pool_machine import LAYOUTS, pool_machine
@@ -259,6 +261,7 @@ class Search:
     seconds: float | None = None
     seed: int | None = None
     batch: int = 10
+    deadline: float | None = None  # time.perf_counter() by which the layout, shrinking included, must end
 
 
 def run_layout(machine: type[CheckingMachine], search: Search, progress: Progress | None = None) -> LayoutResult:
@@ -267,13 +270,24 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
     start = time.perf_counter()
     if progress:
         progress.begin(machine, search)
-    failure: Exception | None = None
+    failure: BaseException | None = None
+    shrinking = _ShrinkWatch()
+    if search.deadline is not None:
+        machine.shrink_deadline = search.deadline
+        machine.search_deadline = min(search.deadline, start + search.seconds) if search.seconds else search.deadline
     try:
-        with _shrinking_limited_to(max(30.0, search.seconds) if search.seconds else 120.0):
+        with _shrinking_limited_to(max(30.0, search.seconds) if search.seconds else 120.0), \
+                with_reporter(shrinking.report), _hard_stop_at(search.deadline):
             for batch_settings, batch_seed in _batches(search, start):
+                if search.deadline is not None:  # a failure found now may shrink until the deadline, no later
+                    _limit_shrinking(search.deadline - time.perf_counter())
                 if batch_seed is not None:
                     hypothesis_seed(batch_seed)(machine)
                 run_state_machine_as_test(machine, settings=batch_settings)
+    except BudgetSpent:
+        if machine.best_failure is not None:  # time ran out while shrinking: report the smallest run so far
+            machine.last_trace, failure = machine.best_failure
+            shrinking.stopped = True
     except ConformanceError as error:
         failure = error
     except Exception as error:  # the target (or the machine) raised where no refusal was possible
@@ -291,7 +305,58 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
         result.details = [f"the run stopped on {type(failure).__name__}: {failure}"]
     if failure is not None:
         result.trace = machine.last_trace
+        result.shrinking_stopped = shrinking.stopped
     return result
+
+
+class _ShrinkWatch:
+    """Hypothesis's reporter, minus its warning that shrinking took "more
+    than five minutes": under a budget the limit is kvspec's own, and the
+    report says "shrinking stopped at the budget" instead."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self.default = current_reporter()
+
+    def report(self, message: Any) -> None:
+        if "working to shrink a failing example" in str(message):
+            self.stopped = True
+            return
+        self.default(message)
+
+
+HARD_STOP_GRACE = 0.25  # seconds past the deadline before the alarm interrupts whatever runs
+
+
+@contextlib.contextmanager
+def _hard_stop_at(deadline: float | None) -> Iterator[None]:
+    """Raise :class:`BudgetSpent` wherever the run is once ``deadline`` (plus
+    a grace) has passed -- the machine checks the time before every
+    operation, but Hypothesis's shrinker can work for seconds on its own
+    between two runs of the machine.  A SIGALRM timer, so only in the main
+    thread of a POSIX process; elsewhere the machine's own checks remain."""
+    usable = deadline is not None and hasattr(signal, "setitimer") and \
+        threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise BudgetSpent
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.perf_counter(), 0) + HARD_STOP_GRACE)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _limit_shrinking(seconds: float) -> None:
+    engine = importlib.import_module("hypothesis.internal.conjecture.engine")
+    if hasattr(engine, "MAX_SHRINKING_SECONDS"):
+        engine.MAX_SHRINKING_SECONDS = max(0.5, seconds)
 
 
 @contextlib.contextmanager
@@ -322,7 +387,8 @@ def _batches(search: Search, start: float):
     base = search.seed if search.seed is not None else int.from_bytes(os.urandom(4), "big")
     search.seed = base
     batch = 0
-    while time.perf_counter() - start < search.seconds:
+    while time.perf_counter() - start < search.seconds and (
+            search.deadline is None or time.perf_counter() < search.deadline):
         yield settings(search.profile, max_examples=search.batch, derandomize=False, database=None), base + batch
         batch += 1
 
@@ -343,16 +409,27 @@ class Progress:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    position: tuple[int, int, float, float | None] | None = None  # (layout i, of n, run start, run deadline)
+
     def _line(self) -> str:
         m, s = self.machine, self.search
-        elapsed = time.perf_counter() - self.start
+        now = time.perf_counter()
+        elapsed = now - self.start
         if s.seconds:
             done = elapsed / s.seconds
         else:
             done = m.examples_run / (s.examples or s.profile.max_examples)
         done = min(done, 1.0)
         bar = "#" * int(done * 20) + "." * (20 - int(done * 20))
-        return f"\r  {m.scope:<8} {m.layout_name:<24} [{bar}] {m.steps_run:>8} ops {elapsed:6.1f} s"
+        line = f"\r  {m.scope:<8} {m.layout_name:<24} [{bar}] {m.steps_run:>8} ops {elapsed:6.1f} s"
+        if self.position is not None:
+            i, n, run_start, deadline = self.position
+            if deadline is not None:
+                eta = max(0.0, deadline - now)
+            else:  # the layouts so far, at their average pace
+                eta = (now - run_start) / max(i - 1 + done, 0.1) * (n - i + 1 - done)
+            line += f"  layout {i}/{n}, about {eta:.0f} s left"
+        return line
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
