@@ -20,6 +20,7 @@ import argparse
 import logging
 import os
 import re
+import shlex
 import sys
 import time
 import warnings
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvspec import __version__
-from kvspec.conformance.findings import AVOIDABLE, is_avoidable, known_findings
+from kvspec.conformance.findings import AVOIDABLE, is_avoidable, known_findings, matching_finding
 from kvspec.conformance.runner import (
     LEVELS,
     SCOPES,
@@ -75,14 +76,19 @@ def conform(args: argparse.Namespace) -> int:
     steered = known_findings(args.target) if args.known_findings else ()
     avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(args.avoid or ())
     searched = [name for _, name in plan if f"layout:{name}" not in avoid]
-    start = time.perf_counter()
+    start = args.started  # the budget counts from the command's start: loading the target is part of the run
     deadline = start + args.budget if args.budget else None  # the whole run, shrinking included
 
-    from kvspec.conformance.report import RunReport, write_reports
+    from kvspec.conformance.report import LayoutResult, RunReport, write_reports
 
     report = RunReport(args.target, args.level, args.profile, seed=args.seed,
                        steered_around=[f"{f.id}: {f.title}" for f in steered],
-                       checked={scope: rules_checked(scope, args.level) for scope in scopes})
+                       checked={scope: rules_checked(scope, args.level) for scope in scopes},
+                       command=" ".join(["kvspec", *map(shlex.quote, args.argv)]), versions=_versions(args.target))
+    if args.trace_dir:
+        trace_dir = Path(args.trace_dir)
+    else:
+        trace_dir = Path(args.report_dir) / "traces" if args.report_dir else Path("kvspec-traces")
     header = f"kvspec conform: target={args.target} level={args.level} profile={args.profile}"
     if args.budget:
         header += f" budget={args.budget:g}s"
@@ -97,16 +103,19 @@ def conform(args: argparse.Namespace) -> int:
         if f"layout:{name}" in avoid:
             why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
             print(f"{scope:<8} {name:<24} {'-':>10} {'-':>8}  skipped ({why})", flush=True)
+            report.results.append(LayoutResult(scope, name, 0, 0.0, True, skipped=f"steered around {why}"))
             continue
         share, layout_deadline = None, None
         if deadline is not None:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 print(f"{scope:<8} {name:<24} {'-':>10} {'-':>8}  not searched (the budget is spent)", flush=True)
+                report.results.append(LayoutResult(scope, name, 0, 0.0, True, skipped="the budget was spent"))
                 left -= 1
                 continue
             share = remaining / left  # time a layout does not use goes to the ones after it
-            layout_deadline = deadline - MIN_LAYOUT_SECONDS * (left - 1)  # shrinking leaves the rest a slice
+            # a failure may shrink for a second share, and always leaves the layouts after it a slice
+            layout_deadline = min(time.perf_counter() + 2 * share, deadline - MIN_LAYOUT_SECONDS * (left - 1))
         left -= 1
         search = Search(profiles[scope], examples=args.examples, seconds=share, seed=args.seed,
                         batch=25 if scope == "pool" else 10, deadline=layout_deadline)
@@ -117,12 +126,17 @@ def conform(args: argparse.Namespace) -> int:
         report.results.append(r)
         if r.trace is not None:
             r.trace.target, r.trace.level = args.target, args.level
-            r.trace_file = str(r.trace.save(Path(args.trace_dir) / f"{scope}-{_slug(name)}.json"))
+            r.trace_file = str(r.trace.save(trace_dir / f"{scope}-{_slug(name)}.json"))
+            known = matching_finding(args.target, scope, name, r.trace)
+            r.known_finding = f"{known.id}: {known.title}" if known else None
         print(f"{scope:<8} {name:<24} {r.operations:>10} {r.seconds:>8.1f}  {_verdict(r)}", flush=True)
     failures = sum(not r.conforms for r in report.results)
     print()
     print("\n".join(report.rule_table(report.checked)))
     print()
+    for finding, layouts in report.known_groups().items():
+        print(f"known finding {finding}\n    on {len(layouts)} layout(s): {', '.join(layouts)}"
+              " (--known-findings steers around it)")
     print("all layouts conform" if not failures else f"{failures} layout(s) failed")
     if args.report_dir:
         for path in write_reports(report, args.report_dir):
@@ -130,10 +144,28 @@ def conform(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _versions(target: str) -> dict[str, str]:
+    """What a report needs to be reproduced: kvspec's version, the target's
+    (vLLM's, when it is the target), Python's, Hypothesis's."""
+    import platform
+
+    import hypothesis
+
+    versions = {"kvspec": __version__}
+    if target == "vllm":
+        import vllm
+
+        versions["vLLM"] = vllm.__version__
+    versions["Python"] = platform.python_version()
+    versions["Hypothesis"] = hypothesis.__version__
+    return versions
+
+
 def _verdict(r) -> str:
     if r.conforms:
         return "conforms"
-    lines = ["FAILED", *("    " + line for line in r.details)]
+    lines = ["FAILED" + (f" (looks like known finding {r.known_finding.split(':')[0]})" if r.known_finding else ""),
+             *("    " + line for line in r.details)]
     if r.shrinking_stopped:
         lines += ["    shrinking stopped at the budget: the run below is the smallest found in time"]
     if r.trace is not None:
@@ -321,8 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="an input the machines must not send (repeatable): " + "; ".join(
                          f"{name} ({what})" for name, what in AVOIDABLE.items()))
     run.add_argument("--report-dir", help="write report.json, report.md and junit.xml here")
-    run.add_argument("--trace-dir", default="kvspec-traces",
-                     help="save each failing layout's minimal run here (default kvspec-traces)")
+    run.add_argument("--trace-dir",
+                     help="save each failing layout's minimal run here (default: REPORT_DIR/traces with "
+                     "--report-dir, else kvspec-traces)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="a progress bar on stderr (default: when stderr is a terminal)")
     run.set_defaults(func=conform)
@@ -451,8 +484,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["prove"]:
         return prove_command(argv[1:])
+    started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv, args.started = argv, started
     try:
         return args.func(args)
     except UsageError as error:

@@ -89,3 +89,28 @@ def test_standalone_reproduction_still_shows_the_bug(script):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONHASHSEED": "0"})
     assert out.returncode == 1 and "BUG:" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_a_60_second_budget_against_vllm_ends_in_time_with_its_findings_labelled(tmp_path, capsys):
+    """The PR-gate command without --known-findings: vLLM fails several
+    layouts, each failing layout's shrinking is cut by the budget, and the
+    whole run -- loading the target included -- ends within a few seconds
+    of 60; the report groups the failures by known finding."""
+    pytest.importorskip("vllm")
+    import json
+    import time
+
+    start = time.perf_counter()
+    code = main(["conform", "--target", "vllm", "--budget", "60", "--seed", "1", "--report-dir", str(tmp_path)])
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert code == 1
+    assert elapsed < 65, f"a 60 s budget took {elapsed:.1f} s"
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["known_findings"], out  # the failures are labelled by finding
+    assert "known finding F" in out
+    assert (tmp_path / "traces").is_dir() and any((tmp_path / "traces").iterdir())
+    markdown = (tmp_path / "report.md").read_text()
+    assert "<details>" in markdown and "kvspec conform --target vllm --budget 60" in markdown
+    assert "vLLM 0.25.1" in markdown
+    assert "<testsuites" in (tmp_path / "junit.xml").read_text()

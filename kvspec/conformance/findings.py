@@ -97,3 +97,24 @@ def known_findings(target: str) -> tuple[Finding, ...]:
 def inputs_to_avoid(target: str) -> frozenset[str]:
     """The machine knobs that steer around ``target``'s known findings."""
     return frozenset(f.avoid for f in known_findings(target) if f.avoid)
+
+
+def matching_finding(target: str, scope: str, layout: str, trace: object) -> Finding | None:
+    """The known finding of ``target`` that a failing run looks like: its
+    layout is the finding's, or its failing step sends the finding's input.
+    A label for reports, not a verdict: the run is still a failure."""
+    if trace is None or not getattr(trace, "steps", None):
+        return None
+    step = (trace.failure or {}).get("step") or len(trace.steps)
+    failing = trace.steps[min(step, len(trace.steps)) - 1]
+    values = set(map(str, failing.args.values())) | {str(v) for _, v in failing.draws}
+    labels = {label for label, _ in failing.draws}
+    for finding in known_findings(target):
+        scope_of = "pool" if "pool" in finding.trace else "manager"
+        if finding.avoid.startswith("layout:") and finding.avoid == f"layout:{layout}":
+            return finding
+        if finding.avoid.startswith("bad-input:") and scope_of == scope and finding.avoid.split(":")[1] in values:
+            return finding
+        if finding.avoid == "mamba-align-external" and "mamba" in layout and "external blocks" in labels:
+            return finding
+    return None

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hypothesis.control import _current_build_context as _build_context
 from hypothesis.stateful import RuleBasedStateMachine
 
 from kvspec.conformance.trace import Trace, clip
@@ -27,9 +28,17 @@ class ConformanceError(AssertionError):  # noqa: N818 (it is an assertion failur
         super().__init__("\n".join(lines))
 
 
-class BudgetSpent(BaseException):  # noqa: N818 (not an error: the time is up)
-    """The run's time is up.  A ``BaseException``, so that Hypothesis does
-    not take it for a failure to shrink: it ends the search at once."""
+class BudgetSpent(KeyboardInterrupt):  # noqa: N818 (not an error: the time is up)
+    """The run's time is up.  Raised as an interrupt is, so that Hypothesis
+    neither takes it for a failure to shrink nor keeps the cut-off run in its
+    cache: it ends the search at once, and only the runner catches it."""
+
+
+def in_final_replay() -> bool:
+    """Whether Hypothesis is replaying the failure it settled on, to report
+    it: that run must repeat the failure exactly, so the time is not checked."""
+    context = _build_context.value
+    return context is not None and context.is_final
 
 
 class Refused(Exception):  # noqa: N818 (a refusal is an outcome, not an error)
@@ -160,7 +169,7 @@ class CheckingMachine(RuleBasedStateMachine):
         search's share before a failure, the shrinking deadline after one."""
         cls = type(self)
         deadline = cls.shrink_deadline if cls.best_failure is not None else cls.search_deadline
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline is not None and time.perf_counter() > deadline and not in_final_replay():
             raise BudgetSpent
 
     def in_lockstep(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Outcome | None:

@@ -30,6 +30,8 @@ class LayoutResult:
     trace: Trace | None = field(default=None, repr=False)  # the minimal failing run
     trace_file: str | None = None  # where that trace was saved
     shrinking_stopped: bool = False  # the budget ran out while shrinking: the trace is not minimal
+    known_finding: str | None = None  # "F1: ..." when the failure looks like a known finding of the target
+    skipped: str | None = None  # why the layout was not searched (steered around, budget spent)
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -47,10 +49,24 @@ class RunReport:
     steered_around: list[str] = field(default_factory=list)  # known findings whose inputs were not sent
     checked: dict[str, list[str]] = field(default_factory=dict)  # scope -> the rules checked
     results: list[LayoutResult] = field(default_factory=list)
+    command: str = ""  # the command line, as typed
+    versions: dict[str, str] = field(default_factory=dict)  # kvspec, the target, Python, Hypothesis
+
+    @property
+    def searched(self) -> list[LayoutResult]:
+        return [r for r in self.results if r.skipped is None]
 
     @property
     def conforms(self) -> bool:
         return all(r.conforms for r in self.results)
+
+    def known_groups(self) -> dict[str, list[str]]:
+        """Failures that look like known findings: finding -> layouts."""
+        groups: dict[str, list[str]] = {}
+        for r in self.results:
+            if not r.conforms and r.known_finding:
+                groups.setdefault(r.known_finding, []).append(f"{r.scope}/{r.layout}")
+        return groups
 
     def rule_summary(self, checked: dict[str, list[str]]) -> list[tuple[str, int, list[str]]]:
         """Per rule: on how many layouts it was checked and where it broke.
@@ -60,7 +76,7 @@ class RunReport:
         out = []
         every = sorted({rule for rules in checked.values() for rule in rules})
         for rule in every:
-            layouts = [r for r in self.results if rule in checked.get(r.scope, [])]
+            layouts = [r for r in self.searched if rule in checked.get(r.scope, [])]
             broken = [f"{r.scope}/{r.layout}" for r in layouts if rule in self._broken_rules(r)]
             out.append((rule, len(layouts), broken))
         return out
@@ -78,47 +94,75 @@ class RunReport:
         return lines
 
     def to_markdown(self) -> str:
+        """A report fit for a pull-request comment: the verdict, how it was
+        run, one row per layout, the rules, and each failure folded."""
         verdict = "conforms" if self.conforms else "does NOT conform"
+        versions = ", ".join(f"{k} {v}" for k, v in self.versions.items())
         lines = [
-            f"# kvspec conform: `{self.target}` {verdict} at {self.level}",
+            f"## kvspec conform: `{self.target}` {verdict} at {self.level}",
             "",
-            f"Profile `{self.profile}`; {sum(r.operations for r in self.results)} operations checked.",
+            *([f"`{self.command}`", ""] if self.command else []),
+            f"Profile `{self.profile}`" + (f", seed {self.seed}" if self.seed is not None else "")
+            + f"; {sum(r.operations for r in self.results)} operations checked"
+            + (f"; {versions}" if versions else "") + ".",
             "",
             *([f"Steered around known findings (docs/findings.md): {'; '.join(self.steered_around)}.", ""]
               if self.steered_around else []),
-            "| scope | layout | operations | seconds | result |",
-            "|---|---|---:|---:|---|",
         ]
+        for finding, layouts in self.known_groups().items():
+            lines += [f"Known finding **{finding}**: {len(layouts)} layout(s) ({', '.join(layouts)}).", ""]
+        lines += ["| scope | layout | operations | seconds | result |", "|---|---|---:|---:|---|"]
         for r in self.results:
-            result = "conforms" if r.conforms else "FAILED: " + (", ".join(r.rules) or "divergence from the spec")
-            lines.append(f"| {r.scope} | {r.layout} | {r.operations} | {r.seconds:.1f} | {result} |")
+            lines.append(f"| {r.scope} | {r.layout} | {r.operations} | {r.seconds:.1f} | {_result_text(r)} |")
         if self.checked:
-            lines += ["", "| rule | layouts checked | broken in |", "|---|---:|---|"]
+            lines += ["", "<details><summary>Rules checked</summary>", "",
+                      "| rule | layouts checked | broken in |", "|---|---:|---|"]
             for rule, n, broken in self.rule_summary(self.checked):
                 lines.append(f"| {rule} | {n} | {', '.join(broken) or '-'} |")
+            lines += ["", "</details>"]
         for r in self.results:
-            if not r.conforms:
-                lines += ["", f"## {r.scope} / {r.layout}", "", "```", *r.details, "```"]
-                if r.trace:
-                    replay = f"`kvspec replay {r.trace_file}`" if r.trace_file else "the saved trace"
-                    lines += ["", f"Minimal failing run ({replay}):", "", "```", *r.trace.readable(), "```"]
+            if r.conforms:
+                continue
+            lines += ["", f"<details><summary>{r.scope} / {r.layout}: {_result_text(r)}</summary>", "",
+                      "```", *r.details, "```"]
+            if r.shrinking_stopped:
+                lines += ["", "Shrinking stopped at the budget: the run below is the smallest found in time."]
+            if r.trace:
+                replay = f"`kvspec replay {r.trace_file}`" if r.trace_file else "the saved trace"
+                lines += ["", f"Failing run ({replay}):", "", "```", *r.trace.readable(), "```"]
+            lines += ["", "</details>"]
         return "\n".join(lines) + "\n"
 
     def to_junit(self) -> str:
-        failures = sum(not r.conforms for r in self.results)
-        suite = ET.Element(
-            "testsuite", name=f"kvspec conform {self.target} {self.level}",
-            tests=str(len(self.results)), failures=str(failures), errors="0",
-            time=f"{sum(r.seconds for r in self.results):.3f}",
-        )
-        for r in self.results:
-            case = ET.SubElement(
-                suite, "testcase", classname=f"kvspec.{r.scope}", name=r.layout, time=f"{r.seconds:.3f}"
+        """One test suite per scope, one test case per layout: a failure
+        names its rules, a layout not searched is ``<skipped/>``."""
+        suites = ET.Element("testsuites", name=f"kvspec conform {self.target} {self.level}")
+        for scope in dict.fromkeys(r.scope for r in self.results):
+            results = [r for r in self.results if r.scope == scope]
+            suite = ET.SubElement(
+                suites, "testsuite", name=f"kvspec.{scope}", tests=str(len(results)),
+                failures=str(sum(not r.conforms for r in results)), errors="0",
+                skipped=str(sum(r.skipped is not None for r in results)),
+                time=f"{sum(r.seconds for r in results):.3f}",
             )
-            if not r.conforms:
-                failure = ET.SubElement(case, "failure", message=", ".join(r.rules) or "divergence from the spec")
-                failure.text = "\n".join(r.details + (r.trace.readable() if r.trace else []))
-        return ET.tostring(suite, encoding="unicode")
+            for r in results:
+                case = ET.SubElement(suite, "testcase", classname=f"kvspec.{scope}", name=r.layout,
+                                     time=f"{r.seconds:.3f}")
+                if r.skipped is not None:
+                    ET.SubElement(case, "skipped", message=r.skipped)
+                elif not r.conforms:
+                    failure = ET.SubElement(case, "failure", message=_result_text(r))
+                    failure.text = "\n".join(r.details + (r.trace.readable() if r.trace else []))
+        return ET.tostring(suites, encoding="unicode")
+
+
+def _result_text(r: LayoutResult) -> str:
+    if r.skipped is not None:
+        return f"skipped ({r.skipped})"
+    if r.conforms:
+        return "conforms"
+    text = "FAILED: " + (", ".join(r.rules) or "divergence from the spec")
+    return text + (f" (known finding {r.known_finding.split(':')[0]})" if r.known_finding else "")
 
 
 def write_reports(report: RunReport, directory: str | Path) -> list[Path]:
@@ -129,7 +173,8 @@ def write_reports(report: RunReport, directory: str | Path) -> list[Path]:
         "report.json": json.dumps(
             {
                 "target": report.target, "level": report.level, "profile": report.profile, "seed": report.seed,
-                "steered_around": report.steered_around,
+                "command": report.command, "versions": report.versions,
+                "steered_around": report.steered_around, "known_findings": report.known_groups(),
                 "rules": [{"rule": rule, "layouts_checked": n, "broken_in": broken}
                           for rule, n, broken in report.rule_summary(report.checked)],
                 "conforms": report.conforms, "results": [r.to_json() for r in report.results],

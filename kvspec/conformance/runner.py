@@ -27,7 +27,7 @@ from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
 from kvspec.conformance.layouts import MANAGER_LAYOUTS, ManagerLayout
-from kvspec.conformance.machinery import BudgetSpent, CheckingMachine, ConformanceError
+from kvspec.conformance.machinery import BudgetSpent, CheckingMachine, ConformanceError, in_final_replay
 from kvspec.conformance.manager_machine import manager_machine
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.pool_machine import LAYOUTS, pool_machine
@@ -342,6 +342,9 @@ def _hard_stop_at(deadline: float | None) -> Iterator[None]:
         return
 
     def stop(signum: int, frame: Any) -> None:
+        if in_final_replay():  # let the failure's report run finish: one example
+            signal.setitimer(signal.ITIMER_REAL, HARD_STOP_GRACE)
+            return
         raise BudgetSpent
 
     previous = signal.signal(signal.SIGALRM, stop)
