@@ -240,6 +240,31 @@ def replay_command(args: argparse.Namespace) -> int:
     return 1
 
 
+def show_command(args: argparse.Namespace) -> int:
+    """``kvspec show``: the pool after every step of a trace, as text and SVG."""
+    from kvspec.conformance.show import film, svg, text
+
+    try:
+        trace = Trace.load(args.trace)
+    except TraceError as error:
+        raise UsageError(str(error)) from None
+    target = args.target or trace.target or "spec"
+    level = args.level or trace.level or "L3"
+    machine_for(trace.scope, trace.layout, target, level)  # usage errors before any step runs
+    _quiet_loggers()
+    try:
+        frames = film(trace, target, level)
+    except TraceError as error:
+        raise UsageError(f"trace {args.trace} does not fit the {trace.scope} machine: {error}") from None
+    title = f"{args.trace}: {trace.scope} {trace.layout} against {target} at {level}"
+    print(title)
+    print("\n".join(text(frames, color=sys.stdout.isatty())))
+    if args.svg:
+        Path(args.svg).write_text(svg(frames, title))
+        print(f"wrote {args.svg}")
+    return 0
+
+
 def kernels_command(args: argparse.Namespace) -> int:
     """The kernel stage: a target's block tables through real kernels."""
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
@@ -366,6 +391,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--level", choices=sorted(LEVELS), help="default: the trace's level")
     rep.add_argument("--quiet", action="store_true", help="print only the diverging step and the verdict")
     rep.set_defaults(func=replay_command)
+
+    show = sub.add_parser("show", help="draw the pool after every step of a trace (text, and SVG with --svg)")
+    show.add_argument("trace", help="a trace file saved by kvspec conform")
+    show.add_argument("--target", help="impl, spec, vllm, or module:factory (default: the trace's target)")
+    show.add_argument("--level", choices=sorted(LEVELS), help="default: the trace's level")
+    show.add_argument("--svg", metavar="FILE", help="also write the picture as SVG")
+    show.set_defaults(func=show_command)
 
     ker = sub.add_parser("kernels", help="run block tables through attention and Mamba kernels (the kernel stage)")
     ker.add_argument("--target", default="impl", help="impl, vllm, or module:factory (a manager target; default impl)")

@@ -358,3 +358,27 @@ def test_a_budget_bounds_the_whole_run_shrinking_included(tmp_path, monkeypatch,
     assert code == 1 and "FAILED" in out
     assert elapsed < 6 + 4, f"a 6 s budget took {elapsed:.1f} s"
     assert sum(line.startswith("pool ") for line in out.splitlines()) == 4  # every layout reported
+
+
+def test_show_draws_every_block_at_every_step_and_marks_the_break(tmp_path, monkeypatch, capsys):
+    import xml.etree.ElementTree as ET
+    from pathlib import Path
+
+    (tmp_path / "brk.py").write_text("from broken_pools import DoubleDecrement, target\n"
+                                     "make = target(DoubleDecrement)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    assert main(["conform", "--target", "brk:make", "--scope", "pool", "--layout", "tiny-pool",
+                 "--examples", "100", "--trace-dir", "traces"]) == 1
+    capsys.readouterr()
+    assert main(["show", "traces/pool-tiny-pool.json", "--svg", "out.svg"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    frames = [line for line in out if line[:5].strip().isdigit()]
+    assert frames and all(len(line.split()[2].split(" <-")[0]) == 4 for line in frames)  # 4 blocks each
+    assert any(" <- " in line for line in frames)  # the step where rules broke
+    svg = ET.parse(tmp_path / "out.svg").getroot()
+    cells = [r for r in svg.iter("{http://www.w3.org/2000/svg}rect") if r.find("{http://www.w3.org/2000/svg}title")
+             is not None]
+    assert len(cells) == 4 * len(frames)
+    assert main(["show", "no-such-trace.json"]) == 2
