@@ -68,6 +68,11 @@ def conform(args: argparse.Namespace) -> int:
     plan = [(scope, name) for scope in scopes for name in _layouts(scope, args.layout)]
     if not plan:
         raise UsageError(f"no layout named {', '.join(args.layout)} in scope {args.scope}")
+    if args.shard:
+        shard, shards = _shard(args.shard)
+        plan = plan[shard - 1::shards]  # round robin: each shard gets pool and manager layouts alike
+        if not plan:
+            raise UsageError(f"--shard {args.shard}: only {shard - 1} layout(s) to share, shard {shard} has none")
     for scope in scopes:
         check_target(args.target, scope)  # an unusable target stops the run before it starts
     _quiet_loggers()
@@ -118,7 +123,7 @@ def conform(args: argparse.Namespace) -> int:
             layout_deadline = min(time.perf_counter() + 2 * share, deadline - MIN_LAYOUT_SECONDS * (left - 1))
         left -= 1
         search = Search(profiles[scope], examples=args.examples, seconds=share, seed=args.seed,
-                        batch=25 if scope == "pool" else 10, deadline=layout_deadline)
+                        batch=25 if scope == "pool" else 10, deadline=layout_deadline, database=args.database)
         if progress:
             progress.position = (i, len(plan), start, deadline)
         r = run_layout(machine_for(scope, name, args.target, args.level, avoid), search, progress)
@@ -142,6 +147,14 @@ def conform(args: argparse.Namespace) -> int:
         for path in write_reports(report, args.report_dir):
             print(f"wrote {path}")
     return 1 if failures else 0
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """``I/N`` -> (I, N), 1 <= I <= N."""
+    match = re.fullmatch(r"(\d+)/(\d+)", text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise UsageError(f"--shard takes I/N with 1 <= I <= N (this machine's share of the layouts), got {text!r}")
+    return int(match[1]), int(match[2])
 
 
 def _versions(target: str) -> dict[str, str]:
@@ -377,6 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--avoid", action="append", metavar="INPUT",
                      help="an input the machines must not send (repeatable): " + "; ".join(
                          f"{name} ({what})" for name, what in AVOIDABLE.items()))
+    run.add_argument("--database", metavar="DIR",
+                     help="keep Hypothesis's failing examples here and replay them first next time "
+                     "(persist it between CI runs)")
+    run.add_argument("--shard", metavar="I/N",
+                     help="run only the I-th of N round-robin shares of the layouts (one CI machine each)")
     run.add_argument("--report-dir", help="write report.json, report.md and junit.xml here")
     run.add_argument("--trace-dir",
                      help="save each failing layout's minimal run here (default: REPORT_DIR/traces with "

@@ -382,3 +382,38 @@ def test_show_draws_every_block_at_every_step_and_marks_the_break(tmp_path, monk
              is not None]
     assert len(cells) == 4 * len(frames)
     assert main(["show", "no-such-trace.json"]) == 2
+
+
+def test_shards_split_the_layouts_between_machines(capsys):
+    seen = []
+    for i in (1, 2, 3):
+        assert main(["conform", "--scope", "pool", "--examples", "2", "--shard", f"{i}/3"]) == 0
+        seen += [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
+    from kvspec.conformance.runner import layout_names
+
+    assert sorted(seen) == sorted(layout_names("pool"))  # every layout once, over the three machines
+    for bad in ("0/3", "4/3", "two", "1/0"):
+        assert main(["conform", "--shard", bad]) == 2
+        assert "--shard takes I/N" in capsys.readouterr().err
+
+
+def test_a_database_replays_past_failures_first(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    (tmp_path / "brk2.py").write_text("from broken_pools import DoubleDecrement, target\n"
+                                      "make = target(DoubleDecrement)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    argv = ["conform", "--target", "brk2:make", "--scope", "pool", "--layout", "tiny-pool", "--examples", "100",
+            "--database", "db", "--trace-dir", "traces"]
+
+    def operations() -> int:
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
+        return int(line.split()[2])
+
+    assert main(argv) == 1
+    first = operations()
+    assert any((tmp_path / "db").rglob("*"))
+    assert main([*argv, "--seed", "99"]) == 1  # another search, but the saved failure comes first
+    assert operations() < first / 10

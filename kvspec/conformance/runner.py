@@ -23,6 +23,7 @@ from typing import Any
 
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
@@ -262,6 +263,7 @@ class Search:
     seed: int | None = None
     batch: int = 10
     deadline: float | None = None  # time.perf_counter() by which the layout, shrinking included, must end
+    database: str | None = None  # a directory of Hypothesis's examples: past failures are replayed first
 
 
 def run_layout(machine: type[CheckingMachine], search: Search, progress: Progress | None = None) -> LayoutResult:
@@ -383,8 +385,11 @@ def _shrinking_limited_to(seconds: float) -> Iterator[None]:
 
 def _batches(search: Search, start: float):
     """(settings, seed) for each Hypothesis run of a search."""
+    database = DirectoryBasedExampleDatabase(search.database) if search.database else None
     if search.seconds is None:
         overrides = {"max_examples": search.examples} if search.examples else {}
+        if database is not None:
+            overrides["database"] = database
         yield settings(search.profile, **overrides), search.seed
         return
     base = search.seed if search.seed is not None else int.from_bytes(os.urandom(4), "big")
@@ -392,7 +397,7 @@ def _batches(search: Search, start: float):
     batch = 0
     while time.perf_counter() - start < search.seconds and (
             search.deadline is None or time.perf_counter() < search.deadline):
-        yield settings(search.profile, max_examples=search.batch, derandomize=False, database=None), base + batch
+        yield settings(search.profile, max_examples=search.batch, derandomize=False, database=database), base + batch
         batch += 1
 
 

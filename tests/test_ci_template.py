@@ -1,0 +1,58 @@
+"""The GitHub Actions template (examples/ci/) is exercised here, without
+GitHub: its YAML parses, the actions it uses are the ones it needs, and its
+kvspec step runs as written -- the expressions GitHub would fill in filled
+in -- and leaves the files the upload and comment steps read."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "examples" / "ci" / "kvspec-conformance.yml"
+
+
+def load():
+    return yaml.safe_load(TEMPLATE.read_text())
+
+
+def fill(command: str, values: dict[str, str]) -> str:
+    """GitHub's ``${{ expr }}`` expressions, as the runner would fill them."""
+    return re.sub(r"\$\{\{\s*([\w.]+)\s*\}\}", lambda m: values[m.group(1)], command)
+
+
+def test_the_template_uses_what_a_gate_needs():
+    workflow = load()
+    job = workflow["jobs"]["conform"]
+    uses = [step["uses"].split("@")[0] for step in job["steps"] if "uses" in step]
+    assert uses == ["actions/checkout", "actions/setup-python", "actions/cache", "actions/upload-artifact"]
+    assert job["strategy"]["matrix"]["shard"] == [1, 2, 3, 4]
+    assert set(workflow["env"]) == {"KVSPEC_TARGET", "KVSPEC_SCOPE", "KVSPEC_LEVEL", "KVSPEC_BUDGET"}
+
+
+def test_the_kvspec_step_runs_and_leaves_what_the_later_steps_read(tmp_path):
+    workflow = load()
+    steps = workflow["jobs"]["conform"]["steps"]
+    values = {"matrix.shard": "1", "github.run_id": "1", "github.token": "", "github.event.pull_request.number": "1"}
+    (check,) = [s for s in steps if "run" in s and "kvspec conform" in s["run"]]
+    env = {**os.environ, **{k: v for k, v in workflow["env"].items()},
+           "KVSPEC_TARGET": "impl", "KVSPEC_SCOPE": "pool", "KVSPEC_BUDGET": "3"}  # kvspec's own pool, briefly
+    result = subprocess.run(["bash", "-c", fill(check["run"], values)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (upload,) = [s for s in steps if s.get("uses", "").startswith("actions/upload-artifact")]
+    reports = tmp_path / fill(upload["with"]["path"], values)
+    assert {"report.md", "report.json", "junit.xml"} <= {p.name for p in reports.iterdir()}
+    (comment,) = [s for s in steps if "gh pr comment" in s.get("run", "")]
+    assert (tmp_path / fill(comment["run"], values).split("--body-file ")[1]).is_file()
+    (cache,) = [s for s in steps if s.get("uses", "").startswith("actions/cache")]
+    assert f"--database {cache['with']['path']}/" in check["run"]  # the cached directory is the database
+
+
+def test_the_pre_commit_hook_runs_as_declared(tmp_path):
+    (hook,) = yaml.safe_load((TEMPLATE.parents[2] / ".pre-commit-hooks.yaml").read_text())
+    assert hook["id"] == "kvspec-conform" and hook["pass_filenames"] is False
+    result = subprocess.run([*hook["entry"].split(), "--target", "impl", "--scope", "pool"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "all layouts conform" in result.stdout, result.stdout + result.stderr
