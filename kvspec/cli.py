@@ -46,7 +46,7 @@ from kvspec.conformance.runner import (
     run_layout,
 )
 from kvspec.conformance.settings import PROFILES, manager_settings
-from kvspec.conformance.trace import Trace, TraceError
+from kvspec.conformance.trace import Trace, TraceError, trace_file_name
 from kvspec.conformance.vector_corpus import SIZES, generate
 from kvspec.conformance.vectors import HASH_SEED, check, read
 from kvspec.spec.catalogue import RULES
@@ -131,10 +131,10 @@ def conform(args: argparse.Namespace) -> int:
         report.results.append(r)
         if r.trace is not None:
             r.trace.target, r.trace.level = args.target, args.level
-            r.trace_file = str(r.trace.save(trace_dir / f"{scope}-{_slug(name)}.json"))
+            r.trace_file = str(r.trace.save(trace_dir / trace_file_name(scope, name)))
             known = matching_finding(args.target, scope, name, r.trace)
             r.known_finding = f"{known.id}: {known.title}" if known else None
-        print(f"{scope:<8} {name:<24} {r.operations:>10} {r.seconds:>8.1f}  {_verdict(r)}", flush=True)
+        print(f"{scope:<8} {name:<24} {r.operations:>10} {r.seconds:>8.1f}  {r.verdict()}", flush=True)
     failures = sum(not r.conforms for r in report.results)
     print()
     print("\n".join(report.rule_table(report.checked)))
@@ -174,21 +174,6 @@ def _versions(target: str) -> dict[str, str]:
     return versions
 
 
-def _verdict(r) -> str:
-    if r.conforms:
-        return "conforms"
-    lines = ["FAILED" + (f" (looks like known finding {r.known_finding.split(':')[0]})" if r.known_finding else ""),
-             *("    " + line for line in r.details)]
-    if r.shrinking_stopped:
-        lines += ["    shrinking stopped at the budget: the run below is the smallest found in time"]
-    if r.trace is not None:
-        lines += ["    minimal failing run:", *("      " + line for line in r.trace.readable())]
-        lines += [f"    saved: {r.trace_file}  (kvspec replay {r.trace_file})"]
-    if r.seed is not None:
-        lines += [f"    seed: {r.seed}"]
-    return "\n".join(lines)
-
-
 def _layouts(scope: str, wanted: list[str] | None) -> list[str]:
     """The layouts of ``scope`` the command asked for: all built-in ones by
     default; ``models`` stands for every ``model:<name>`` layout."""
@@ -196,10 +181,6 @@ def _layouts(scope: str, wanted: list[str] | None) -> list[str]:
         return layout_names(scope)
     names = [m for name in wanted for m in (model_layout_names() if name == "models" else [name])]
     return [name for name in dict.fromkeys(names) if is_layout(scope, name)]
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 def _show_progress(args: argparse.Namespace) -> bool:

@@ -33,6 +33,23 @@ class LayoutResult:
     known_finding: str | None = None  # "F1: ..." when the failure looks like a known finding of the target
     skipped: str | None = None  # why the layout was not searched (steered around, budget spent)
 
+    def verdict(self) -> str:
+        """The layout's result as the command prints it: ``conforms``, or
+        what broke, the failing run step by step, where it is saved, the seed."""
+        if self.conforms:
+            return "conforms"
+        known = f" (looks like known finding {self.known_finding.split(':')[0]})" if self.known_finding else ""
+        lines = ["FAILED" + known, *("    " + line for line in self.details)]
+        if self.shrinking_stopped:
+            lines += ["    shrinking stopped at the budget: the run below is the smallest found in time"]
+        if self.trace is not None:
+            lines += ["    minimal failing run:", *("      " + line for line in self.trace.readable())]
+            if self.trace_file:
+                lines += [f"    saved: {self.trace_file}  (kvspec replay {self.trace_file})"]
+        if self.seed is not None:
+            lines += [f"    seed: {self.seed}"]
+        return "\n".join(lines)
+
     def to_json(self) -> dict:
         out = asdict(self)
         out.pop("trace")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,11 @@ class TraceMismatch(Exception):  # noqa: N818 (an outcome of replay, not a bug)
 class TraceEnd(Exception):  # noqa: N818 (an outcome of replay, not a bug)
     """The replay went past the point where the recorded run failed: the
     trace holds nothing beyond it."""
+
+
+def trace_file_name(scope: str, layout: str) -> str:
+    """Where a failing layout's trace is saved, under the trace directory."""
+    return f"{scope}-" + re.sub(r"[^A-Za-z0-9_.-]", "_", layout) + ".json"
 
 
 # --- values ----------------------------------------------------------------------------------

@@ -1,0 +1,102 @@
+"""kvspec inside a project's own test suite.
+
+A project checks its block manager with one line in a test module::
+
+    # tests/test_kvspec.py
+    from kvspec.pytest_plugin import conformance_suite
+
+    test_conformance = conformance_suite("mypkg.kvcache:make_pool", scope="pool", level="L1")
+
+That is one pytest test per layout (ids ``pool/two-groups``,
+``manager/full+swa``, ...), each marked ``kvspec`` with its scope and
+layout, so ``-k two-groups`` or ``-m kvspec`` choose among them and
+pytest-xdist spreads them over processes.  A failing layout fails with what
+``kvspec conform`` prints -- the broken rules, the minimal failing run step
+by step, where its trace is saved -- not with Hypothesis's raw draws.
+
+The plugin (registered as ``kvspec`` with pytest) adds options that a suite
+left without arguments takes: ``--kvspec-target``, ``--kvspec-scope``,
+``--kvspec-level``, ``--kvspec-profile`` and ``--kvspec-trace-dir``::
+
+    test_conformance = conformance_suite()          # pytest --kvspec-target mypkg.kvcache:make_pool
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvspec.conformance.findings import known_findings
+from kvspec.conformance.runner import SCOPES, Search, SetupError, layout_names, machine_for, run_layout
+from kvspec.conformance.settings import PROFILES, manager_settings
+from kvspec.conformance.trace import trace_file_name
+from kvspec.spec.catalogue import LEVELS
+
+OPTIONS = {"target": None, "scope": "all", "level": "L3", "profile": "ci", "trace_dir": "kvspec-traces"}
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("kvspec", "kvspec conformance (kvspec.pytest_plugin.conformance_suite)")
+    group.addoption("--kvspec-target", help="the target a conformance_suite() without one checks (module:factory)")
+    group.addoption("--kvspec-scope", choices=["pool", "manager", "all"], help="pool, manager or all (default all)")
+    group.addoption("--kvspec-level", choices=sorted(LEVELS), help="L1, L2 or L3 (default L3)")
+    group.addoption("--kvspec-profile", choices=sorted(PROFILES), help="Hypothesis profile of the search (default ci)")
+    group.addoption("--kvspec-trace-dir", help="where failing runs are saved (default kvspec-traces)")
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "kvspec(scope, layout): a kvspec conformance test of one layout")
+
+
+def _option(config: Any, name: str, given: Any) -> Any:
+    if given is not None:
+        return given
+    value = config.getoption(f"kvspec_{name}", None) if config is not None else None
+    return OPTIONS[name] if value is None else value
+
+
+def conformance_suite(target: str | None = None, *, scope: str | None = None, level: str | None = None,
+                      layouts: list[str] | None = None, examples: int | None = None, profile: str | None = None,
+                      known_findings_avoided: bool = False) -> Any:
+    """A pytest test function over the layouts of ``scope`` (or ``layouts``),
+    each checking ``target`` at ``level``.  Arguments left out come from the
+    command line (``--kvspec-*``), then the defaults: scope ``all``, level
+    ``L3``, profile ``ci``.  ``known_findings_avoided``: steer around the
+    target's known findings (as ``kvspec conform --known-findings``)."""
+    scopes = SCOPES if scope in (None, "all") else (scope,)
+    cases = [(s, name) for s in scopes for name in (layouts or layout_names(s)) if name in layout_names(s) or
+             name.startswith("model:")]
+    params = [pytest.param(s, name, id=f"{s}/{name}", marks=pytest.mark.kvspec(scope=s, layout=name))
+              for s, name in cases]
+
+    @pytest.mark.parametrize("kvspec_scope, kvspec_layout", params)
+    def test_conformance(kvspec_scope: str, kvspec_layout: str, request: Any) -> None:
+        config = request.config
+        chosen = _option(config, "scope", scope)
+        if chosen != "all" and chosen != kvspec_scope:
+            pytest.skip(f"--kvspec-scope {chosen}")
+        name = _option(config, "target", target)
+        if not name:
+            pytest.skip("no target: give conformance_suite(target) or --kvspec-target module:factory")
+        chosen_level, chosen_profile = _option(config, "level", level), _option(config, "profile", profile)
+        steered = known_findings(name) if known_findings_avoided else ()
+        avoid = frozenset(f.avoid for f in steered if f.avoid)
+        if f"layout:{kvspec_layout}" in avoid:
+            pytest.skip(f"steered around known finding {', '.join(f.id for f in steered)}")
+        settings = PROFILES[chosen_profile] if kvspec_scope == "pool" else manager_settings(chosen_profile)
+        try:
+            machine = machine_for(kvspec_scope, kvspec_layout, name, chosen_level, avoid)
+        except SetupError as error:
+            pytest.fail(f"kvspec: {error}", pytrace=False)
+        result = run_layout(machine, Search(settings, examples=examples))
+        if not result.conforms:
+            if result.trace is not None:
+                result.trace.target, result.trace.level = name, chosen_level
+                path = Path(_option(config, "trace_dir", None)) / trace_file_name(kvspec_scope, kvspec_layout)
+                result.trace_file = str(result.trace.save(path))
+            pytest.fail(f"{name} on {kvspec_scope}/{kvspec_layout} at {chosen_level}: {result.verdict()}",
+                        pytrace=False)
+
+    return test_conformance
