@@ -29,6 +29,7 @@ from pathlib import Path
 
 from kvspec import __version__
 from kvspec.conformance.findings import AVOIDABLE, is_avoidable, known_findings, matching_finding
+from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.runner import (
     LEVELS,
     SCOPES,
@@ -59,6 +60,8 @@ MIN_LAYOUT_SECONDS = 0.5  # under a budget, what a failing layout's shrinking le
 def conform(args: argparse.Namespace) -> int:
     if args.examples is not None and args.examples <= 0:
         raise UsageError(f"--examples must be positive, got {args.examples}")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
     if args.budget is not None and args.budget <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     for name in args.avoid or ():
@@ -80,11 +83,10 @@ def conform(args: argparse.Namespace) -> int:
     progress = Progress() if _show_progress(args) else None
     steered = known_findings(args.target) if args.known_findings else ()
     avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(args.avoid or ())
-    searched = [name for _, name in plan if f"layout:{name}" not in avoid]
     start = args.started  # the budget counts from the command's start: loading the target is part of the run
     deadline = start + args.budget if args.budget else None  # the whole run, shrinking included
 
-    from kvspec.conformance.report import LayoutResult, RunReport, write_reports
+    from kvspec.conformance.report import RunReport, write_reports
 
     report = RunReport(args.target, args.level, args.profile, seed=args.seed,
                        steered_around=[f"{f.id}: {f.title}" for f in steered],
@@ -103,38 +105,52 @@ def conform(args: argparse.Namespace) -> int:
     if avoid:
         print(f"the machines do not send: {'; '.join(sorted(avoid))}")
     print(f"{'scope':<8} {'layout':<24} {'operations':>10} {'seconds':>8}  result", flush=True)
-    left = len(searched)
-    for i, (scope, name) in enumerate(plan, 1):
-        if f"layout:{name}" in avoid:
-            why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
-            print(f"{scope:<8} {name:<24} {'-':>10} {'-':>8}  skipped ({why})", flush=True)
-            report.results.append(LayoutResult(scope, name, 0, 0.0, True, skipped=f"steered around {why}"))
-            continue
-        share, layout_deadline = None, None
-        if deadline is not None:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                print(f"{scope:<8} {name:<24} {'-':>10} {'-':>8}  not searched (the budget is spent)", flush=True)
-                report.results.append(LayoutResult(scope, name, 0, 0.0, True, skipped="the budget was spent"))
-                left -= 1
-                continue
-            share = remaining / left  # time a layout does not use goes to the ones after it
-            # a failure may shrink for a second share, and always leaves the layouts after it a slice
-            layout_deadline = min(time.perf_counter() + 2 * share, deadline - MIN_LAYOUT_SECONDS * (left - 1))
-        left -= 1
-        search = Search(profiles[scope], examples=args.examples, seconds=share, seed=args.seed,
-                        batch=25 if scope == "pool" else 10, deadline=layout_deadline, database=args.database)
-        if progress:
-            progress.position = (i, len(plan), start, deadline)
-        r = run_layout(machine_for(scope, name, args.target, args.level, avoid), search, progress)
-        r.seed = search.seed
+    def finish(r: LayoutResult) -> None:
+        """Save a failing layout's trace, label it, print its line."""
         report.results.append(r)
         if r.trace is not None:
             r.trace.target, r.trace.level = args.target, args.level
-            r.trace_file = str(r.trace.save(trace_dir / trace_file_name(scope, name)))
-            known = matching_finding(args.target, scope, name, r.trace)
+            r.trace_file = str(r.trace.save(trace_dir / trace_file_name(r.scope, r.layout)))
+            known = matching_finding(args.target, r.scope, r.layout, r.trace)
             r.known_finding = f"{known.id}: {known.title}" if known else None
-        print(f"{scope:<8} {name:<24} {r.operations:>10} {r.seconds:>8.1f}  {r.verdict()}", flush=True)
+        print(f"{r.scope:<8} {r.layout:<24} {r.operations:>10} {r.seconds:>8.1f}  {r.verdict()}", flush=True)
+
+    def skip(scope: str, name: str, why: str, shown: str) -> None:
+        print(f"{scope:<8} {name:<24} {'-':>10} {'-':>8}  {shown}", flush=True)
+        report.results.append(LayoutResult(scope, name, 0, 0.0, True, skipped=why))
+
+    todo = []
+    for scope, name in plan:
+        if f"layout:{name}" in avoid:
+            why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
+            skip(scope, name, f"steered around {why}", f"skipped ({why})")
+        else:
+            todo.append((scope, name))
+    if args.workers > 1:
+        _search_in_parallel(args, todo, profiles, avoid, deadline, finish)
+        order = {key: i for i, key in enumerate(plan)}
+        report.results.sort(key=lambda r: order[(r.scope, r.layout)])  # the report in plan order
+    else:
+        left = len(todo)
+        for i, (scope, name) in enumerate(todo, 1):
+            share, layout_deadline = None, None
+            if deadline is not None:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    skip(scope, name, "the budget was spent", "not searched (the budget is spent)")
+                    left -= 1
+                    continue
+                share = remaining / left  # time a layout does not use goes to the ones after it
+                # a failure may shrink for a second share, and always leaves the layouts after it a slice
+                layout_deadline = min(time.perf_counter() + 2 * share, deadline - MIN_LAYOUT_SECONDS * (left - 1))
+            left -= 1
+            search = Search(profiles[scope], examples=args.examples, seconds=share, seed=args.seed,
+                            batch=25 if scope == "pool" else 10, deadline=layout_deadline, database=args.database)
+            if progress:
+                progress.position = (i, len(todo), start, deadline)
+            r = run_layout(machine_for(scope, name, args.target, args.level, avoid), search, progress)
+            r.seed = search.seed
+            finish(r)
     failures = sum(not r.conforms for r in report.results)
     print()
     print("\n".join(report.rule_table(report.checked)))
@@ -147,6 +163,35 @@ def conform(args: argparse.Namespace) -> int:
         for path in write_reports(report, args.report_dir):
             print(f"wrote {path}")
     return 1 if failures else 0
+
+
+def _search_in_parallel(args, todo, profiles, avoid, deadline, finish) -> None:
+    """``--workers N``: the layouts in N processes at once, each layout's line
+    printed as it finishes.  Under a budget each layout gets
+    ``budget * N / layouts`` (a failure shrinks for twice that at most)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    share = None
+    if deadline is not None:
+        share = (deadline - time.perf_counter()) * args.workers / max(1, len(todo))
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        futures = [pool.submit(_search_one, scope, name, args.target, args.level, avoid, profiles[scope],
+                               args.examples, share, deadline, args.seed, args.database) for scope, name in todo]
+        for future in as_completed(futures):
+            finish(future.result())
+
+
+def _search_one(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database):
+    """One layout's search, in a worker process (see _search_in_parallel)."""
+    _quiet_loggers()
+    layout_deadline = None if deadline is None else min(deadline, time.perf_counter() + 2 * share)
+    if layout_deadline is not None and layout_deadline <= time.perf_counter():
+        return LayoutResult(scope, name, 0, 0.0, True, skipped="the budget was spent")
+    search = Search(profile, examples=examples, seconds=share, seed=seed, batch=25 if scope == "pool" else 10,
+                    deadline=layout_deadline, database=database)
+    r = run_layout(machine_for(scope, name, target, level, avoid), search)
+    r.seed = search.seed
+    return r
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -374,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--database", metavar="DIR",
                      help="keep Hypothesis's failing examples here and replay them first next time "
                      "(persist it between CI runs)")
+    run.add_argument("--workers", "-n", type=int, default=1, metavar="N",
+                     help="search N layouts at once, each in its own process (default 1)")
     run.add_argument("--shard", metavar="I/N",
                      help="run only the I-th of N round-robin shares of the layouts (one CI machine each)")
     run.add_argument("--report-dir", help="write report.json, report.md and junit.xml here")

@@ -417,3 +417,20 @@ def test_a_database_replays_past_failures_first(tmp_path, monkeypatch, capsys):
     assert any((tmp_path / "db").rglob("*"))
     assert main([*argv, "--seed", "99"]) == 1  # another search, but the saved failure comes first
     assert operations() < first / 10
+
+
+def test_workers_search_layouts_in_parallel_within_the_budget(tmp_path, capsys):
+    import json
+    import time
+
+    start = time.perf_counter()
+    assert main(["conform", "--scope", "pool", "--budget", "4", "--workers", "2", "--seed", "5",
+                 "--report-dir", str(tmp_path)]) == 0
+    assert time.perf_counter() - start < 4 + 6
+    report = json.loads((tmp_path / "report.json").read_text())
+    from kvspec.conformance.runner import layout_names
+
+    assert [r["layout"] for r in report["results"]] == layout_names("pool")  # in plan order
+    assert all(r["operations"] > 0 for r in report["results"])
+    assert main(["conform", "--workers", "0"]) == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err
