@@ -127,3 +127,16 @@ class SnapshotExplodes(VllmApiPoolTarget):
         if self.pool.get_num_free_blocks() < 3:
             raise RuntimeError("snapshot exploded")
         return super().snapshot()
+
+
+class CyclicFreeList(BlockPool):
+    """Freeing three or more blocks at once links the queue's last block back
+    to its first: the free list never ends (a walk over it would hang)."""
+
+    def free_blocks(self, ordered_blocks):
+        blocks = list(ordered_blocks)
+        super().free_blocks(blocks)
+        queue = self.free_block_queue
+        first, last = queue.fake_free_list_head.next_free_block, queue.fake_free_list_tail.prev_free_block
+        if len(blocks) >= 3 and first is not last and first is not queue.fake_free_list_tail:
+            last.next_free_block = first

@@ -434,3 +434,18 @@ def test_workers_search_layouts_in_parallel_within_the_budget(tmp_path, capsys):
     assert all(r["operations"] > 0 for r in report["results"])
     assert main(["conform", "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+
+
+def test_a_free_list_that_never_ends_is_a_verdict_not_a_hang(tmp_path, monkeypatch, capsys):
+    import time
+    from pathlib import Path
+
+    (tmp_path / "cyc.py").write_text("from broken_pools import CyclicFreeList, target\nmake = target(CyclicFreeList)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    start = time.perf_counter()
+    assert main(["conform", "--target", "cyc:make", "--scope", "pool", "--layout", "two-groups",
+                 "--budget", "8", "--seed", "1"]) == 1
+    assert time.perf_counter() - start < 8 + 4
+    assert "free-queue-consistency: the free list runs past" in capsys.readouterr().out

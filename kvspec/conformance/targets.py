@@ -60,6 +60,10 @@ class _AsLaterReleasesRead:
             raise
 
 
+class BrokenFreeList(RuntimeError):
+    """The target's free list cannot be read: it loops or breaks off."""
+
+
 class VllmApiPoolTarget:
     """Any pool with vLLM 0.25.1's ``BlockPool`` API, driven by block id."""
 
@@ -129,10 +133,28 @@ class VllmApiPoolTarget:
         return PoolSnapshot(
             num_blocks=self.num_blocks,
             ref=tuple(b.ref_cnt for b in pool.blocks),
-            free=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
+            free=self._free_queue(),
             key_of={b.block_id: b.block_hash for b in pool.blocks if b.block_hash is not None},
             table=self._table(),
         )
+
+    def _free_queue(self) -> tuple[int, ...]:
+        """The free list, head first, walked at most ``num_blocks`` links: a
+        list that does not end (a cycle) is reported, not followed forever."""
+        queue = self.pool.free_block_queue
+        head, tail = getattr(queue, "fake_free_list_head", None), getattr(queue, "fake_free_list_tail", None)
+        if head is None or tail is None:  # another queue structure: its own listing
+            return tuple(b.block_id for b in queue.get_all_free_blocks())
+        out, block = [], head.next_free_block
+        while block is not None and block is not tail:
+            if len(out) >= self.num_blocks:
+                raise BrokenFreeList(f"free-queue-consistency: the free list runs past {self.num_blocks} blocks "
+                                     f"(a cycle through {sorted(set(out[-self.num_blocks:]))[:8]}...)")
+            out.append(block.block_id)
+            block = block.next_free_block
+        if block is None:
+            raise BrokenFreeList(f"free-queue-consistency: the free list ends after {out} without its tail")
+        return tuple(out)
 
     def _table(self) -> dict[bytes, tuple[int, ...]]:
         table = self.pool.cached_block_hash_to_block
