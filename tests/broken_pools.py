@@ -140,3 +140,16 @@ class CyclicFreeList(BlockPool):
         first, last = queue.fake_free_list_head.next_free_block, queue.fake_free_list_tail.prev_free_block
         if len(blocks) >= 3 and first is not last and first is not queue.fake_free_list_tail:
             last.next_free_block = first
+
+
+class HangsOnReuse(BlockPool):
+    """Reusing a cached block sends the pool into an endless loop of its own."""
+
+    def get_new_blocks(self, num_blocks):
+        if type(num_blocks) is int and 0 < num_blocks <= self.get_num_free_blocks():
+            if self.free_block_queue.fake_free_list_head.next_free_block.block_hash is not None:
+                import time
+
+                while True:
+                    time.sleep(0.05)
+        return super().get_new_blocks(num_blocks)

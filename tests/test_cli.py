@@ -449,3 +449,20 @@ def test_a_free_list_that_never_ends_is_a_verdict_not_a_hang(tmp_path, monkeypat
                  "--budget", "8", "--seed", "1"]) == 1
     assert time.perf_counter() - start < 8 + 4
     assert "free-queue-consistency: the free list runs past" in capsys.readouterr().out
+
+
+def test_a_target_stuck_in_its_own_code_fails_within_the_budget(tmp_path, monkeypatch, capsys):
+    import time
+    from pathlib import Path
+
+    (tmp_path / "hang.py").write_text("from broken_pools import HangsOnReuse, target\nmake = target(HangsOnReuse)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    start = time.perf_counter()
+    assert main(["conform", "--target", "hang:make", "--scope", "pool", "--layout", "tiny-pool",
+                 "--budget", "5", "--seed", "1"]) == 1
+    assert time.perf_counter() - start < 5 + 4
+    out = capsys.readouterr().out
+    assert "did not return before the budget ran out (the target hangs)" in out
+    assert "-> did not return" in out  # the run so far, ending in the call that hung

@@ -3,8 +3,9 @@ refusal travels, how a call is made without letting its error escape."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hypothesis.control import _current_build_context as _build_context
@@ -143,6 +144,7 @@ class CheckingMachine(RuleBasedStateMachine):
     search_deadline: float | None = None
     shrink_deadline: float | None = None
     best_failure: tuple[Trace, ConformanceError] | None = None
+    hung_in: str | None = None  # the target operation the time ran out in: the target hangs there
 
     def __init__(self) -> None:
         self.check_time()
@@ -163,6 +165,18 @@ class CheckingMachine(RuleBasedStateMachine):
         if best is None or len(self.trace.steps) <= len(best[0].steps):
             type(self).best_failure = (self.trace, error)
         raise error
+
+    @contextlib.contextmanager
+    def calling(self, where: str) -> Iterator[None]:
+        """Mark a call into the target: if the time runs out inside it, the
+        target hung there (see :func:`kvspec.conformance.runner.run_layout`)."""
+        try:
+            yield
+        except BudgetSpent:  # stopped inside the target (the alarm): mark where, for the runner
+            if type(self).hung_in is None:
+                type(self).hung_in = where
+                self.trace.operation(f"{where} -> did not return")
+            raise
 
     def check_time(self) -> None:
         """Stop the run (:class:`BudgetSpent`) once its time is up: the

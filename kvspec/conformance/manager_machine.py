@@ -91,7 +91,8 @@ def manager_machine(
             shadow and advances the request); then check every rule."""
             where = describe_call(op, args, kwargs)
             try:
-                step = observe(self.target, op, *args, **kwargs)
+                with self.calling(where):
+                    step = observe(self.target, op, *args, **kwargs)
             except Exception as error:  # anything but a clean refusal
                 self.record(where, f"crashed {type(error).__name__}: {error}")
                 self.fail(divergence=f"{where} crashed with {error!r}; a refusal must raise ValueError or TypeError")

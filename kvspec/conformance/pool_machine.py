@@ -143,8 +143,9 @@ def pool_machine(
             rule, and return the target's result (or raise its refusal as
             ``Refused``)."""
             before = self.target.snapshot()
-            result, error = call(getattr(self.target, op), args)
             where = describe_call(op, args)
+            with self.calling(where):
+                result, error = call(getattr(self.target, op), args)
             self.record(where, describe_outcome(result, error))
             if error is not None and not isinstance(error, (ValueError, TypeError)):
                 self.fail(divergence=f"{where} crashed with {error!r}; a refusal must raise ValueError or TypeError")

@@ -287,7 +287,11 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
                     hypothesis_seed(batch_seed)(machine)
                 run_state_machine_as_test(machine, settings=batch_settings)
     except BudgetSpent:
-        if machine.best_failure is not None:  # time ran out while shrinking: report the smallest run so far
+        if machine.hung_in is not None:  # the target never returned: a hang is a failure, with the run so far
+            failure = ConformanceError(divergence=f"{machine.hung_in} did not return before the budget ran out "
+                                                  "(the target hangs)")
+            machine.last_trace.record_failure([], str(failure))
+        elif machine.best_failure is not None:  # time ran out while shrinking: report the smallest run so far
             machine.last_trace, failure = machine.best_failure
             shrinking.stopped = True
     except ConformanceError as error:
