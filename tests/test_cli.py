@@ -81,17 +81,21 @@ def test_reports_are_written(tmp_path, capsys):
     import xml.etree.ElementTree as ET
 
     argv = ["conform", "--target", "broken_pools:StaleHash", "--scope", "pool", "--layout", "tiny-pool",
-            "--layout", "two-groups", "--profile", "quick", "--level", "L1", "--report-dir", str(tmp_path),
-            "--trace-dir", str(tmp_path / "traces")]
+            "--layout", "two-groups", "--layout", "caching-off", "--avoid", "layout:caching-off",
+            "--profile", "quick", "--level", "L1", "--report-dir", str(tmp_path)]
     assert main(argv) == 1
     capsys.readouterr()
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["conforms"] is False and report["level"] == "L1"
-    assert {r["layout"] for r in report["results"]} == {"tiny-pool", "two-groups"}
+    assert report["command"].startswith("kvspec conform --target broken_pools:StaleHash")
+    assert {r["layout"] for r in report["results"]} == {"tiny-pool", "two-groups", "caching-off"}
     assert any("hash-map-consistency" in r["rules"] for r in report["results"])
-    suite = ET.fromstring((tmp_path / "junit.xml").read_text())
-    assert suite.get("tests") == "2" and int(suite.get("failures")) >= 1
-    assert "does NOT conform at L1" in (tmp_path / "report.md").read_text()
+    assert list((tmp_path / "traces").iterdir())  # traces inside the report directory
+    (suite,) = ET.fromstring((tmp_path / "junit.xml").read_text())
+    assert suite.get("name") == "kvspec.pool" and suite.get("tests") == "3" and int(suite.get("failures")) >= 1
+    assert suite.get("skipped") == "1" and suite.find("testcase[@name='caching-off']/skipped") is not None
+    markdown = (tmp_path / "report.md").read_text()
+    assert "does NOT conform at L1" in markdown and "<details>" in markdown and "kvspec " in markdown
 
 
 # --- traces and replay -------------------------------------------------------------------
