@@ -8,6 +8,25 @@ import pytest
 from kvspec.cli import main
 
 
+def target_module(tmp_path, monkeypatch, name: str, source: str) -> str:
+    """A third-party target module ``name`` written in ``tmp_path`` (the
+    working directory, importable, next to tests/broken_pools.py); returns
+    ``name:make``."""
+    from pathlib import Path
+
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    return f"{name}:make"
+
+
+def broken(tmp_path, monkeypatch, cls: str) -> str:
+    """A target of one of tests/broken_pools.py's pools."""
+    return target_module(tmp_path, monkeypatch, f"broken_{cls.lower()}",
+                         f"from broken_pools import {cls}, target\nmake = target({cls})\n")
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -305,26 +324,21 @@ def test_a_target_that_cannot_load_is_a_usage_error(module, tmp_path, monkeypatc
     """Whatever goes wrong loading a target -- at import, in the factory, in
     what it returns -- is one line and exit 2, before any layout runs."""
     source, message = BROKEN_TARGETS[module]
-    (tmp_path / f"{module}.py").write_text(source)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert main(["conform", "--target", f"{module}:make", "--scope", "pool"]) == 2
+    assert main(["conform", "--target", target_module(tmp_path, monkeypatch, module, source), "--scope", "pool"]) == 2
     captured = capsys.readouterr()
     assert message in captured.err and captured.err.count("\n") == 1, captured.err
     assert "layout" not in captured.out  # nothing ran
 
 
 def test_a_pool_target_under_the_manager_scope_is_told_so(tmp_path, monkeypatch, capsys):
-    (tmp_path / "my_pool.py").write_text(
-        "from kvspec.impl import BlockPool\n"
-        "def make(num_blocks, enable_caching, hash_block_size, events):\n"
-        "    return BlockPool(num_blocks, enable_caching, hash_block_size, events)\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert main(["conform", "--target", "my_pool:make"]) == 2  # --scope all: pool and manager
+    target = target_module(tmp_path, monkeypatch, "my_pool",
+                           "from kvspec.impl import BlockPool\n"
+                           "def make(num_blocks, enable_caching, hash_block_size, events):\n"
+                           "    return BlockPool(num_blocks, enable_caching, hash_block_size, events)\n")
+    assert main(["conform", "--target", target]) == 2  # --scope all: pool and manager
     err = capsys.readouterr().err
     assert "could not build a manager target" in err and "run with --scope pool" in err, err
-    assert main(["vectors", "check", str(tmp_path), "--target", "my_pool:make", "--scope", "manager"]) == 2
+    assert main(["vectors", "check", str(tmp_path), "--target", target, "--scope", "manager"]) == 2
     assert "run with --scope pool" in capsys.readouterr().err
 
 
@@ -343,19 +357,16 @@ def test_a_budget_bounds_the_whole_run_shrinking_included(tmp_path, monkeypatch,
     budget stops it, the report says so, and every layout still gets a turn."""
     import time
 
-    (tmp_path / "slow_broken.py").write_text(
-        "import time\n"
-        "from broken_pools import DoubleDecrement, target\n"
-        "class Slow(DoubleDecrement):\n"
-        "    def free_blocks(self, blocks):\n"
-        "        time.sleep(0.02)\n"
-        "        super().free_blocks(blocks)\n"
-        "make = target(Slow)\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    target = target_module(tmp_path, monkeypatch, "slow_broken",
+                           "import time\n"
+                           "from broken_pools import DoubleDecrement, target\n"
+                           "class Slow(DoubleDecrement):\n"
+                           "    def free_blocks(self, blocks):\n"
+                           "        time.sleep(0.02)\n"
+                           "        super().free_blocks(blocks)\n"
+                           "make = target(Slow)\n")
     start = time.perf_counter()
-    code = main(["conform", "--target", "slow_broken:make", "--scope", "pool", "--budget", "6", "--seed", "3",
+    code = main(["conform", "--target", target, "--scope", "pool", "--budget", "6", "--seed", "3",
                  "--trace-dir", str(tmp_path / "traces")])
     elapsed = time.perf_counter() - start
     out = capsys.readouterr().out
@@ -366,14 +377,9 @@ def test_a_budget_bounds_the_whole_run_shrinking_included(tmp_path, monkeypatch,
 
 def test_show_draws_every_block_at_every_step_and_marks_the_break(tmp_path, monkeypatch, capsys):
     import xml.etree.ElementTree as ET
-    from pathlib import Path
 
-    (tmp_path / "brk.py").write_text("from broken_pools import DoubleDecrement, target\n"
-                                     "make = target(DoubleDecrement)\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    assert main(["conform", "--target", "brk:make", "--scope", "pool", "--layout", "tiny-pool",
+    target = broken(tmp_path, monkeypatch, "DoubleDecrement")
+    assert main(["conform", "--target", target, "--scope", "pool", "--layout", "tiny-pool",
                  "--examples", "100", "--trace-dir", "traces"]) == 1
     capsys.readouterr()
     assert main(["show", "traces/pool-tiny-pool.json", "--svg", "out.svg"]) == 0
@@ -402,15 +408,8 @@ def test_shards_split_the_layouts_between_machines(capsys):
 
 
 def test_a_database_replays_past_failures_first(tmp_path, monkeypatch, capsys):
-    from pathlib import Path
-
-    (tmp_path / "brk2.py").write_text("from broken_pools import DoubleDecrement, target\n"
-                                      "make = target(DoubleDecrement)\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    argv = ["conform", "--target", "brk2:make", "--scope", "pool", "--layout", "tiny-pool", "--examples", "100",
-            "--database", "db", "--trace-dir", "traces"]
+    argv = ["conform", "--target", broken(tmp_path, monkeypatch, "DoubleDecrement"), "--scope", "pool",
+            "--layout", "tiny-pool", "--examples", "100", "--database", "db", "--trace-dir", "traces"]
 
     def operations() -> int:
         (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
@@ -442,14 +441,10 @@ def test_workers_search_layouts_in_parallel_within_the_budget(tmp_path, capsys):
 
 def test_a_free_list_that_never_ends_is_a_verdict_not_a_hang(tmp_path, monkeypatch, capsys):
     import time
-    from pathlib import Path
 
-    (tmp_path / "cyc.py").write_text("from broken_pools import CyclicFreeList, target\nmake = target(CyclicFreeList)\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    target = broken(tmp_path, monkeypatch, "CyclicFreeList")
     start = time.perf_counter()
-    assert main(["conform", "--target", "cyc:make", "--scope", "pool", "--layout", "two-groups",
+    assert main(["conform", "--target", target, "--scope", "pool", "--layout", "two-groups",
                  "--budget", "8", "--seed", "1"]) == 1
     assert time.perf_counter() - start < 8 + 4
     assert "free-queue-consistency: the free list runs past" in capsys.readouterr().out
@@ -457,14 +452,10 @@ def test_a_free_list_that_never_ends_is_a_verdict_not_a_hang(tmp_path, monkeypat
 
 def test_a_target_stuck_in_its_own_code_fails_within_the_budget(tmp_path, monkeypatch, capsys):
     import time
-    from pathlib import Path
 
-    (tmp_path / "hang.py").write_text("from broken_pools import HangsOnReuse, target\nmake = target(HangsOnReuse)\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    target = broken(tmp_path, monkeypatch, "HangsOnReuse")
     start = time.perf_counter()
-    assert main(["conform", "--target", "hang:make", "--scope", "pool", "--layout", "tiny-pool",
+    assert main(["conform", "--target", target, "--scope", "pool", "--layout", "tiny-pool",
                  "--budget", "5", "--seed", "1"]) == 1
     assert time.perf_counter() - start < 5 + 4
     out = capsys.readouterr().out
