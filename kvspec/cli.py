@@ -49,12 +49,13 @@ from kvspec.conformance.runner import (
 from kvspec.conformance.settings import PROFILES, manager_settings
 from kvspec.conformance.trace import Trace, TraceError, trace_file_name
 from kvspec.conformance.vector_corpus import SIZES, generate
-from kvspec.conformance.vectors import HASH_SEED, check, read
+from kvspec.conformance.vectors import HASH_SEED, check
 from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
 
 MIN_LAYOUT_SECONDS = 0.5  # under a budget, what a failing layout's shrinking leaves each later layout
+BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
 
 
 def conform(args: argparse.Namespace) -> int:
@@ -108,6 +109,9 @@ def conform(args: argparse.Namespace) -> int:
     def finish(r: LayoutResult) -> None:
         """Save a failing layout's trace, label it, print its line."""
         report.results.append(r)
+        if r.skipped is not None:  # the budget was spent before its turn
+            print(f"{r.scope:<8} {r.layout:<24} {'-':>10} {'-':>8}  not searched (the budget is spent)", flush=True)
+            return
         if r.trace is not None:
             r.trace.target, r.trace.level = args.target, args.level
             r.trace_file = str(r.trace.save(trace_dir / trace_file_name(r.scope, r.layout)))
@@ -115,15 +119,12 @@ def conform(args: argparse.Namespace) -> int:
             r.known_finding = f"{known.id}: {known.title}" if known else None
         print(f"{r.scope:<8} {r.layout:<24} {r.operations:>10} {r.seconds:>8.1f}  {r.verdict()}", flush=True)
 
-    def skip(scope: str, name: str, why: str, shown: str) -> None:
-        print(f"{scope:<8} {name:<24} {'-':>10} {'-':>8}  {shown}", flush=True)
-        report.results.append(LayoutResult(scope, name, 0, 0.0, True, skipped=why))
-
     todo = []
     for scope, name in plan:
         if f"layout:{name}" in avoid:
             why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
-            skip(scope, name, f"steered around {why}", f"skipped ({why})")
+            print(f"{scope:<8} {name:<24} {'-':>10} {'-':>8}  skipped ({why})", flush=True)
+            report.results.append(LayoutResult(scope, name, 0, 0.0, True, skipped=f"steered around {why}"))
         else:
             todo.append((scope, name))
     if args.workers > 1:
@@ -133,24 +134,20 @@ def conform(args: argparse.Namespace) -> int:
     else:
         left = len(todo)
         for i, (scope, name) in enumerate(todo, 1):
-            share, layout_deadline = None, None
+            share, cap = None, None
             if deadline is not None:
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0:
-                    skip(scope, name, "the budget was spent", "not searched (the budget is spent)")
+                    finish(LayoutResult(scope, name, 0, 0.0, True, skipped=BUDGET_SPENT))
                     left -= 1
                     continue
                 share = remaining / left  # time a layout does not use goes to the ones after it
-                # a failure may shrink for a second share, and always leaves the layouts after it a slice
-                layout_deadline = min(time.perf_counter() + 2 * share, deadline - MIN_LAYOUT_SECONDS * (left - 1))
+                cap = deadline - MIN_LAYOUT_SECONDS * (left - 1)  # a failure's shrinking leaves the rest a slice
             left -= 1
-            search = Search(profiles[scope], examples=args.examples, seconds=share, seed=args.seed,
-                            batch=25 if scope == "pool" else 10, deadline=layout_deadline, database=args.database)
             if progress:
                 progress.position = (i, len(todo), start, deadline)
-            r = run_layout(machine_for(scope, name, args.target, args.level, avoid), search, progress)
-            r.seed = search.seed
-            finish(r)
+            finish(_search_one(scope, name, args.target, args.level, avoid, profiles[scope], args.examples,
+                               share, cap, args.seed, args.database, progress))
     failures = sum(not r.conforms for r in report.results)
     print()
     print("\n".join(report.rule_table(report.checked)))
@@ -175,21 +172,27 @@ def _search_in_parallel(args, todo, profiles, avoid, deadline, finish) -> None:
     if deadline is not None:
         share = (deadline - time.perf_counter()) * args.workers / max(1, len(todo))
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(_search_one, scope, name, args.target, args.level, avoid, profiles[scope],
+        futures = [pool.submit(_search_in_worker, scope, name, args.target, args.level, avoid, profiles[scope],
                                args.examples, share, deadline, args.seed, args.database) for scope, name in todo]
         for future in as_completed(futures):
             finish(future.result())
 
 
-def _search_one(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database):
-    """One layout's search, in a worker process (see _search_in_parallel)."""
+def _search_in_worker(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database):
+    """One layout's search in a worker process (see _search_in_parallel)."""
     _quiet_loggers()
-    layout_deadline = None if deadline is None else min(deadline, time.perf_counter() + 2 * share)
-    if layout_deadline is not None and layout_deadline <= time.perf_counter():
-        return LayoutResult(scope, name, 0, 0.0, True, skipped="the budget was spent")
+    if deadline is not None and deadline <= time.perf_counter():
+        return LayoutResult(scope, name, 0, 0.0, True, skipped=BUDGET_SPENT)
+    return _search_one(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database)
+
+
+def _search_one(scope, name, target, level, avoid, profile, examples, share, cap, seed, database, progress=None):
+    """One layout's search.  Under a budget (``share`` seconds) a failure may
+    shrink for a second share, and never past ``cap``."""
+    layout_deadline = None if share is None else min(time.perf_counter() + 2 * share, cap)
     search = Search(profile, examples=examples, seconds=share, seed=seed, batch=25 if scope == "pool" else 10,
                     deadline=layout_deadline, database=database)
-    r = run_layout(machine_for(scope, name, target, level, avoid), search)
+    r = run_layout(machine_for(scope, name, target, level, avoid), search, progress)
     r.seed = search.seed
     return r
 
@@ -520,15 +523,12 @@ def vectors_check(args: argparse.Namespace) -> int:
     if args.target == "vllm" and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
         raise UsageError(f"vectors are hashed as under PYTHONHASHSEED={HASH_SEED}, and vLLM roots its hashes "
                          f"at start-up: run with PYTHONHASHSEED={HASH_SEED}")
-    for scope in scopes:
-        check_target(args.target, scope)
-    factories = {scope: resolve_target(args.target, scope) for scope in scopes}
+    factories = {scope: check_target(args.target, scope) for scope in scopes}
     known = frozenset(f.id for f in known_findings(args.target)) if args.known_findings else frozenset()
     _quiet_loggers()
 
-    def show(path: Path, problems: list[str]) -> None:
+    def show(path: Path, problems: list[str], expected: list[str]) -> None:
         name = path.relative_to(root) if root.is_dir() else path
-        expected = sorted(set(read(path).get("findings", [])) & known) if problems else []
         if expected:
             print(f"known {name} ({', '.join(expected)})")
         elif problems:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from kvspec.conformance.findings import known_findings
+from kvspec.conformance.findings import inputs_to_avoid, known_findings
 from kvspec.conformance.runner import SCOPES, Search, SetupError, layout_names, machine_for, run_layout
 from kvspec.conformance.settings import PROFILES, manager_settings
 from kvspec.conformance.trace import trace_file_name
@@ -81,10 +81,10 @@ def conformance_suite(target: str | None = None, *, scope: str | None = None, le
         if not name:
             pytest.skip("no target: give conformance_suite(target) or --kvspec-target module:factory")
         chosen_level, chosen_profile = _option(config, "level", level), _option(config, "profile", profile)
-        steered = known_findings(name) if known_findings_avoided else ()
-        avoid = frozenset(f.avoid for f in steered if f.avoid)
+        avoid = inputs_to_avoid(name) if known_findings_avoided else frozenset()
         if f"layout:{kvspec_layout}" in avoid:
-            pytest.skip(f"steered around known finding {', '.join(f.id for f in steered)}")
+            ids = ", ".join(f.id for f in known_findings(name) if f.avoid == f"layout:{kvspec_layout}")
+            pytest.skip(f"steered around known finding {ids}")
         settings = PROFILES[chosen_profile] if kvspec_scope == "pool" else manager_settings(chosen_profile)
         try:
             machine = machine_for(kvspec_scope, kvspec_layout, name, chosen_level, avoid)

@@ -23,6 +23,7 @@ from kvspec.kv_cache_interface import (
     RSWASpec,
     SlidingWindowSpec,
 )
+from kvspec.spec.layout import Layout
 
 GEOMETRY: dict[str, Any] = {"num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
 
@@ -58,6 +59,4 @@ def cross(block_size: int, **geometry: Any) -> CrossAttentionSpec:
 def config(*specs: KVCacheSpec, num_blocks: int = 16, eagle_groups: tuple[int, ...] = ()) -> KVCacheConfig:
     """One group per spec (one layer each, ``layer.i``); the groups in
     ``eagle_groups`` are the drafter's."""
-    from kvspec.spec.layout import Layout
-
     return Layout(specs, num_blocks, eagle_groups=eagle_groups).kv_cache_config()

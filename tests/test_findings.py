@@ -34,7 +34,7 @@ def test_every_finding_is_in_the_findings_page():
 @pytest.mark.parametrize("finding", FINDINGS, ids=IDS)
 def test_the_trace_records_the_finding(finding):
     trace = Trace.load(finding.trace_path)
-    assert trace.target == finding.target
+    assert trace.target == finding.target and trace.scope == finding.scope
     assert trace.failure is not None
     assert set(trace.failure["rules"]) == set(finding.rules), trace.failure
 

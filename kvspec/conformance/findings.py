@@ -44,6 +44,11 @@ class Finding:
     trace: str  # file name under docs/findings/
 
     @property
+    def scope(self) -> str:
+        """The machine the trace runs on (its file name says: ``F1-pool-...``)."""
+        return "pool" if self.trace.split("-")[1] == "pool" else "manager"
+
+    @property
     def trace_path(self) -> Path:
         return FINDINGS_DIR / self.trace
 
@@ -110,10 +115,9 @@ def matching_finding(target: str, scope: str, layout: str, trace: object) -> Fin
     values = set(map(str, failing.args.values())) | {str(v) for _, v in failing.draws}
     labels = {label for label, _ in failing.draws}
     for finding in known_findings(target):
-        scope_of = "pool" if "pool" in finding.trace else "manager"
         if finding.avoid.startswith("layout:") and finding.avoid == f"layout:{layout}":
             return finding
-        if finding.avoid.startswith("bad-input:") and scope_of == scope and finding.avoid.split(":")[1] in values:
+        if finding.avoid.startswith("bad-input:") and finding.scope == scope and finding.avoid.split(":")[1] in values:
             return finding
         if finding.avoid == "mamba-align-external" and "mamba" in layout and "external blocks" in labels:
             return finding

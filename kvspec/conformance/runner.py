@@ -169,18 +169,18 @@ def _build(factory: Callable[..., Any], scope: str) -> Any:
         return error
 
 
-def check_target(name: str, scope: str) -> None:
-    """Build the target once before a run: a factory that raises, returns
-    nothing or builds the other scope's kind of target stops the run before
-    it starts, with one line that says so."""
+def check_target(name: str, scope: str) -> Callable[..., Any]:
+    """The target's factory (:func:`resolve_target`), built once before a
+    run: a factory that raises, returns nothing or builds the other scope's
+    kind of target stops the run before it starts, with one line that says so."""
     factory = resolve_target(name, scope)
     if name in TARGETS[scope]:
-        return
+        return factory
     target = _build(factory, scope)
     missing = [] if isinstance(target, BaseException) else \
         [op for op in REQUIRED_OPERATIONS[scope] if not callable(getattr(target, op, None))]
     if not isinstance(target, BaseException) and not missing:
-        return
+        return factory
     other = "manager" if scope == "pool" else "pool"
     found = _build(resolve_target(name, other), other)
     hint = ""
@@ -363,8 +363,10 @@ def _hard_stop_at(deadline: float | None) -> Iterator[None]:
 
 
 def _limit_shrinking(seconds: float) -> None:
-    engine = importlib.import_module("hypothesis.internal.conjecture.engine")
-    if hasattr(engine, "MAX_SHRINKING_SECONDS"):
+    """Let a failure found from now on shrink for ``seconds`` at most (inside
+    :func:`_shrinking_limited_to`, which restores the default)."""
+    engine = _shrink_engine()
+    if engine is not None:
         engine.MAX_SHRINKING_SECONDS = max(0.5, seconds)
 
 
@@ -375,16 +377,22 @@ def _shrinking_limited_to(seconds: float) -> Iterator[None]:
     them all): two minutes, or a budgeted layout's share (at least 30 s).
     Hypothesis has no setting for this; its engine's module constant is the
     only handle, and when a release renames it the default simply stays."""
-    engine = importlib.import_module("hypothesis.internal.conjecture.engine")
-    default = getattr(engine, "MAX_SHRINKING_SECONDS", None)
-    if default is None:
+    engine = _shrink_engine()
+    if engine is None:
         yield
         return
+    default = engine.MAX_SHRINKING_SECONDS
     engine.MAX_SHRINKING_SECONDS = min(default, seconds)
     try:
         yield
     finally:
         engine.MAX_SHRINKING_SECONDS = default
+
+
+def _shrink_engine() -> Any:
+    """Hypothesis's engine module, if it still has the shrinking limit."""
+    engine = importlib.import_module("hypothesis.internal.conjecture.engine")
+    return engine if hasattr(engine, "MAX_SHRINKING_SECONDS") else None
 
 
 def _batches(search: Search, start: float):

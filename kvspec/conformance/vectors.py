@@ -521,11 +521,13 @@ def vector_files(root: Path) -> list[Path]:
 
 
 def check(root: Path, factories: dict[str, Callable[..., Any]], known_findings: frozenset[str] = frozenset(),
-          on_file: Callable[[Path, list[str]], None] | None = None) -> CheckReport:
+          on_file: Callable[[Path, list[str], list[str]], None] | None = None) -> CheckReport:
     """Replay every vector under ``root`` against the target of its scope
     (``factories``: scope -> factory; a scope without one is skipped, and
     said).  A vector that exercises a finding in ``known_findings`` may
-    diverge.  Hash chains are rooted at :data:`HASH_SEED` throughout."""
+    diverge.  ``on_file(path, differences, known findings it diverged as)``
+    follows the replay file by file.  Hash chains are rooted at
+    :data:`HASH_SEED` throughout."""
     report = CheckReport()
     for path in vector_files(root):
         report.files.append(path)
@@ -544,11 +546,11 @@ def check(root: Path, factories: dict[str, Callable[..., Any]], known_findings: 
         except (VectorError, KeyError, IndexError) as error:
             report.unreadable[path] = f"{path}: malformed vector ({type(error).__name__}: {error})"
             continue
-        findings = sorted(set(doc.get("findings", [])) & known_findings)
-        if problems and findings:
+        findings = sorted(set(doc.get("findings", [])) & known_findings) if problems else []
+        if findings:
             report.known[path] = f"{', '.join(findings)}: {problems[0]}"
         elif problems:
             report.differences[path] = problems
         if on_file:
-            on_file(path, problems)
+            on_file(path, problems, findings)
     return report
