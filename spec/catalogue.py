@@ -34,7 +34,8 @@ RULES: dict[str, str] = {
     "content-soundness": (
         "A block holds what its key names -- the tokens of the whole prefix and the extra keys (LoRA, "
         "multimodal inputs, cache salt, prompt embeddings) -- and every token a request counts as computed "
-        "holds its own KV (or, for a state-space group, the state after it); a block is released only once "
+        "holds its own KV (or, for a state-space group, the state after it, read only once the step that "
+        "writes it is over); a block is released only once "
         "no future query reads it."
     ),
     "tenant-isolation": (
@@ -53,7 +54,8 @@ RULES: dict[str, str] = {
         "The hit is the longest aligned length that every group can serve."
     ),
     "allocation-accounting": (
-        "The blocks an allocation pulls from the pool are the number it estimated; a refused or impossible "
+        "The blocks an allocation pulls from the pool are the number it estimated, and every token it may "
+        "write (computed, new and lookahead) has a slot in every attention group; a refused or impossible "
         "operation changes nothing (an allocation may first release the request's out-of-window blocks)."
     ),
     "free-order": (

@@ -129,12 +129,29 @@ class Shadow:
     block stale, which is why align mode needs block-aligned chunks.)  Null
     entries are not written.  Freeing a block does not erase it (that is
     what makes a cache hit possible); only new writes do.
+
+    The shadow also knows *when*: writes belong to the scheduler step in
+    which they were scheduled (:meth:`new_step` starts the next).  A state is
+    the end of a scan over the step's tokens, so it exists only once that
+    step's forward pass is over; an attention layer writes every token's KV
+    before it reads any, so KV written in a step is readable within it.
     """
 
     def __init__(self, layout: Layout):
         self.layout = layout
         self.slots: dict[tuple[int, int], dict[int, tuple[Any, ...]]] = {}
         self.states: dict[tuple[int, int], tuple[Any, ...]] = {}
+        self.step = 0
+        self.state_step: dict[tuple[int, int], int] = {}  # the step that wrote each state
+
+    def new_step(self) -> None:
+        """A scheduler step begins: what earlier steps wrote is now readable."""
+        self.step += 1
+
+    def state_written_this_step(self, g: int, block_id: int) -> bool:
+        """Whether the state in block ``block_id`` of group ``g`` is still
+        being computed: written by the current step's forward pass."""
+        return self.state_step.get((g, block_id)) == self.step
 
     def write(self, request: Any, tables: tuple[list[int], ...], start: int, end: int,
               kinds: tuple[str, ...] | None = None) -> None:
@@ -150,6 +167,7 @@ class Shadow:
                     p = cdiv(n, bs) - 1
                     if p < len(table) and table[p] != NULL:
                         self.states[(g, table[p])] = state_content(request, n)
+                        self.state_step[(g, table[p])] = self.step
                 continue
             for t in range(start, end):
                 p = t // bs

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvspec.hashing import make_block_hash_with_group_id
@@ -340,6 +340,33 @@ def hit_content_sound(step: ManagerStep, ctx: RequestContext) -> list[str]:
     return problems
 
 
+@step_rule("content-soundness")
+def hit_state_written(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """A state-space hit is read at the start of the step that takes it, so
+    its state must already exist: an allocation may not take a hit whose
+    state was written during the current step (that step's forward pass
+    computes it while the new request would read it).  A hit block the
+    allocation released and reused for its own new state is no such read."""
+    if step.op != "allocate_slots" or step.error is not None or step.result is None:
+        return []
+    hits, layout, shadow = step.args.get("new_computed_blocks"), ctx.layout, ctx.shadow
+    if not hits or layout is None or shadow is None:
+        return []
+    request = step.args["request"]
+    problems = []
+    for g, (group, blocks) in enumerate(zip(layout.views, hits, strict=False)):
+        if group.kind != "mamba":
+            continue
+        for i in reversed(range(len(blocks))):
+            b = blocks[i]
+            if b == NULL:
+                continue
+            if shadow.state_written_this_step(g, b) and not shadow.holds(g, b, request, i):
+                problems.append(f"group {g} takes the state in block {b} as a hit in the step that writes it")
+            break
+    return problems
+
+
 @step_rule("tenant-isolation")
 def hit_within_tenant(step: ManagerStep, ctx: RequestContext) -> list[str]:
     """A hit block was written by the request's own tenant."""
@@ -415,8 +442,9 @@ def _refused_release_problems(step: ManagerStep, layout: Layout | None) -> list[
         gone = [out_of_window(group, computed, prompt) for group in layout.views]
         problems += [f"released block {b} (group {g}, position {i}) inside the attention window"
                      for g, i, b, _ in changed if i not in gone[g]]
-    if _after_frees(before.pool, _release_calls(bt, at)).without_null_ref() != after.pool.without_null_ref():
-        problems.append("changed the pool beyond freeing the blocks it nulled")
+    expected = _after_frees(before.pool, _release_calls(bt, at))
+    if _any_order(expected).without_null_ref() != _any_order(after.pool).without_null_ref():
+        problems.append("changed the pool beyond freeing the blocks it nulled")  # the order is free-order's
     return problems
 
 
@@ -493,6 +521,24 @@ def pulls_match_estimate(step: ManagerStep, ctx: RequestContext) -> list[str]:
 
 
 @step_rule("allocation-accounting")
+def every_token_has_a_slot(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """An accepted ``allocate_slots`` gives every token the step may write a
+    slot in every attention group: the computed tokens (hits and connector
+    tokens included), the new ones and the lookahead tokens a drafter writes,
+    up to the model's length (out-of-window positions may be null)."""
+    if step.op != "allocate_slots" or step.error is not None or step.result is None or ctx.layout is None:
+        return []
+    args, layout = step.args, ctx.layout
+    computed = _computed_at_call(step) + (args.get("num_new_computed_tokens") or 0) + \
+        (args.get("num_external_computed_tokens") or 0)
+    need = min(computed + args["num_new_tokens"] + (args.get("num_lookahead_tokens") or 0), layout.max_model_len)
+    tables = _tables_of(step.after, args["request"].request_id, len(layout.views))
+    return [f"group {g} has {len(table)} blocks ({len(table) * group.block_size} slots) for {need} tokens"
+            for g, (group, table) in enumerate(zip(layout.views, tables, strict=True))
+            if group.kind in ATTENTION_KINDS and len(table) * group.block_size < need]
+
+
+@step_rule("allocation-accounting")
 def impossible_is_refused(step: ManagerStep, ctx: RequestContext) -> list[str]:
     """A negative count or no tokens at all is refused, never applied."""
     if step.op != "allocate_slots" or step.error is not None:
@@ -527,6 +573,11 @@ def no_eviction_in_use(step: ManagerStep, ctx: RequestContext) -> list[str]:
             for b in sorted(protected) if b in before_keys and after_keys.get(b) != before_keys[b]]
 
 
+def _any_order(pool: PoolSnapshot) -> PoolSnapshot:
+    """The pool with its free queue as a set: what is free, not in which order."""
+    return replace(pool, free=tuple(sorted(pool.free)))
+
+
 def _after_frees(before: PoolSnapshot, calls: list[list[int]]) -> PoolSnapshot:
     """The pool after ``free_blocks`` of each call in turn (null entries
     skipped): ref counts drop, blocks reaching 0 join the free queue --
@@ -550,12 +601,17 @@ def free_order(step: ManagerStep, ctx: RequestContext) -> list[str]:
     ``free`` releases each table from its last block to its first; removing
     skipped blocks releases each run of consecutive positions from its last
     block, the latest run first.  Blocks without a hash go to the head of the
-    free queue (reused first), cached ones to the tail (LRU)."""
-    if step.error is not None or step.op not in ("free", "remove_skipped_blocks"):
+    free queue (reused first), cached ones to the tail (LRU).  An allocation
+    that releases out-of-window blocks and then refuses releases them so too."""
+    refused_allocation = step.op == "allocate_slots" and step.result is None  # it may release, then refuse
+    if step.error is not None or step.op not in ("free", "remove_skipped_blocks") and not refused_allocation:
         return []
     if step.op == "free":
         rid = getattr(step.args["request"], "request_id", None)
         calls = [list(reversed(t)) for t in step.before.tables.get(rid, ())]
+    elif refused_allocation:
+        rid = getattr(step.args["request"], "request_id", None)
+        calls = _release_calls(step.before.tables.get(rid, ()), step.after.tables.get(rid, ()))
     else:
         rid = step.args["request_id"]
         calls = _release_calls(step.before.tables.get(rid, ()), step.after.tables.get(rid, ()))

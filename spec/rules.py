@@ -197,6 +197,24 @@ def reused_block_loses_its_hash(step: Step) -> list[str]:
     return [f"reused block {b} still carries a hash" for b in step.result if b in step.after.key_of]
 
 
+@step_rule("hash-map-consistency")
+def lookup_answers_from_the_table(step: Step) -> list[str]:
+    """A lookup answers from the table: for each group asked, in order, a
+    block cached under the hash for that very group (or nothing at all)."""
+    if step.op != "get_cached_block" or step.error is not None or step.result is None:
+        return []
+    block_hash, group_ids = step.args[0], list(step.args[1])
+    if len(step.result) != len(group_ids):
+        return [f"a lookup for {len(group_ids)} groups returned {len(step.result)} blocks"]
+    problems = []
+    for g, b in zip(group_ids, step.result, strict=True):
+        key = step.before.key_of.get(b)
+        if key is None or get_block_hash(key) != block_hash or get_group_id(key) != g:
+            problems.append(f"the lookup for group {g} returned block {b}, which is not cached under "
+                            f"that hash for group {g}")
+    return problems
+
+
 @step_rule("null-exclusion")
 def null_never_handed_out(step: Step) -> list[str]:
     """``get_new_blocks`` never returns the null block."""

@@ -97,6 +97,14 @@ class TableWithoutBlockHash(BlockPool):
             self.blocks[block_id].reset_hash()
 
 
+class FirstGroupForAll(BlockPool):
+    """A lookup for several groups answers with the first group's block for each."""
+
+    def get_cached_block(self, block_hash, kv_cache_group_ids):
+        first = super().get_cached_block(block_hash, list(kv_cache_group_ids)[:1])
+        return None if first is None else first * len(kv_cache_group_ids)
+
+
 def target(pool_cls):
     def factory(num_blocks, enable_caching, hash_block_size, events):
         return VllmApiPoolTarget(pool_cls(num_blocks, enable_caching, hash_block_size, events))
@@ -150,6 +158,23 @@ class HangsOnReuse(BlockPool):
             if self.free_block_queue.fake_free_list_head.next_free_block.block_hash is not None:
                 import time
 
+                while True:
+                    time.sleep(0.05)
+        return super().get_new_blocks(num_blocks)
+
+
+class IgnoresAlarms(BlockPool):
+    """Reusing a cached block makes the pool shut out SIGALRM and loop: a
+    target stuck where no in-process watchdog reaches (as a native loop
+    would be).  Only a process watchdog can stop it."""
+
+    def get_new_blocks(self, num_blocks):
+        if type(num_blocks) is int and 0 < num_blocks <= self.get_num_free_blocks():
+            if self.free_block_queue.fake_free_list_head.next_free_block.block_hash is not None:
+                import signal
+                import time
+
+                signal.signal(signal.SIGALRM, signal.SIG_IGN)
                 while True:
                     time.sleep(0.05)
         return super().get_new_blocks(num_blocks)

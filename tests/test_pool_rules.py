@@ -9,7 +9,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from broken_pools import BROKEN, SilentEviction, TableWithoutBlockHash, target
+from broken_pools import BROKEN, FirstGroupForAll, SilentEviction, TableWithoutBlockHash, target
 from kvspec.conformance.pool_machine import ConformanceError, PoolLayout, pool_machine
 from kvspec.conformance.settings import PROFILES
 from kvspec.spec import rules
@@ -43,6 +43,22 @@ def test_events_must_mirror_the_table():
 
 def test_table_and_block_hash_must_agree():
     assert "hash-map-consistency" in violated_rules(TableWithoutBlockHash)
+
+
+def test_a_lookup_answers_from_the_table():
+    assert "hash-map-consistency" in violated_rules(FirstGroupForAll)
+
+
+def test_lookup_predicate():
+    from kvspec.hashing import make_block_hash_with_group_id
+
+    h = b"h" * 8
+    k0, k1 = make_block_hash_with_group_id(h, 0), make_block_hash_with_group_id(h, 1)
+    cached = snap([0, 0, 0], [1, 2], {1: k0, 2: k1}, {k0: (1,), k1: (2,)})
+    assert not rules.check_step(step("get_cached_block", (h, [0, 1]), cached, cached, [1, 2]))
+    wrong = rules.check_step(step("get_cached_block", (h, [0, 1]), cached, cached, [1, 1]))
+    assert [v.rule for v in wrong] == ["hash-map-consistency"]
+    assert "group 1 returned block 1" in wrong[0].message
 
 
 def snap(ref, free, key_of=None, table=None):

@@ -178,6 +178,7 @@ class SchedulerHarness:
         from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
         self.steps += 1
+        self.shadow.new_step()
         out = self.scheduler.schedule()
         scheduled = {rid: (self.scheduler.requests[rid].num_computed_tokens - n, n)
                      for rid, n in out.num_scheduled_tokens.items()}
