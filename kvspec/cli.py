@@ -17,6 +17,8 @@ the spec), 2 usage or environment error (one line, no traceback).
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import logging
 import os
 import re
@@ -54,8 +56,43 @@ from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
 
-MIN_LAYOUT_SECONDS = 0.5  # under a budget, what a failing layout's shrinking leaves each later layout
 BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
+FAIL_FAST = "--fail-fast: the run stopped at the first failure"
+WORKER_GRACE = 5.0  # seconds past the budget before a worker that has not answered is stopped
+
+
+class _Announcer:
+    """Says at once that a layout has failed -- the failing rule and the run
+    as it happened, saved next to where the minimal run will go -- so that a
+    red gate shows in seconds, not after the shrinker is done."""
+
+    def __init__(self, target: str, level: str, trace_dir: Path, start: float):
+        self.target, self.level, self.trace_dir, self.start = target, level, trace_dir, start
+
+    def __call__(self, scope: str, layout: str):
+        def first_failure(trace, error) -> None:
+            seconds = time.perf_counter() - self.start  # into the run, as the budget counts
+            trace.target, trace.level = self.target, self.level
+            path = trace.save(self.trace_dir / trace_file_name(scope, layout).replace(".json", ".unshrunk.json"))
+            known = matching_finding(self.target, scope, layout, trace)
+            rules = ", ".join(sorted({v.rule for v in error.violations})) or "divergence from the spec"
+            label = f" (looks like known finding {known.id})" if known else ""
+            print(f"{scope:<8} {layout:<24} first failing check at {seconds:.1f} s{label}: {rules} -- shrinking; "
+                  f"the run as found ({len(trace.steps)} steps): {path}", flush=True)
+
+        return first_failure
+
+
+class _FailFast:
+    """``--fail-fast``: the run stops at the first layout that fails other
+    than as a known finding of the target."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.stopped = enabled, False
+
+    def see(self, result: LayoutResult) -> None:
+        if self.enabled and not result.conforms and result.known_finding is None:
+            self.stopped = True
 
 
 def conform(args: argparse.Namespace) -> int:
@@ -109,15 +146,22 @@ def conform(args: argparse.Namespace) -> int:
     def finish(r: LayoutResult) -> None:
         """Save a failing layout's trace, label it, print its line."""
         report.results.append(r)
-        if r.skipped is not None:  # the budget was spent before its turn
-            print(f"{r.scope:<8} {r.layout:<24} {'-':>10} {'-':>8}  not searched (the budget is spent)", flush=True)
+        r.finished = round(time.perf_counter() - start, 3)
+        if r.began is not None:
+            r.began = round(r.began - start, 3)
+        if r.first_failure_at is not None:
+            r.first_failure_at = round(r.first_failure_at - start, 3)
+        if r.skipped is not None:  # the budget was spent, or --fail-fast stopped the run, before its turn
+            why = "the budget is spent" if r.skipped == BUDGET_SPENT else "--fail-fast: stopped at a failure"
+            print(f"{r.scope:<8} {r.layout:<24} {'-':>10} {'-':>8}  not searched ({why})", flush=True)
             return
         if r.trace is not None:
             r.trace.target, r.trace.level = args.target, args.level
             r.trace_file = str(r.trace.save(trace_dir / trace_file_name(r.scope, r.layout)))
             known = matching_finding(args.target, r.scope, r.layout, r.trace)
             r.known_finding = f"{known.id}: {known.title}" if known else None
-        print(f"{r.scope:<8} {r.layout:<24} {r.operations:>10} {r.seconds:>8.1f}  {r.verdict()}", flush=True)
+        reached = f"  ({r.distinct_states} distinct states)" if r.conforms and r.distinct_states else ""
+        print(f"{r.scope:<8} {r.layout:<24} {r.operations:>10} {r.seconds:>8.1f}  {r.verdict()}{reached}", flush=True)
 
     todo = []
     for scope, name in plan:
@@ -127,27 +171,27 @@ def conform(args: argparse.Namespace) -> int:
             report.results.append(LayoutResult(scope, name, 0, 0.0, True, skipped=f"steered around {why}"))
         else:
             todo.append((scope, name))
+    announce = _Announcer(args.target, args.level, trace_dir, start)
+    stop = _FailFast(args.fail_fast)
     if args.workers > 1:
-        _search_in_parallel(args, todo, profiles, avoid, deadline, finish)
+        _search_in_parallel(args, todo, profiles, avoid, deadline, finish, announce, stop)
         order = {key: i for i, key in enumerate(plan)}
         report.results.sort(key=lambda r: order[(r.scope, r.layout)])  # the report in plan order
+    elif deadline is not None:
+        _search_in_rounds(args, todo, profiles, avoid, deadline, finish, announce, stop, progress)
+        order = {key: i for i, key in enumerate(plan)}
+        report.results.sort(key=lambda r: order[(r.scope, r.layout)])
     else:
-        left = len(todo)
         for i, (scope, name) in enumerate(todo, 1):
-            share, cap = None, None
-            if deadline is not None:
-                remaining = deadline - time.perf_counter()
-                if remaining <= 0:
-                    finish(LayoutResult(scope, name, 0, 0.0, True, skipped=BUDGET_SPENT))
-                    left -= 1
-                    continue
-                share = remaining / left  # time a layout does not use goes to the ones after it
-                cap = deadline - MIN_LAYOUT_SECONDS * (left - 1)  # a failure's shrinking leaves the rest a slice
-            left -= 1
+            if stop.stopped:
+                finish(LayoutResult(scope, name, 0, 0.0, True, skipped=FAIL_FAST))
+                continue
             if progress:
                 progress.position = (i, len(todo), start, deadline)
-            finish(_search_one(scope, name, args.target, args.level, avoid, profiles[scope], args.examples,
-                               share, cap, args.seed, args.database, progress))
+            r = _search_one(scope, name, args.target, args.level, avoid, profiles[scope], args.examples,
+                            None, None, args.seed, args.database, progress, announce)
+            finish(r)
+            stop.see(r)
     failures = sum(not r.conforms for r in report.results)
     print()
     print("\n".join(report.rule_table(report.checked)))
@@ -162,36 +206,135 @@ def conform(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def _search_in_parallel(args, todo, profiles, avoid, deadline, finish) -> None:
+FIRST_SLICE = (0.25, 2.0)  # seconds: the bounds of a layout's first slice under a budget
+SHRINK_SECONDS = 15.0  # under a budget, how long a failure found in a slice may shrink at most
+QUIET_WEIGHT = 0.25  # a layout whose last slice reached no new state gets this share of a slice
+
+
+def _search_in_rounds(args, todo, profiles, avoid, deadline, finish, announce, stop, progress) -> None:
+    """A budgeted search in one process: the layouts take turns in rounds of
+    slices instead of one long turn each, so a bug any layout shows within
+    its first second is found within the first round, however many layouts
+    come before it.  Slices double every round; a layout whose last slice
+    reached no new abstract state (CheckingMachine.cover) gets a quarter
+    slice, so the budget moves to layouts still finding new ground.  A
+    failure shrinks for at most SHRINK_SECONDS (less when the budget ends
+    sooner) and then its layout is done; the others go on."""
+    machines = {key: machine_for(*key, args.target, args.level, avoid) for key in todo}
+    base = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
+    spent = dict.fromkeys(todo, 0.0)
+    began: dict[tuple[str, str], float] = {}
+    weight = dict.fromkeys(todo, 1.0)
+    open_layouts = list(todo)
+    first_slice = min(max((deadline - time.perf_counter()) / (4 * max(1, len(todo))), FIRST_SLICE[0]),
+                      FIRST_SLICE[1])
+    slice_no = 0
+    for round_no in itertools.count():
+        if not open_layouts or stop.stopped or time.perf_counter() >= deadline:
+            break
+        for i, key in enumerate(sorted(open_layouts, key=lambda k: (-weight[k], spent[k])), 1):
+            now = time.perf_counter()
+            if now >= deadline or stop.stopped:
+                break
+            scope, name = key
+            machine = machines[key]
+            seconds = min(first_slice * 2 ** round_no * weight[key], deadline - now)
+            reached = len(vars(machine).get("reached", ()))
+            search = Search(profiles[scope], seconds=seconds, seed=base + 1000 * slice_no, swarm=True,
+                            batch=25 if scope == "pool" else 10, database=args.database,
+                            deadline=min(deadline, now + seconds + SHRINK_SECONDS),
+                            on_first_failure=announce(scope, name))
+            slice_no += 1
+            if progress:
+                progress.position = (i, len(open_layouts), args.started, deadline)
+            r = run_layout(machine, search, progress)
+            began.setdefault(key, r.began)
+            spent[key] += r.seconds
+            weight[key] = 1.0 if len(vars(machine).get("reached", ())) > reached else QUIET_WEIGHT
+            if not r.conforms:
+                r.seconds, r.began, r.seed = spent[key], began[key], base
+                open_layouts.remove(key)
+                finish(r)
+                stop.see(r)
+    for key in todo:
+        if key in open_layouts:
+            machine = machines[key]
+            scope, name = key
+            if key not in began:  # its turn never came
+                finish(LayoutResult(scope, name, 0, 0.0, True, skipped=FAIL_FAST if stop.stopped else BUDGET_SPENT))
+                continue
+            r = LayoutResult(scope, name, machine.steps_run, spent[key], True, examples=machine.examples_run,
+                             seed=base, began=began.get(key),
+                             distinct_states=len(vars(machine).get("reached", ())))
+            finish(r)
+
+
+def _search_in_parallel(args, todo, profiles, avoid, deadline, finish, announce, stop) -> None:
     """``--workers N``: the layouts in N processes at once, each layout's line
     printed as it finishes.  Under a budget each layout gets
-    ``budget * N / layouts`` (a failure shrinks for twice that at most)."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    ``budget * N / layouts`` (a failure shrinks for twice that at most), and
+    a watchdog stops every worker still running :data:`WORKER_GRACE` seconds
+    past the budget -- a target stuck where no signal reaches (a C loop, a
+    deadlock) fails its layout instead of holding the run."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     share = None
     if deadline is not None:
         share = (deadline - time.perf_counter()) * args.workers / max(1, len(todo))
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(_search_in_worker, scope, name, args.target, args.level, avoid, profiles[scope],
-                               args.examples, share, deadline, args.seed, args.database) for scope, name in todo]
-        for future in as_completed(futures):
-            finish(future.result())
+    pool = ProcessPoolExecutor(max_workers=args.workers)
+    pending = {pool.submit(_search_in_worker, scope, name, args.target, args.level, avoid, profiles[scope],
+                           args.examples, share, deadline, args.seed, args.database, announce): (scope, name)
+               for scope, name in todo}
+    try:
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline + WORKER_GRACE - time.perf_counter())
+            done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            if not done:  # the watchdog: the budget and its grace are over
+                for scope, name in sorted(pending.values()):
+                    finish(LayoutResult(scope, name, 0, 0.0, False, details=[
+                        f"the worker searching this layout had not finished {WORKER_GRACE:g} s after the budget "
+                        "ran out and was stopped: the target hangs where no alarm reaches it"]))
+                return
+            for future in done:
+                scope, name = pending.pop(future)
+                try:
+                    result = future.result()
+                except Exception as error:  # the worker died (a crash in native code) or could not pickle
+                    result = LayoutResult(scope, name, 0, 0.0, False,
+                                          details=[f"the worker searching this layout died: {error!r}"])
+                finish(result)
+                stop.see(result)
+            if stop.stopped:
+                for scope, name in sorted(pending.values()):
+                    finish(LayoutResult(scope, name, 0, 0.0, True, skipped=FAIL_FAST))
+                return
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        if pending:
+            import multiprocessing
+
+            for child in multiprocessing.active_children():  # the workers still searching or stuck
+                child.terminate()
 
 
-def _search_in_worker(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database):
+def _search_in_worker(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database,
+                      announce=None):
     """One layout's search in a worker process (see _search_in_parallel)."""
     _quiet_loggers()
     if deadline is not None and deadline <= time.perf_counter():
         return LayoutResult(scope, name, 0, 0.0, True, skipped=BUDGET_SPENT)
-    return _search_one(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database)
+    return _search_one(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database,
+                       announce=announce)
 
 
-def _search_one(scope, name, target, level, avoid, profile, examples, share, cap, seed, database, progress=None):
+def _search_one(scope, name, target, level, avoid, profile, examples, share, cap, seed, database, progress=None,
+                announce=None):
     """One layout's search.  Under a budget (``share`` seconds) a failure may
     shrink for a second share, and never past ``cap``."""
     layout_deadline = None if share is None else min(time.perf_counter() + 2 * share, cap)
     search = Search(profile, examples=examples, seconds=share, seed=seed, batch=25 if scope == "pool" else 10,
-                    deadline=layout_deadline, database=database)
+                    deadline=layout_deadline, database=database, swarm=share is not None,
+                    on_first_failure=announce(scope, name) if announce else None)
     r = run_layout(machine_for(scope, name, target, level, avoid), search, progress)
     r.seed = search.seed
     return r
@@ -248,6 +391,8 @@ def replay_command(args: argparse.Namespace) -> int:
     target = args.target or trace.target
     if not target:
         raise UsageError(f"trace {args.trace} names no target; give one with --target")
+    if args.budget <= 0:
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     level = args.level or trace.level
     _quiet_loggers()
     recorded = ""
@@ -266,7 +411,7 @@ def replay_command(args: argparse.Namespace) -> int:
                 print(f"    {op}")
 
     try:
-        outcome = replay(trace, target, level, on_step=show)
+        outcome = replay(trace, target, level, on_step=show, seconds=args.budget)
     except TraceError as error:
         raise UsageError(f"trace {args.trace} does not fit the {trace.scope} machine: {error}") from None
     if outcome.conforms:
@@ -411,7 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
     size = run.add_mutually_exclusive_group()
     size.add_argument("--examples", type=int, help="examples per layout (overrides the profile)")
     size.add_argument("--budget", type=float, metavar="SECONDS",
-                      help="search for this many seconds in all, shared evenly by the layouts")
+                      help="search for this many seconds in all, shrinking included: the layouts take turns in "
+                      "rounds of growing slices, more for those still reaching new states (with --workers: "
+                      "an even share each)")
     run.add_argument("--seed", type=int, help="make the search repeatable (a budgeted run prints its seed)")
     run.add_argument("--known-findings", action="store_true",
                      help="steer around the inputs of the target's known findings (docs/findings.md) "
@@ -422,6 +569,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--database", metavar="DIR",
                      help="keep Hypothesis's failing examples here and replay them first next time "
                      "(persist it between CI runs)")
+    run.add_argument("--fail-fast", "-x", action="store_true",
+                     help="stop at the first layout that fails (other than as a known finding): the gate's "
+                     "verdict as soon as it is known")
     run.add_argument("--workers", "-n", type=int, default=1, metavar="N",
                      help="search N layouts at once, each in its own process (default 1)")
     run.add_argument("--shard", metavar="I/N",
@@ -439,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--target", help="impl, spec, vllm, or module:factory (default: the trace's target)")
     rep.add_argument("--level", choices=sorted(LEVELS), help="default: the trace's level")
     rep.add_argument("--quiet", action="store_true", help="print only the diverging step and the verdict")
+    rep.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
+                     help="stop a target that has not finished the replay by then: it hangs (default 300)")
     rep.set_defaults(func=replay_command)
 
     show = sub.add_parser("show", help="draw the pool after every step of a trace (text, and SVG with --svg)")
@@ -466,6 +618,17 @@ def build_parser() -> argparse.ArgumentParser:
     ker.add_argument("--vllm-tables", action="store_true",
                      help="also compare with vLLM's worker MultiGroupBlockTable (needs vLLM)")
     ker.set_defaults(func=kernels_command)
+
+    mut = sub.add_parser("mutate", help="measure the gate: run it against named mutants of impl or vLLM")
+    mut.add_argument("--target", default="impl", choices=["impl", "vllm"], help="whose classes to mutate")
+    mut.add_argument("--level", action="append", choices=sorted(LEVELS), help="repeatable (default L1 and L3)")
+    mut.add_argument("--budget", type=float, default=60.0, help="the gate's --budget for each run (default 60)")
+    mut.add_argument("--mutant", action="append", metavar="NAME", help="only these mutants (repeatable)")
+    mut.add_argument("--jobs", "-j", type=int, default=1, help="runs at once, one process each (default 1)")
+    mut.add_argument("--seed", type=int, help="the gate's --seed (default: a random search per run)")
+    mut.add_argument("--report-dir", help="write mutation.json and mutation.md here")
+    mut.add_argument("--list", action="store_true", help="list the catalogue and exit")
+    mut.set_defaults(func=mutate_command)
 
     vec = sub.add_parser("vectors", help="language-neutral conformance vectors: generate them, check a target")
     vsub = vec.add_subparsers(dest="vectors_command", required=True)
@@ -548,6 +711,56 @@ def vectors_check(args: argparse.Namespace) -> int:
     if not report.files:
         print(f"no vector files under {root}")
     return 0 if report.ok else 1
+
+
+def mutate_command(args: argparse.Namespace) -> int:
+    """``kvspec mutate``: the gate against the mutant catalogue."""
+    from kvspec.conformance.mutants import MUTANTS, for_family
+
+    if args.list:
+        for m in MUTANTS:
+            print(f"{m.name:<28} {m.bug_class:<40} {'/'.join(m.families):<10} {m.what}")
+        return 0
+    if args.target not in ("impl", "vllm"):
+        raise UsageError(f"--target {args.target!r}: mutants patch the classes of impl or vllm")
+    if args.budget <= 0:
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.target == "vllm":
+        check_target("vllm", "manager")
+    from kvspec.conformance.mutate import mutate
+
+    levels = args.level or ["L1", "L3"]
+    names = args.mutant or [m.name for m in for_family(args.target)]
+    print(f"kvspec mutate: target={args.target} levels={','.join(levels)} budget={args.budget:g}s "
+          f"mutants={len(names)} jobs={args.jobs}", flush=True)
+    print(f"{'mutant':<28} {'level':<5} {'result':<9} {'first fail s':>12} {'verdict s':>9}  caught by", flush=True)
+
+    def show(run) -> None:
+        result = "killed" if run.killed else ("ERROR" if run.error else "survived")
+        first = "-" if run.first_failure is None else f"{run.first_failure:.1f}"
+        verdict = "-" if run.verdict is None else f"{run.verdict:.1f}"
+        how = ", ".join(run.caught_by) + (f" ({run.layout})" if run.layout else "") if run.killed else \
+            (run.error or run.survived_because or "")
+        print(f"{run.mutant:<28} {run.level:<5} {result:<9} {first:>12} {verdict:>9}  {how}", flush=True)
+
+    try:
+        report = mutate(args.target, levels, args.budget, names, args.jobs, args.seed, on_run=show)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    print()
+    for level in report.levels():
+        s = report.summary(level)
+        print(f"{level}: {s['killed']}/{s['mutants']} killed ({s['score']} %), median {s['median_first_failure']} s "
+              f"to the first failing check, {s['median_verdict']} s to the verdict")
+    if args.report_dir:
+        out = Path(args.report_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "mutation.json").write_text(json.dumps(report.to_json(), indent=1) + "\n")
+        (out / "mutation.md").write_text(report.markdown())
+        print(f"wrote {out / 'mutation.json'} and {out / 'mutation.md'}")
+    return 0 if all(r.error is None for r in report.runs) else 1
 
 
 def prove_command(argv: list[str]) -> int:

@@ -21,6 +21,11 @@ def target_module(tmp_path, monkeypatch, name: str, source: str) -> str:
     return f"{name}:make"
 
 
+def minimal_traces(directory):
+    """The minimal failing runs saved in ``directory`` (not the runs as found)."""
+    return [p for p in directory.glob("*.json") if not p.name.endswith(".unshrunk.json")]
+
+
 def broken(tmp_path, monkeypatch, cls: str) -> str:
     """A target of one of tests/broken_pools.py's pools."""
     return target_module(tmp_path, monkeypatch, f"broken_{cls.lower()}",
@@ -89,7 +94,7 @@ def test_another_policy_conforms_at_l1_and_fails_l3(tmp_path, capsys):
     assert main([*base, "--level", "L3"]) == 1
     out = capsys.readouterr().out
     assert "free-order" in out or "divergence from the spec" in out
-    (trace,) = tmp_path.glob("*.json")
+    (trace,) = minimal_traces(tmp_path)
     assert main(["replay", str(trace), "--quiet"]) == 1  # the L3 failure, again
     assert "DIVERGED" in capsys.readouterr().out
     assert main(["replay", str(trace), "--level", "L1", "--quiet"]) == 0  # the same run is L1-safe
@@ -125,7 +130,7 @@ def _trace_of_failing_run(tmp_path, capsys, target, scope, layout):
             "--level", "L1", "--trace-dir", str(tmp_path)]
     assert main(argv) == 1
     out = capsys.readouterr().out
-    (path,) = tmp_path.glob("*.json")
+    (path,) = minimal_traces(tmp_path)
     assert f"kvspec replay {path}" in out and "minimal failing run:" in out
     return path, out
 
@@ -250,7 +255,7 @@ def test_a_target_that_raises_fails_its_layout_without_a_traceback(tmp_path, cap
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "the run stopped on RuntimeError: snapshot exploded" in out
-    (trace,) = tmp_path.glob("*.json")
+    (trace,) = minimal_traces(tmp_path)
     assert main(["replay", str(trace), "--quiet"]) == 1
     assert "the run stopped on RuntimeError: snapshot exploded" in capsys.readouterr().out
 
@@ -372,7 +377,8 @@ def test_a_budget_bounds_the_whole_run_shrinking_included(tmp_path, monkeypatch,
     out = capsys.readouterr().out
     assert code == 1 and "FAILED" in out
     assert elapsed < 6 + 4, f"a 6 s budget took {elapsed:.1f} s"
-    assert sum(line.startswith("pool ") for line in out.splitlines()) == 4  # every layout reported
+    assert sum(line.startswith("pool ") and "first failing check" not in line
+               for line in out.splitlines()) == 4  # every layout reported
 
 
 def test_show_draws_every_block_at_every_step_and_marks_the_break(tmp_path, monkeypatch, capsys):
@@ -412,7 +418,8 @@ def test_a_database_replays_past_failures_first(tmp_path, monkeypatch, capsys):
             "--layout", "tiny-pool", "--examples", "100", "--database", "db", "--trace-dir", "traces"]
 
     def operations() -> int:
-        (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
+        (line,) = [line for line in capsys.readouterr().out.splitlines()
+                   if line.startswith("pool ") and "first failing check" not in line]
         return int(line.split()[2])
 
     assert main(argv) == 1
@@ -461,3 +468,71 @@ def test_a_target_stuck_in_its_own_code_fails_within_the_budget(tmp_path, monkey
     out = capsys.readouterr().out
     assert "did not return before the budget ran out (the target hangs)" in out
     assert "-> did not return" in out  # the run so far, ending in the call that hung
+
+
+def test_a_worker_stuck_beyond_any_alarm_is_stopped_by_the_watchdog(tmp_path, monkeypatch, capsys):
+    import time
+
+    from kvspec.cli import WORKER_GRACE
+
+    target = broken(tmp_path, monkeypatch, "IgnoresAlarms")
+    start = time.perf_counter()
+    assert main(["conform", "--target", target, "--scope", "pool", "--layout", "tiny-pool", "--layout",
+                 "two-groups", "--workers", "2", "--budget", "4", "--seed", "1"]) == 1
+    assert time.perf_counter() - start < 4 + WORKER_GRACE + 4
+    assert "the target hangs where no alarm reaches it" in capsys.readouterr().out
+
+
+def test_a_replay_of_a_hanging_target_ends_at_its_budget(tmp_path, monkeypatch, capsys):
+    import time
+
+    target = broken(tmp_path, monkeypatch, "HangsOnReuse")
+    assert main(["conform", "--target", target, "--scope", "pool", "--layout", "tiny-pool",
+                 "--budget", "5", "--seed", "1", "--trace-dir", str(tmp_path / "traces")]) == 1
+    (trace,) = (tmp_path / "traces").glob("pool-tiny-pool.json")
+    capsys.readouterr()
+    start = time.perf_counter()
+    assert main(["replay", str(trace), "--budget", "2"]) == 1
+    assert time.perf_counter() - start < 2 + 3
+    out = capsys.readouterr().out
+    assert "did not return within 2 s (the target hangs)" in out
+    assert main(["replay", str(trace), "--budget", "0"]) == 2
+
+
+def test_the_gate_is_red_before_shrinking_and_fail_fast_stops_there(tmp_path, monkeypatch, capsys):
+    import json
+
+    target = broken(tmp_path, monkeypatch, "StaleHash")
+    assert main(["conform", "--target", target, "--scope", "pool", "--layout", "two-groups", "--layout",
+                 "tiny-pool", "--budget", "20", "--seed", "3", "--fail-fast", "--report-dir",
+                 str(tmp_path / "report")]) == 1
+    out = capsys.readouterr().out
+    red = [line for line in out.splitlines() if "first failing check at" in line]
+    assert red and "hash-map-consistency -- shrinking" in red[0]
+    assert out.index(red[0]) < out.index("FAILED")  # said before the shrunk verdict
+    unshrunk = red[0].rsplit(": ", 1)[1]
+    assert (tmp_path / unshrunk).exists() and unshrunk.endswith(".unshrunk.json")
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    failed = [r for r in report["results"] if not r["conforms"]]
+    assert len(failed) == 1 and 0 <= failed[0]["first_failure_at"] <= failed[0]["finished"] <= 22
+    assert "not searched (--fail-fast: stopped at a failure)" in out
+    assert all(r["skipped"] for r in report["results"] if r["conforms"])
+
+
+def test_a_budgeted_search_reports_what_it_reached(tmp_path, capsys):
+    import json
+
+    assert main(["conform", "--target", "impl", "--scope", "manager", "--layout", "full", "--layout", "full+swa",
+                 "--budget", "6", "--seed", "5", "--report-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    for r in report["results"]:
+        assert r["operations"] > 0 and r["distinct_states"] > 10, r
+    assert "distinct states" in capsys.readouterr().out
+
+
+def test_a_budget_too_small_for_every_layout_says_which_were_not_searched(capsys):
+    assert main(["conform", "--target", "impl", "--scope", "pool", "--budget", "0.3", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "not searched (the budget is spent)" in out
+    searched = [line.split() for line in out.splitlines() if line.startswith("pool ") and "conforms" in line]
+    assert all(int(parts[2]) > 0 for parts in searched)  # a layout that conforms was searched

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hypothesis import target
 from hypothesis.control import _current_build_context as _build_context
 from hypothesis.stateful import RuleBasedStateMachine
 
@@ -145,12 +146,27 @@ class CheckingMachine(RuleBasedStateMachine):
     shrink_deadline: float | None = None
     best_failure: tuple[Trace, ConformanceError] | None = None
     hung_in: str | None = None  # the target operation the time ran out in: the target hangs there
+    # The first failing check of the search (before any shrinking): when it
+    # happened, and who is told at once -- a red gate should not wait for
+    # the shrinker to say so.
+    first_failure_at: float | None = None
+    on_first_failure: Callable[[CheckingMachine, ConformanceError], None] | None = None
+    # What the search has reached: the distinct abstract states after each
+    # operation (see :meth:`cover`), over the class's life -- a budget moves
+    # to layouts whose search still finds new ones.
+    reached: set[tuple[Any, ...]] = set()
+    # Swarm testing: the optional inputs this run of examples does not send
+    # (a fresh subset per batch; see kvspec.conformance.runner).
+    swarm_off: frozenset[str] = frozenset()
+    swarm_options: tuple[str, ...] = ()  # the inputs a swarm may switch off
 
     def __init__(self) -> None:
         self.check_time()
         super().__init__()
         self.failed = False
-        self.trace = Trace(self.scope, self.layout_name, avoid=sorted(self.avoid))
+        self.aims: dict[str, float] = {}
+        left_out = self.avoid | {f"swarm:{name}" for name in self.swarm_off}  # a replay leaves them out too
+        self.trace = Trace(self.scope, self.layout_name, avoid=sorted(left_out))
         type(self).last_trace = self.trace
         type(self).examples_run += 1
 
@@ -161,9 +177,14 @@ class CheckingMachine(RuleBasedStateMachine):
         self.failed = True
         error = ConformanceError(violations, divergence)
         self.trace.record_failure(sorted({v.rule for v in violations}), str(error))
-        best = type(self).best_failure
+        cls = type(self)
+        best = cls.best_failure
         if best is None or len(self.trace.steps) <= len(best[0].steps):
-            type(self).best_failure = (self.trace, error)
+            cls.best_failure = (self.trace, error)
+        if cls.first_failure_at is None:
+            cls.first_failure_at = time.perf_counter()
+            if cls.on_first_failure is not None:
+                cls.on_first_failure(self, error)
         raise error
 
     @contextlib.contextmanager
@@ -177,6 +198,45 @@ class CheckingMachine(RuleBasedStateMachine):
                 type(self).hung_in = where
                 self.trace.operation(f"{where} -> did not return")
             raise
+
+    def off(self, name: str) -> bool:
+        """Whether optional input ``name`` is left out of this run: by the
+        swarm's choice for this batch, or -- replaying a swarm run's trace --
+        because the trace says it was (``swarm:NAME`` among its ``avoid``)."""
+        return name in self.swarm_off or f"swarm:{name}" in self.avoid
+
+    def cover(self, op: str, result: Any, error: BaseException | None, pool: PoolSnapshot, *extra: Any) -> None:
+        """Count the abstract state an operation left: what it was and how it
+        ended, how full the pool is, how many cached blocks wait in the free
+        queue (where eviction and stale-hash bugs live), and ``extra``."""
+        if error is not None:
+            outcome = "refused " + type(error).__name__
+        else:
+            outcome = "none" if result is None else "empty" if result == [] or result == () else "ok"
+        free = len(pool.free)
+        cached_free = sum(1 for b in pool.free if b in pool.key_of)
+        fill = "empty" if free == 0 else "low" if free <= 2 else "high" if free * 2 >= pool.num_blocks else "mid"
+        self.aim("blocks in use", pool.num_blocks - free)
+        self.aim("cached blocks waiting", cached_free)
+        cls = type(self)
+        if "reached" not in vars(cls):  # each machine class (one per layout) counts its own
+            cls.reached = set()
+        cls.reached.add((op, outcome, fill, min(cached_free, 3), *extra))
+
+    def aim(self, label: str, value: float) -> None:
+        """Note how deep this example went by ``label`` (its maximum is
+        handed to Hypothesis's targeting at the end: :meth:`steer`)."""
+        if value > self.aims.get(label, 0):
+            self.aims[label] = value
+
+    def steer(self) -> None:
+        """Hand this example's depths to ``hypothesis.target`` (one call per
+        label and example, as it requires), so that the search leans toward
+        examples that reach deeper.  Nothing outside a Hypothesis run."""
+        if _build_context.value is None:
+            return
+        for label, value in self.aims.items():
+            target(float(value), label=label)
 
     def check_time(self) -> None:
         """Stop the run (:class:`BudgetSpent`) once its time is up: the

@@ -38,6 +38,16 @@ from kvspec.spec.rules import EventMirror, Violation, check_events
 ENCODER_TOKENS = 6
 
 
+SWARM_INPUTS = {"arrive_embedded": "embedded", "preempt": "preempt", "finish": "finish"}
+"""Scheduler actions a swarm batch may leave out, by the name of the input."""
+
+SWARM_OPTIONS = ("embedded", "preempt", "finish", "evict", "drop", "reset", "bad", "connector", "tenants")
+"""The optional inputs of the manager machine that swarm testing switches
+off, a random subset per batch of examples (Groce et al., "Swarm testing",
+ISSTA 2012): leaving some out lets the others go deeper -- no preemption and
+no finishing fill the pool; no tenants make more prefixes shared."""
+
+
 def embedding_rows(source: str, length: int) -> list[bytes]:
     """Prompt embeddings as raw rows (8 bytes a token), a fixed function of
     their source and position: a stand-in for a tensor, hashed byte for byte."""
@@ -67,6 +77,7 @@ def manager_machine(
 
     class ManagerMachine(CheckingMachine):
         scope = "manager"
+        swarm_options = SWARM_OPTIONS
         ignore_rules = ignored
         avoid = avoided
 
@@ -97,6 +108,9 @@ def manager_machine(
                 self.record(where, f"crashed {type(error).__name__}: {error}")
                 self.fail(divergence=f"{where} crashed with {error!r}; a refusal must raise ValueError or TypeError")
             self.record(where, describe_outcome(step.result, step.error))
+            if op == "new_step_starts":
+                self.shadow.new_step()
+            self.cover(op, step.result, step.error, step.after.pool, *self.depth(op, step.result, kwargs))
             events = self.target.take_events()
             self.mirror.apply(events)
             spec_outcome = self.in_lockstep(op, args, kwargs)  # before the model runner moves the request on
@@ -108,6 +122,19 @@ def manager_machine(
             if step.error is not None:
                 raise Refused(step.error)
             return step.result
+
+        def depth(self, op: str, result: Any, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+            """What makes an operation's state deep, for the coverage count and
+            Hypothesis's targeting: hits in several groups, connector tokens."""
+            if op == "get_computed_blocks" and result is not None:
+                groups_hit = sum(any(b != 0 for b in blocks) for blocks in result[0])
+                self.aim("groups hit at once", groups_hit)
+                return (groups_hit,)
+            if op == "allocate_slots":
+                external = kwargs.get("num_external_computed_tokens", 0)
+                self.aim("connector tokens", external)
+                return (bool(external), len(self.running))
+            return ()
 
         def each(self, op: str, *args: Any, **kwargs: Any) -> Any:
             """Apply an operation that both sides must accept."""
@@ -128,6 +155,9 @@ def manager_machine(
                 actions = ["arrive", "arrive_embedded"] if len(self.waiting) + len(self.running) < 6 else []
                 actions += ["admit"] * bool(self.waiting) + ["step", "step", "preempt"] * bool(self.running)
                 actions += ["finish"] * bool(self.waiting or self.running)
+                actions = [a for a in actions if not self.off(SWARM_INPUTS.get(a, a))] or ["step"] * bool(self.running)
+                if not actions:
+                    return
                 getattr(self, data.draw(st.sampled_from(actions), label="action"))(data)
 
         @rule(data=st.data())
@@ -135,7 +165,10 @@ def manager_machine(
         def maintain(self, data: st.DataObject) -> None:
             """Outside the step loop: evictions by id, a cache reset, dropping
             out-of-window blocks, bad input."""
-            kind = data.draw(st.sampled_from(["evict", "evict", "drop", "reset", "bad"]), label="maintenance")
+            kinds = [k for k in ("evict", "evict", "drop", "reset", "bad") if not self.off(k)]
+            if not kinds:
+                return
+            kind = data.draw(st.sampled_from(kinds), label="maintenance")
             if kind == "evict":
                 self.each("evict_blocks", data.draw(st.sets(st.integers(1, layout.num_blocks - 1), max_size=3)))
             elif kind == "reset":
@@ -151,8 +184,10 @@ def manager_machine(
             """A request arrives with a short prompt."""
             prompt = st.lists(st.integers(0, 1), min_size=1, max_size=layout.max_model_len // 2)
             tokens = data.draw(prompt, label="prompt")
-            salt = data.draw(st.sampled_from([None, None, None, "tenant-b"]), label="salt")
-            lora = data.draw(st.sampled_from([None, None, None, LoRARequest("adapter-a", 1)]), label="lora")
+            salt, lora = None, None
+            if not self.off("tenants"):
+                salt = data.draw(st.sampled_from([None, None, None, "tenant-b"]), label="salt")
+                lora = data.draw(st.sampled_from([None, None, None, LoRARequest("adapter-a", 1)]), label="lora")
             self.next_id += 1
             request = Request(f"r{self.next_id}", tokens, cache_salt=salt, lora_request=lora, block_hasher=self.hasher)
             self.requests[request.request_id] = request
@@ -180,7 +215,8 @@ def manager_machine(
             blocks, hit = self.each("get_computed_blocks", request)
             room = request.num_tokens - hit
             external = 0
-            connector = not (layout.has_mamba_align and "mamba-align-external" in self.avoid)
+            connector = not self.off("connector") and \
+                not (layout.has_mamba_align and "mamba-align-external" in self.avoid)
             if connector and room > sbs and data.draw(st.booleans(), label="external?"):
                 external = data.draw(st.integers(1, (room - 1) // sbs), label="external blocks") * sbs
             num_new = self.chunk(data, hit + external, request.num_tokens)
@@ -311,6 +347,7 @@ def manager_machine(
             self.fail(divergence=f"allocate_slots({num_new}) with no tokens was accepted")
 
         def teardown(self) -> None:
+            self.steer()
             if self.failed:
                 return
             self.trace.begin("teardown", {})

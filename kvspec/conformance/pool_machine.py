@@ -150,6 +150,7 @@ def pool_machine(
             if error is not None and not isinstance(error, (ValueError, TypeError)):
                 self.fail(divergence=f"{where} crashed with {error!r}; a refusal must raise ValueError or TypeError")
             after = self.target.snapshot()
+            self.cover(op, result, error, after)
             events = self.target.take_events()
             spec_outcome = self.in_lockstep(op, args)
             step = Step(op, args, before, after, result, error)
@@ -341,6 +342,7 @@ def pool_machine(
             assert +self.ledger == self.holders(), "machine bug: ledger and owners disagree"
 
         def teardown(self) -> None:
+            self.steer()
             # Drain every owner; a correct pool ends with all blocks free.
             if self.failed:
                 return

@@ -32,6 +32,13 @@ class LayoutResult:
     shrinking_stopped: bool = False  # the budget ran out while shrinking: the trace is not minimal
     known_finding: str | None = None  # "F1: ..." when the failure looks like a known finding of the target
     skipped: str | None = None  # why the layout was not searched (steered around, budget spent)
+    # When (seconds from the command's start; the runner leaves clock readings
+    # that the command converts): the layout's search began, a check first
+    # failed (the gate is red from then on), and its result was final.
+    began: float | None = None
+    first_failure_at: float | None = None
+    finished: float | None = None
+    distinct_states: int = 0  # abstract states the search reached (CheckingMachine.cover)
 
     def verdict(self) -> str:
         """The layout's result as the command prints it: ``conforms``, or
@@ -128,9 +135,13 @@ class RunReport:
         ]
         for finding, layouts in self.known_groups().items():
             lines += [f"Known finding **{finding}**: {len(layouts)} layout(s) ({', '.join(layouts)}).", ""]
-        lines += ["| scope | layout | operations | seconds | result |", "|---|---|---:|---:|---|"]
+        lines += ["| scope | layout | operations | states reached | seconds | result |", "|---|---|---:|---:|---:|---|"]
         for r in self.results:
-            lines.append(f"| {r.scope} | {r.layout} | {r.operations} | {r.seconds:.1f} | {_result_text(r)} |")
+            result = _result_text(r)
+            if r.first_failure_at is not None:
+                result += f" (red at {r.first_failure_at:.1f} s)"
+            lines.append(f"| {r.scope} | {r.layout} | {r.operations} | {r.distinct_states or '-'} | {r.seconds:.1f} "
+                         f"| {result} |")
         if self.checked:
             lines += ["", "<details><summary>Rules checked</summary>", "",
                       "| rule | layouts checked | broken in |", "|---|---:|---|"]

@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import inspect
 import os
+import random
 import signal
 import sys
 import threading
@@ -264,6 +265,10 @@ class Search:
     batch: int = 10
     deadline: float | None = None  # time.perf_counter() by which the layout, shrinking included, must end
     database: str | None = None  # a directory of Hypothesis's examples: past failures are replayed first
+    # Told at the first failing check, before shrinking: the failing run as
+    # it happened, and the failure.
+    on_first_failure: Callable[[Trace, ConformanceError], None] | None = None
+    swarm: bool = False  # each batch after the first leaves a random subset of the optional inputs out
 
 
 def run_layout(machine: type[CheckingMachine], search: Search, progress: Progress | None = None) -> LayoutResult:
@@ -274,17 +279,24 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
         progress.begin(machine, search)
     failure: BaseException | None = None
     shrinking = _ShrinkWatch()
+    if search.on_first_failure is not None:
+        def tell(m: CheckingMachine, error: ConformanceError) -> None:
+            search.on_first_failure(m.trace, error)
+
+        machine.on_first_failure = tell
     if search.deadline is not None:
         machine.shrink_deadline = search.deadline
         machine.search_deadline = min(search.deadline, start + search.seconds) if search.seconds else search.deadline
     try:
         with _shrinking_limited_to(max(30.0, search.seconds) if search.seconds else 120.0), \
                 with_reporter(shrinking.report), _hard_stop_at(search.deadline):
-            for batch_settings, batch_seed in _batches(search, start):
+            for batch, (batch_settings, batch_seed) in enumerate(_batches(search, start)):
                 if search.deadline is not None:  # a failure found now may shrink until the deadline, no later
                     _limit_shrinking(search.deadline - time.perf_counter())
                 if batch_seed is not None:
                     hypothesis_seed(batch_seed)(machine)
+                if search.swarm and batch_seed is not None:
+                    machine.swarm_off = swarm_subset(machine.swarm_options, batch_seed) if batch else frozenset()
                 run_state_machine_as_test(machine, settings=batch_settings)
     except BudgetSpent:
         if machine.hung_in is not None:  # the target never returned: a hang is a failure, with the run so far
@@ -304,6 +316,10 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
     seconds = time.perf_counter() - start
     result = LayoutResult(machine.scope, machine.layout_name, machine.steps_run, seconds, failure is None,
                           examples=machine.examples_run)
+    result.distinct_states = len(vars(machine).get("reached", ()))
+    result.began = start  # the clock's reading; the command makes it relative to its own start
+    if failure is not None:
+        result.first_failure_at = machine.first_failure_at
     if isinstance(failure, ConformanceError):
         result.rules = sorted({v.rule for v in failure.violations})
         result.details = str(failure).splitlines()
@@ -313,6 +329,13 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
         result.trace = machine.last_trace
         result.shrinking_stopped = shrinking.stopped
     return result
+
+
+def swarm_subset(options: tuple[str, ...], seed: int) -> frozenset[str]:
+    """The inputs one swarm batch leaves out: each option with probability
+    one half, drawn from ``seed`` (so a seed repeats its batches)."""
+    rng = random.Random(seed)
+    return frozenset(o for o in options if rng.random() < 0.5)
 
 
 class _ShrinkWatch:
@@ -485,11 +508,31 @@ class ReplayOutcome:
 
 
 def replay(
-    trace: Trace, target: str | Callable[..., Any], level: str, on_step: Callable[[int, Any], None] | None = None
+    trace: Trace, target: str | Callable[..., Any], level: str, on_step: Callable[[int, Any], None] | None = None,
+    seconds: float | None = None,
 ) -> ReplayOutcome:
     """Replay ``trace``'s decisions against ``target`` at ``level``.
-    ``on_step(i, step)`` sees each step as this target ran it."""
-    machine = machine_for(trace.scope, trace.layout, target, level, frozenset(trace.avoid))()
+    ``on_step(i, step)`` sees each step as this target ran it.  With
+    ``seconds``, a target that has not finished by then is stopped where it
+    is (SIGALRM, as for a budgeted search) and the replay ends there: the
+    target hangs in the call it never returned from."""
+    deadline = None if seconds is None else time.perf_counter() + seconds
+    machine = None
+    with _hard_stop_at(deadline):
+        try:
+            machine = machine_for(trace.scope, trace.layout, target, level, frozenset(trace.avoid))()
+            return _replay(machine, trace, on_step)
+        except BudgetSpent:
+            pass
+    hung = machine.hung_in if machine is not None else None
+    where = f"{hung} did not return" if hung else "the replay did not finish"
+    message = f"{where} within {seconds:g} s (the target hangs)"
+    done = machine.trace if machine is not None else Trace(trace.scope, trace.layout)
+    ran = [s for s in done.steps if s.rule != "teardown"]
+    return ReplayOutcome(len(trace.steps), max(1, len(ran)), message, [], done)
+
+
+def _replay(machine: CheckingMachine, trace: Trace, on_step: Callable[[int, Any], None] | None) -> ReplayOutcome:
     steps = [s for s in trace.steps if s.rule != "teardown"]
     invariants = [getattr(f, INVARIANT_MARKER) for _, f in inspect.getmembers(type(machine))
                   if getattr(f, INVARIANT_MARKER, None) is not None]
