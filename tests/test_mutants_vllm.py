@@ -1,0 +1,65 @@
+"""The mutant catalogue applied to vLLM's own classes (the vLLM stage): each
+mutant patches vLLM 0.25.1 in memory and comes off cleanly, and runs found
+against impl's mutants kill the same mutants of vLLM, by the same rules --
+the gate for a vLLM fork's pull request is the gate measured here."""
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from kvspec.conformance.mutants import MUTANTS_BY_NAME, Family, applied, for_family  # noqa: E402
+from kvspec.conformance.runner import replay, require_vllm  # noqa: E402
+from kvspec.conformance.trace import Trace  # noqa: E402
+
+TRACES = Path(__file__).parent / "mutant_traces"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_hashes():
+    require_vllm()
+
+
+def test_every_vllm_mutant_applies_and_comes_off():
+    family = Family("vllm")
+    names = ("BlockPool", "SingleTypeKVCacheManager", "FullAttentionManager", "SlidingWindowManager",
+             "ChunkedLocalAttentionManager", "MambaManager", "CrossAttentionManager", "KVCacheCoordinator",
+             "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator", "KVCacheManager")
+    pristine = {n: dict(vars(getattr(family, n))) for n in names}
+    utils = dict(vars(family.modules[4]))
+    for mutant in for_family("vllm"):
+        with applied(mutant, family):
+            changed = {n for n in names if dict(vars(getattr(family, n))) != pristine[n]}
+            assert changed or dict(vars(family.modules[4])) != utils, f"{mutant.name} patched nothing"
+        assert {n: dict(vars(getattr(family, n))) for n in names} == pristine, mutant.name
+        assert dict(vars(family.modules[4])) == utils, mutant.name
+    assert len(for_family("vllm")) >= 30
+
+
+@pytest.mark.parametrize("mutant, rules", [
+    ("mamba-same-step-hit", {"content-soundness"}),
+    ("external-before-touch", {"no-eviction-in-use", "no-aliasing"}),
+])
+def test_runs_found_against_impl_kill_the_same_vllm_mutants(mutant, rules):
+    trace = Trace.load(TRACES / f"{mutant}.json")
+    with applied(MUTANTS_BY_NAME[mutant], Family("vllm")):
+        broken = replay(trace, "vllm", "L1")
+    assert not broken.conforms and rules <= set(broken.rules), broken.message
+    assert replay(trace, "vllm", "L1").conforms
+
+
+def test_hash_mutants_reach_vllms_hasher():
+    """vLLM's block hasher is vLLM's own: leaving the salt out gives a salted
+    request the unsalted request's hashes."""
+    from kvspec.conformance.manager_targets import VllmManagerTarget
+    from kvspec.conformance.runner import manager_layout
+    from kvspec.request import Request
+
+    target = VllmManagerTarget(*manager_layout("full").target_args())
+    plain, salted = (target._request(Request(rid, [1, 2, 3, 4], cache_salt=salt))
+                     for rid, salt in (("a", None), ("b", "tenant-b")))
+    assert plain.block_hashes != salted.block_hashes
+    with applied(MUTANTS_BY_NAME["hash-drops-salt"], Family("vllm")):
+        mirrored = target._request(Request("c", [1, 2, 3, 4], cache_salt="tenant-b"))
+    assert list(mirrored.block_hashes) == list(plain.block_hashes)
