@@ -159,6 +159,7 @@ class CheckingMachine(RuleBasedStateMachine):
     # (a fresh subset per batch; see kvspec.conformance.runner).
     swarm_off: frozenset[str] = frozenset()
     swarm_options: tuple[str, ...] = ()  # the inputs a swarm may switch off
+    steering = False  # whether to hand the depths to Hypothesis's targeting (budgeted searches)
 
     def __init__(self) -> None:
         self.check_time()
@@ -233,7 +234,7 @@ class CheckingMachine(RuleBasedStateMachine):
         """Hand this example's depths to ``hypothesis.target`` (one call per
         label and example, as it requires), so that the search leans toward
         examples that reach deeper.  Nothing outside a Hypothesis run."""
-        if _build_context.value is None:
+        if not self.steering or _build_context.value is None:
             return
         for label, value in self.aims.items():
             target(float(value), label=label)

@@ -268,7 +268,8 @@ class Search:
     # Told at the first failing check, before shrinking: the failing run as
     # it happened, and the failure.
     on_first_failure: Callable[[Trace, ConformanceError], None] | None = None
-    swarm: bool = False  # each batch after the first leaves a random subset of the optional inputs out
+    swarm: bool = False  # each batch after the first leaves a random subset of the optional inputs out, and
+    # Hypothesis's targeting leans toward deep states (CheckingMachine.steer)
 
 
 def run_layout(machine: type[CheckingMachine], search: Search, progress: Progress | None = None) -> LayoutResult:
@@ -295,6 +296,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
                     _limit_shrinking(search.deadline - time.perf_counter())
                 if batch_seed is not None:
                     hypothesis_seed(batch_seed)(machine)
+                machine.steering = search.swarm  # a budgeted search leans toward deep states; a sized one stays as it was
                 if search.swarm and batch_seed is not None:
                     machine.swarm_off = swarm_subset(machine.swarm_options, batch_seed) if batch else frozenset()
                 run_state_machine_as_test(machine, settings=batch_settings)
