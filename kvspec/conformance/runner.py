@@ -296,7 +296,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
                     _limit_shrinking(search.deadline - time.perf_counter())
                 if batch_seed is not None:
                     hypothesis_seed(batch_seed)(machine)
-                machine.steering = search.swarm  # a budgeted search leans toward deep states; a sized one stays as it was
+                machine.steering = search.swarm  # budgeted: lean toward deep states; sized by examples: as it was
                 if search.swarm and batch_seed is not None:
                     machine.swarm_off = swarm_subset(machine.swarm_options, batch_seed) if batch else frozenset()
                 run_state_machine_as_test(machine, settings=batch_settings)
