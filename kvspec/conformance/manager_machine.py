@@ -265,8 +265,12 @@ def manager_machine(
             the drafter proposes a few, where the layout speculates)."""
             if request.num_computed_tokens >= request.num_tokens:
                 request.append_output_token_ids(data.draw(st.integers(0, 1), label="sampled"))
-                if layout.use_eagle:
-                    request.spec_token_ids = data.draw(st.lists(st.integers(0, 1), max_size=2), label="drafts")
+                room = layout.max_model_len - request.num_tokens - 1  # vLLM's scheduler drafts no further
+                if layout.use_eagle and room > 0:
+                    request.spec_token_ids = data.draw(st.lists(st.integers(0, 1), max_size=min(2, room)),
+                                                       label="drafts")
+                elif layout.use_eagle:
+                    request.spec_token_ids = []
 
         def step(self, data: st.DataObject) -> None:
             """A running request computes its next chunk, or decodes one token
