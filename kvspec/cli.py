@@ -58,6 +58,7 @@ UsageError = SetupError  # what the command reports in one line, exit 2
 
 BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
 FAIL_FAST = "--fail-fast: the run stopped at the first failure"
+STEERED = "steered around "  # + the findings (or --avoid) a skipped layout was steered around for
 WORKER_GRACE = 5.0  # seconds past the budget before a worker that has not answered is stopped
 
 
@@ -151,9 +152,11 @@ def conform(args: argparse.Namespace) -> int:
             r.began = round(r.began - start, 3)
         if r.first_failure_at is not None:
             r.first_failure_at = round(r.first_failure_at - start, 3)
-        if r.skipped is not None:  # the budget was spent, or --fail-fast stopped the run, before its turn
-            why = "the budget is spent" if r.skipped == BUDGET_SPENT else "--fail-fast: stopped at a failure"
-            print(f"{r.scope:<8} {r.layout:<24} {'-':>10} {'-':>8}  not searched ({why})", flush=True)
+        if r.skipped is not None:  # steered around, or the budget or --fail-fast ended the run before its turn
+            shown = {BUDGET_SPENT: "not searched (the budget is spent)",
+                     FAIL_FAST: "not searched (--fail-fast: stopped at a failure)"}.get(
+                r.skipped, f"skipped ({r.skipped.removeprefix(STEERED)})")
+            print(f"{r.scope:<8} {r.layout:<24} {'-':>10} {'-':>8}  {shown}", flush=True)
             return
         if r.trace is not None:
             r.trace.target, r.trace.level = args.target, args.level
@@ -167,8 +170,7 @@ def conform(args: argparse.Namespace) -> int:
     for scope, name in plan:
         if f"layout:{name}" in avoid:
             why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
-            print(f"{scope:<8} {name:<24} {'-':>10} {'-':>8}  skipped ({why})", flush=True)
-            report.results.append(LayoutResult(scope, name, 0, 0.0, True, skipped=f"steered around {why}"))
+            finish(LayoutResult(scope, name, 0, 0.0, True, skipped=STEERED + why))
         else:
             todo.append((scope, name))
     announce = _Announcer(args.target, args.level, trace_dir, start)
@@ -239,7 +241,7 @@ def _search_in_rounds(args, todo, profiles, avoid, deadline, finish, announce, s
             scope, name = key
             machine = machines[key]
             seconds = min(first_slice * 2 ** round_no * weight[key], deadline - now)
-            reached = len(vars(machine).get("reached", ()))
+            reached = machine.states_reached()
             search = Search(profiles[scope], seconds=seconds, seed=base + 1000 * slice_no, swarm=True,
                             batch=25 if scope == "pool" else 10, database=args.database,
                             deadline=min(deadline, now + seconds + SHRINK_SECONDS),
@@ -250,7 +252,7 @@ def _search_in_rounds(args, todo, profiles, avoid, deadline, finish, announce, s
             r = run_layout(machine, search, progress)
             began.setdefault(key, r.began)
             spent[key] += r.seconds
-            weight[key] = 1.0 if len(vars(machine).get("reached", ())) > reached else QUIET_WEIGHT
+            weight[key] = 1.0 if machine.states_reached() > reached else QUIET_WEIGHT
             if not r.conforms:
                 r.seconds, r.began, r.seed = spent[key], began[key], base
                 open_layouts.remove(key)
@@ -265,7 +267,7 @@ def _search_in_rounds(args, todo, profiles, avoid, deadline, finish, announce, s
                 continue
             r = LayoutResult(scope, name, machine.steps_run, spent[key], True, examples=machine.examples_run,
                              seed=base, began=began.get(key),
-                             distinct_states=len(vars(machine).get("reached", ())))
+                             distinct_states=machine.states_reached())
             finish(r)
 
 
@@ -721,8 +723,6 @@ def mutate_command(args: argparse.Namespace) -> int:
         for m in MUTANTS:
             print(f"{m.name:<28} {m.bug_class:<40} {'/'.join(m.families):<10} {m.what}")
         return 0
-    if args.target not in ("impl", "vllm"):
-        raise UsageError(f"--target {args.target!r}: mutants patch the classes of impl or vllm")
     if args.budget <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     if args.jobs < 1:

@@ -224,6 +224,11 @@ class CheckingMachine(RuleBasedStateMachine):
             cls.reached = set()
         cls.reached.add((op, outcome, fill, min(cached_free, 3), *extra))
 
+    @classmethod
+    def states_reached(cls) -> int:
+        """How many distinct abstract states this machine class's search reached."""
+        return len(vars(cls).get("reached", ()))
+
     def aim(self, label: str, value: float) -> None:
         """Note how deep this example went by ``label`` (its maximum is
         handed to Hypothesis's targeting at the end: :meth:`steer`)."""

@@ -43,6 +43,13 @@ class Family:
         self.name = name
         self.modules = [importlib.import_module(m) for m in FAMILY_MODULES[name]]
 
+    def module(self, suffix: str) -> Any:
+        """The family's module whose name ends with ``suffix`` (``kv_cache_utils``)."""
+        for module in self.modules:
+            if module.__name__.endswith("." + suffix):
+                return module
+        raise AttributeError(f"the {self.name} family has no module {suffix}")
+
     def __getattr__(self, cls_name: str) -> Any:
         for module in self.modules:
             if hasattr(module, cls_name):
@@ -457,7 +464,7 @@ def _hash_drops_salt(f: Family) -> list[Patch]:
                 keys = tuple(k for k in keys if k != salt) or None
             return keys, mm_idx
         return generate_block_hash_extra_keys
-    return [wrap(f.modules[4], "generate_block_hash_extra_keys", make)]
+    return [wrap(f.module("kv_cache_utils"), "generate_block_hash_extra_keys", make)]
 
 
 def _hash_drops_lora(f: Family) -> list[Patch]:
@@ -465,7 +472,7 @@ def _hash_drops_lora(f: Family) -> list[Patch]:
         def mutated(request):
             return []
         return mutated
-    return [wrap(f.modules[4], "_gen_lora_extra_hash_keys", make)]
+    return [wrap(f.module("kv_cache_utils"), "_gen_lora_extra_hash_keys", make)]
 
 
 VLLM_ONLY = ("vllm",)

@@ -318,7 +318,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
     seconds = time.perf_counter() - start
     result = LayoutResult(machine.scope, machine.layout_name, machine.steps_run, seconds, failure is None,
                           examples=machine.examples_run)
-    result.distinct_states = len(vars(machine).get("reached", ()))
+    result.distinct_states = machine.states_reached()
     result.began = start  # the clock's reading; the command makes it relative to its own start
     if failure is not None:
         result.first_failure_at = machine.first_failure_at
