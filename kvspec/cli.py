@@ -31,6 +31,7 @@ from pathlib import Path
 
 from kvspec import __version__
 from kvspec.conformance.findings import AVOIDABLE, is_avoidable, known_findings, matching_finding
+from kvspec.conformance.machinery import ConformanceError
 from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.runner import (
     LEVELS,
@@ -76,7 +77,10 @@ class _Announcer:
             trace.target, trace.level = self.target, self.level
             path = trace.save(self.trace_dir / trace_file_name(scope, layout).replace(".json", ".unshrunk.json"))
             known = matching_finding(self.target, scope, layout, trace)
-            rules = ", ".join(sorted({v.rule for v in error.violations})) or "divergence from the spec"
+            if isinstance(error, ConformanceError):
+                rules = ", ".join(sorted({v.rule for v in error.violations})) or "divergence from the spec"
+            else:  # the target raised where no refusal is possible
+                rules = f"{type(error).__name__}: {error}"
             label = f" (looks like known finding {known.id})" if known else ""
             print(f"{scope:<8} {layout:<24} first failing check at {seconds:.1f} s{label}: {rules} -- shrinking; "
                   f"the run as found ({len(trace.steps)} steps): {path}", flush=True)

@@ -12,6 +12,7 @@ from hypothesis import target
 from hypothesis.control import _current_build_context as _build_context
 from hypothesis.stateful import RuleBasedStateMachine
 
+from kvspec.conformance.targets import BrokenFreeList
 from kvspec.conformance.trace import Trace, clip
 from kvspec.request import Request
 from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot
@@ -144,13 +145,13 @@ class CheckingMachine(RuleBasedStateMachine):
     # reported if the time runs out while shrinking.
     search_deadline: float | None = None
     shrink_deadline: float | None = None
-    best_failure: tuple[Trace, ConformanceError] | None = None
+    best_failure: tuple[Trace, Exception] | None = None
     hung_in: str | None = None  # the target operation the time ran out in: the target hangs there
     # The first failing check of the search (before any shrinking): when it
     # happened, and who is told at once -- a red gate should not wait for
     # the shrinker to say so.
     first_failure_at: float | None = None
-    on_first_failure: Callable[[CheckingMachine, ConformanceError], None] | None = None
+    on_first_failure: Callable[[CheckingMachine, Exception], None] | None = None
     # What the search has reached: the distinct abstract states after each
     # operation (see :meth:`cover`), over the class's life -- a budget moves
     # to layouts whose search still finds new ones.
@@ -175,9 +176,19 @@ class CheckingMachine(RuleBasedStateMachine):
         violations = [v for v in violations or [] if v.rule not in self.ignore_rules]
         if not violations and divergence is None:
             return
-        self.failed = True
         error = ConformanceError(violations, divergence)
-        self.trace.record_failure(sorted({v.rule for v in violations}), str(error))
+        self.found(error, sorted({v.rule for v in violations}))
+        raise error
+
+    def found(self, error: Exception, rules: list[str]) -> None:
+        """Note a failure of this run: in its trace, as the smallest failure
+        so far if it is, and -- the first time -- as the moment the search
+        turned red.  Every failure goes through here, a rule's verdict or an
+        exception from the target, so that a budget that ends while
+        Hypothesis shrinks it still reports it (never "conforms")."""
+        self.failed = True
+        self.trace.record_failure(rules, str(error) if isinstance(error, ConformanceError)
+                                  else f"the run stopped on {type(error).__name__}: {error}")
         cls = type(self)
         best = cls.best_failure
         if best is None or len(self.trace.steps) <= len(best[0].steps):
@@ -186,7 +197,24 @@ class CheckingMachine(RuleBasedStateMachine):
             cls.first_failure_at = time.perf_counter()
             if cls.on_first_failure is not None:
                 cls.on_first_failure(self, error)
-        raise error
+
+    @contextlib.contextmanager
+    def guarded(self) -> Iterator[None]:
+        """Run a rule, an invariant or the teardown: an exception that is not
+        the machine's own verdict, a refusal or the budget is the target's
+        failure (it raised where no refusal is possible, or its state cannot
+        be read) and is noted as one (:meth:`found`).  A free list that does
+        not end is the free-queue rule's verdict."""
+        try:
+            yield
+        except (ConformanceError, Refused):
+            raise
+        except BrokenFreeList as error:
+            self.fail([Violation("free-queue-consistency", str(error))])
+        except Exception as error:
+            if not self.failed:
+                self.found(error, [])
+            raise
 
     @contextlib.contextmanager
     def calling(self, where: str) -> Iterator[None]:

@@ -355,10 +355,12 @@ def manager_machine(
             if self.failed:
                 return
             self.trace.begin("teardown", {})
-            for request in self.running + self.waiting:
-                self.each("free", request)
-            free = self.target.snapshot().pool.num_free
-            if free != layout.num_blocks - 1:
-                self.fail([Violation("ref-conservation", f"{free} of {layout.num_blocks - 1} blocks free at the end")])
+            with self.guarded():
+                for request in self.running + self.waiting:
+                    self.each("free", request)
+                free = self.target.snapshot().pool.num_free
+                if free != layout.num_blocks - 1:
+                    self.fail([Violation("ref-conservation",
+                                         f"{free} of {layout.num_blocks - 1} blocks free at the end")])
 
     return ManagerMachine

@@ -337,8 +337,9 @@ def pool_machine(
         def counts_agree(self) -> None:
             """The free count is the queue's length, and the owners hold what
             the ledger says (a check on the machine itself)."""
-            if self.target.get_num_free_blocks() != len(self.target.snapshot().free):
-                self.fail([Violation("free-queue-consistency", "free count != queue length")])
+            with self.guarded():
+                if self.target.get_num_free_blocks() != len(self.target.snapshot().free):
+                    self.fail([Violation("free-queue-consistency", "free count != queue length")])
             assert +self.ledger == self.holders(), "machine bug: ledger and owners disagree"
 
         def teardown(self) -> None:
@@ -347,15 +348,16 @@ def pool_machine(
             if self.failed:
                 return
             self.trace.begin("teardown", {})
-            for owner in list(self.owners):
-                self.owners.remove(owner)
-                try:
-                    self.apply("free_blocks", owner.blocks[::-1])
-                except Refused as refused:
-                    self.fail(divergence=f"final free refused: {refused}")
-            free = self.target.get_num_free_blocks()
-            if free != layout.num_blocks - 1:
-                self.fail([Violation("ref-conservation", f"{free} blocks free after every owner left")])
+            with self.guarded():
+                for owner in list(self.owners):
+                    self.owners.remove(owner)
+                    try:
+                        self.apply("free_blocks", owner.blocks[::-1])
+                    except Refused as refused:
+                        self.fail(divergence=f"final free refused: {refused}")
+                free = self.target.get_num_free_blocks()
+                if free != layout.num_blocks - 1:
+                    self.fail([Violation("ref-conservation", f"{free} blocks free after every owner left")])
 
     PoolMachine.__name__ = PoolMachine.__qualname__ = f"PoolMachine_{getattr(target_factory, '__name__', 'target')}"
     return PoolMachine

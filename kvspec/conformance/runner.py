@@ -267,7 +267,7 @@ class Search:
     database: str | None = None  # a directory of Hypothesis's examples: past failures are replayed first
     # Told at the first failing check, before shrinking: the failing run as
     # it happened, and the failure.
-    on_first_failure: Callable[[Trace, ConformanceError], None] | None = None
+    on_first_failure: Callable[[Trace, Exception], None] | None = None
     swarm: bool = False  # each batch after the first leaves a random subset of the optional inputs out, and
     # Hypothesis's targeting leans toward deep states (CheckingMachine.steer)
 

@@ -265,7 +265,8 @@ class ReplayData:
 
 def recorded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Put under ``@rule``: the rule's name, arguments and draws go to the
-    machine's trace."""
+    machine's trace, and the body runs guarded (``CheckingMachine.guarded``:
+    an exception the target raises is noted as the run's failure)."""
 
     takes_data = "data" in inspect.signature(fn).parameters  # rules with internal draws
 
@@ -274,7 +275,8 @@ def recorded(fn: Callable[..., Any]) -> Callable[..., Any]:
         self.trace.begin(fn.__name__, {k: v for k, v in kwargs.items() if k != "data"})
         if takes_data:
             kwargs["data"] = RecordingData(kwargs["data"], self.trace.steps[-1])
-        return fn(self, **kwargs)
+        with self.guarded():
+            return fn(self, **kwargs)
 
     return rule_body
 

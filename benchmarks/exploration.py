@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""The gate's exploration rate: checked operations per second of the default
+budgeted gate against kvspec's own implementation, per scope, with the
+Hypothesis that is installed -- and, with ``--profile``, where the time goes.
+
+Usage::
+
+    python benchmarks/exploration.py [--budget 60] [--seed 1] [--scope pool --scope manager --scope all]
+        [--profile] [--json OUT]
+
+Each scope runs ``kvspec conform --target impl --scope S --budget B --seed N``
+in this process, exactly as the command line runs it, and reads the
+operations every layout checked from its report.  An operation is one call
+into the target, checked: every rule after it and, at L3 (the default), the
+spec in lockstep.  ``all`` is the default gate (both scopes sharing the
+budget), the command a pull request runs.  The rate is operations over the
+command's wall time; "per 10 min" projects it.
+
+``--profile`` runs each scope under cProfile and splits its own time by
+where the code lives: Hypothesis (generating and bookkeeping: rule choice,
+draws, shrinking, targeting), the spec in lockstep (spec/ less its rules),
+the rules (spec/rules.py, spec/request_rules.py, spec/content.py and the
+oracle), the target (impl/ and its adapters), the machines (the rest of
+kvspec/), and everything else (the standard library, mostly copies).  The
+profiler slows everything by about a half; the shares are what it is for.
+
+Budgets are wall-clock: run it on an otherwise idle machine, and compare
+Hypothesis versions side by side in one sitting (the same command in two
+environments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CATEGORIES = (
+    ("Hypothesis", ("/hypothesis/",)),
+    ("rules", ("/spec/rules.py", "/spec/request_rules.py", "/spec/content.py", "/spec/oracle.py")),
+    ("spec", ("/spec/",)),
+    ("target", ("/impl/", "/conformance/targets.py", "/conformance/manager_targets.py")),
+    ("machines", ("/kvspec/",)),
+)
+
+
+def category(filename: str) -> str:
+    """Where a profiled function lives (the first matching category)."""
+    path = filename.replace("\\", "/")
+    for name, parts in CATEGORIES:
+        if any(part in path for part in parts):
+            return name
+    return "other"
+
+
+def run_gate(scope: str, budget: float, seed: int, profile: bool) -> dict:
+    """One ``kvspec conform`` run against impl: its operations, wall time
+    and (profiled) the time by category."""
+    from kvspec.cli import main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = ["conform", "--target", "impl", "--budget", str(budget), "--seed", str(seed), "--no-progress",
+                "--report-dir", tmp]
+        if scope != "all":
+            argv += ["--scope", scope]
+        profiler = cProfile.Profile() if profile else None
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            if profiler:
+                profiler.enable()
+            code = main(argv)
+            if profiler:
+                profiler.disable()
+        wall = time.perf_counter() - start
+        if code != 0:
+            raise SystemExit(f"kvspec conform --target impl --scope {scope} exited {code}: impl must conform")
+        results = json.loads((Path(tmp) / "report.json").read_text())["results"]
+    row = {"scope": scope, "operations": sum(r["operations"] for r in results), "seconds": round(wall, 1),
+           "layouts": len(results)}
+    row["per_second"] = round(row["operations"] / wall)
+    row["per_10_min"] = row["per_second"] * 600
+    if profiler:
+        stats = pstats.Stats(profiler).stats
+        shares: dict[str, float] = {}
+        for (filename, _, _), (_, _, tottime, _, _) in stats.items():
+            shares[category(filename)] = shares.get(category(filename), 0.0) + tottime
+        total = sum(shares.values()) or 1.0
+        row["time_shares"] = {name: round(100 * seconds / total, 1)
+                              for name, seconds in sorted(shares.items(), key=lambda kv: -kv[1])}
+    return row
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds per scope (default 60)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--scope", action="append", choices=["pool", "manager", "all"],
+                        help="scopes to run (default: pool, manager and all)")
+    parser.add_argument("--profile", action="store_true", help="split the time by where the code lives")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args(argv)
+    import hypothesis
+
+    rows = [run_gate(scope, args.budget, args.seed, args.profile)
+            for scope in args.scope or ["pool", "manager", "all"]]
+    print(f"Hypothesis {hypothesis.__version__}, Python {sys.version.split()[0]}, --budget {args.budget:g}, "
+          f"--seed {args.seed}{' (profiled)' if args.profile else ''}")
+    print(f"{'scope':8} {'operations':>11} {'seconds':>8} {'ops/s':>7} {'per 10 min':>11}")
+    for row in rows:
+        print(f"{row['scope']:8} {row['operations']:>11,} {row['seconds']:>8} {row['per_second']:>7,} "
+              f"{row['per_10_min']:>11,}")
+        if "time_shares" in row:
+            print("         " + ", ".join(f"{name} {share}%" for name, share in row["time_shares"].items()))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"hypothesis": hypothesis.__version__, "budget": args.budget,
+                                               "seed": args.seed, "rows": rows}, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
