@@ -6,23 +6,27 @@ Hypothesis that is installed -- and, with ``--profile``, where the time goes.
 Usage::
 
     python benchmarks/exploration.py [--budget 60] [--seed 1] [--scope pool --scope manager --scope all]
-        [--profile] [--json OUT]
+        [--workers 1 --workers 2] [--profile] [--json OUT]
 
 Each scope runs ``kvspec conform --target impl --scope S --budget B --seed N``
 in this process, exactly as the command line runs it, and reads the
 operations every layout checked from its report.  An operation is one call
 into the target, checked: every rule after it and, at L3 (the default), the
 spec in lockstep.  ``all`` is the default gate (both scopes sharing the
-budget), the command a pull request runs.  The rate is operations over the
-command's wall time; "per 10 min" projects it.
+budget), the command a pull request runs.  Each runs in one process and
+with ``--workers 2`` (both cores of the CI machine: each worker takes half
+the layouts in rounds).  The rate is operations over the command's wall
+time; "per 10 min" projects it.
 
 ``--profile`` runs each scope under cProfile and splits its own time by
 where the code lives: Hypothesis (generating and bookkeeping: rule choice,
 draws, shrinking, targeting), the spec in lockstep (spec/ less its rules),
 the rules (spec/rules.py, spec/request_rules.py, spec/content.py and the
 oracle), the target (impl/ and its adapters), the machines (the rest of
-kvspec/), and everything else (the standard library, mostly copies).  The
-profiler slows everything by about a half; the shares are what it is for.
+kvspec/), and "other": the standard library and builtins, called from all
+of the above (dict and list methods, pickling the spec's state for its
+all-or-nothing operations, Counter, dataclasses).  The profiler slows
+everything by about a half; the shares are what it is for.
 
 Budgets are wall-clock: run it on an otherwise idle machine, and compare
 Hypothesis versions side by side in one sitting (the same command in two
@@ -60,7 +64,7 @@ def category(filename: str) -> str:
     return "other"
 
 
-def run_gate(scope: str, budget: float, seed: int, profile: bool) -> dict:
+def run_gate(scope: str, budget: float, seed: int, profile: bool, workers: int = 1) -> dict:
     """One ``kvspec conform`` run against impl: its operations, wall time
     and (profiled) the time by category."""
     from kvspec.cli import main
@@ -70,6 +74,8 @@ def run_gate(scope: str, budget: float, seed: int, profile: bool) -> dict:
                 "--report-dir", tmp]
         if scope != "all":
             argv += ["--scope", scope]
+        if workers > 1:
+            argv += ["--workers", str(workers)]
         profiler = cProfile.Profile() if profile else None
         start = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
@@ -82,8 +88,8 @@ def run_gate(scope: str, budget: float, seed: int, profile: bool) -> dict:
         if code != 0:
             raise SystemExit(f"kvspec conform --target impl --scope {scope} exited {code}: impl must conform")
         results = json.loads((Path(tmp) / "report.json").read_text())["results"]
-    row = {"scope": scope, "operations": sum(r["operations"] for r in results), "seconds": round(wall, 1),
-           "layouts": len(results)}
+    row = {"scope": scope, "workers": workers, "operations": sum(r["operations"] for r in results),
+           "seconds": round(wall, 1), "layouts": len(results)}
     row["per_second"] = round(row["operations"] / wall)
     row["per_10_min"] = row["per_second"] * 600
     if profiler:
@@ -103,19 +109,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scope", action="append", choices=["pool", "manager", "all"],
                         help="scopes to run (default: pool, manager and all)")
+    parser.add_argument("--workers", type=int, action="append",
+                        help="processes for the gate (--workers N; repeatable, default 1 and 2: both cores)")
     parser.add_argument("--profile", action="store_true", help="split the time by where the code lives")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
     import hypothesis
 
-    rows = [run_gate(scope, args.budget, args.seed, args.profile)
-            for scope in args.scope or ["pool", "manager", "all"]]
+    workers = args.workers or ([1] if args.profile else [1, 2])  # the profiler sees one process only
+    rows = [run_gate(scope, args.budget, args.seed, args.profile, n)
+            for n in workers for scope in args.scope or ["pool", "manager", "all"]]
     print(f"Hypothesis {hypothesis.__version__}, Python {sys.version.split()[0]}, --budget {args.budget:g}, "
           f"--seed {args.seed}{' (profiled)' if args.profile else ''}")
-    print(f"{'scope':8} {'operations':>11} {'seconds':>8} {'ops/s':>7} {'per 10 min':>11}")
+    print(f"{'scope':8} {'workers':>7} {'operations':>11} {'seconds':>8} {'ops/s':>7} {'per 10 min':>11}")
     for row in rows:
-        print(f"{row['scope']:8} {row['operations']:>11,} {row['seconds']:>8} {row['per_second']:>7,} "
-              f"{row['per_10_min']:>11,}")
+        print(f"{row['scope']:8} {row['workers']:>7} {row['operations']:>11,} {row['seconds']:>8} "
+              f"{row['per_second']:>7,} {row['per_10_min']:>11,}")
         if "time_shares" in row:
             print("         " + ", ".join(f"{name} {share}%" for name, share in row["time_shares"].items()))
     if args.json:

@@ -276,42 +276,48 @@ def _search_in_rounds(args, todo, profiles, avoid, deadline, finish, announce, s
 
 
 def _search_in_parallel(args, todo, profiles, avoid, deadline, finish, announce, stop) -> None:
-    """``--workers N``: the layouts in N processes at once, each layout's line
-    printed as it finishes.  Under a budget each layout gets
-    ``budget * N / layouts`` (a failure shrinks for twice that at most), and
+    """``--workers N``: the layouts in N processes at once.  Sized by
+    examples, each layout is a task of its own, its line printed as it
+    finishes.  Under a budget each worker searches a round-robin share of the
+    layouts in rounds, as one process does (:func:`_search_in_rounds`), and
+    its layouts are printed when it is done (a failure is announced at once);
     a watchdog stops every worker still running :data:`WORKER_GRACE` seconds
     past the budget -- a target stuck where no signal reaches (a C loop, a
-    deadlock) fails its layout instead of holding the run."""
+    deadlock) fails its layouts instead of holding the run."""
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    share = None
-    if deadline is not None:
-        share = (deadline - time.perf_counter()) * args.workers / max(1, len(todo))
     pool = ProcessPoolExecutor(max_workers=args.workers)
-    pending = {pool.submit(_search_in_worker, scope, name, args.target, args.level, avoid, profiles[scope],
-                           args.examples, share, deadline, args.seed, args.database, announce): (scope, name)
-               for scope, name in todo}
+    if deadline is None:  # sized by examples: one task per layout
+        pending = {pool.submit(_search_in_worker, scope, name, args.target, args.level, avoid, profiles[scope],
+                               args.examples, None, None, args.seed, args.database, announce): [(scope, name)]
+                   for scope, name in todo}
+    else:  # under a budget: each worker takes its round-robin share of the layouts in rounds
+        pending = {pool.submit(_rounds_in_worker, args, todo[i::args.workers], profiles, avoid, deadline,
+                               announce): todo[i::args.workers]
+                   for i in range(min(args.workers, len(todo)))}
     try:
         while pending:
             timeout = None if deadline is None else max(0.0, deadline + WORKER_GRACE - time.perf_counter())
             done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
             if not done:  # the watchdog: the budget and its grace are over
-                for scope, name in sorted(pending.values()):
+                for scope, name in sorted(key for keys in pending.values() for key in keys):
                     finish(LayoutResult(scope, name, 0, 0.0, False, details=[
                         f"the worker searching this layout had not finished {WORKER_GRACE:g} s after the budget "
                         "ran out and was stopped: the target hangs where no alarm reaches it"]))
                 return
             for future in done:
-                scope, name = pending.pop(future)
+                keys = pending.pop(future)
                 try:
-                    result = future.result()
+                    results = future.result()
                 except Exception as error:  # the worker died (a crash in native code) or could not pickle
-                    result = LayoutResult(scope, name, 0, 0.0, False,
-                                          details=[f"the worker searching this layout died: {error!r}"])
-                finish(result)
-                stop.see(result)
+                    results = [LayoutResult(scope, name, 0, 0.0, False,
+                                            details=[f"the worker searching this layout died: {error!r}"])
+                               for scope, name in keys]
+                for result in results:
+                    finish(result)
+                    stop.see(result)
             if stop.stopped:
-                for scope, name in sorted(pending.values()):
+                for scope, name in sorted(key for keys in pending.values() for key in keys):
                     finish(LayoutResult(scope, name, 0, 0.0, True, skipped=FAIL_FAST))
                 return
     finally:
@@ -324,13 +330,23 @@ def _search_in_parallel(args, todo, profiles, avoid, deadline, finish, announce,
 
 
 def _search_in_worker(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database,
-                      announce=None):
+                      announce=None) -> list[LayoutResult]:
     """One layout's search in a worker process (see _search_in_parallel)."""
     _quiet_loggers()
     if deadline is not None and deadline <= time.perf_counter():
-        return LayoutResult(scope, name, 0, 0.0, True, skipped=BUDGET_SPENT)
-    return _search_one(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database,
-                       announce=announce)
+        return [LayoutResult(scope, name, 0, 0.0, True, skipped=BUDGET_SPENT)]
+    return [_search_one(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database,
+                        announce=announce)]
+
+
+def _rounds_in_worker(args, todo, profiles, avoid, deadline, announce) -> list[LayoutResult]:
+    """A budgeted search of some of the layouts, in rounds, in a worker
+    process (see _search_in_parallel): its results, for the parent to print."""
+    _quiet_loggers()
+    results: list[LayoutResult] = []
+    _search_in_rounds(args, todo, profiles, avoid, deadline, results.append, announce, _FailFast(args.fail_fast),
+                      None)
+    return results
 
 
 def _search_one(scope, name, target, level, avoid, profile, examples, share, cap, seed, database, progress=None,
@@ -563,8 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--examples", type=int, help="examples per layout (overrides the profile)")
     size.add_argument("--budget", type=float, metavar="SECONDS",
                       help="search for this many seconds in all, shrinking included: the layouts take turns in "
-                      "rounds of growing slices, more for those still reaching new states (with --workers: "
-                      "an even share each)")
+                      "rounds of growing slices, more for those still reaching new states (with --workers N: "
+                      "N processes, each taking its share of the layouts in rounds)")
     run.add_argument("--seed", type=int, help="make the search repeatable (a budgeted run prints its seed)")
     run.add_argument("--known-findings", action="store_true",
                      help="steer around the inputs of the target's known findings (docs/findings.md) "

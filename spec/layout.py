@@ -97,13 +97,13 @@ class Layout:
                    enable_caching, use_eagle, tuple(i for i, g in enumerate(groups) if g.is_eagle_group),
                    scheduler_block_size, hash_block_size)
 
-    @property
+    @cached_property
     def scheduler_block_size(self) -> int:
         if self.given_scheduler_block_size:
             return self.given_scheduler_block_size
         return math.lcm(*(g.block_size for g in self.groups)) if self.groups else 1
 
-    @property
+    @cached_property
     def hash_block_size(self) -> int:
         if self.given_hash_block_size:
             return self.given_hash_block_size
@@ -111,7 +111,7 @@ class Layout:
             return self.scheduler_block_size
         return math.gcd(*(g.block_size for g in self.groups))
 
-    @property
+    @cached_property
     def hit_alignment(self) -> int:
         """Hits are multiples of this: the scheduler block size in a hybrid
         model, the block size with one group."""

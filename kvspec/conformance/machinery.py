@@ -166,6 +166,7 @@ class CheckingMachine(RuleBasedStateMachine):
         self.check_time()
         super().__init__()
         self.failed = False
+        self.interrupted = False  # a step was cut short (see guarded): the teardown judges nothing
         self.aims: dict[str, float] = {}
         left_out = self.avoid | {f"swarm:{name}" for name in self.swarm_off}  # a replay leaves them out too
         self.trace = Trace(self.scope, self.layout_name, avoid=sorted(left_out))
@@ -204,7 +205,12 @@ class CheckingMachine(RuleBasedStateMachine):
         the machine's own verdict, a refusal or the budget is the target's
         failure (it raised where no refusal is possible, or its state cannot
         be read) and is noted as one (:meth:`found`).  A free list that does
-        not end is the free-queue rule's verdict."""
+        not end is the free-queue rule's verdict.  Anything else that is not
+        an ``Exception`` -- the budget's :class:`BudgetSpent`, or Hypothesis
+        stopping an example whose draws ran past its size limit -- cuts the
+        example short in the middle of a step: ``interrupted`` tells the
+        teardown (which Hypothesis runs all the same) that the machine's
+        model of the target is half-updated and nothing may be judged."""
         try:
             yield
         except (ConformanceError, Refused):
@@ -214,6 +220,9 @@ class CheckingMachine(RuleBasedStateMachine):
         except Exception as error:
             if not self.failed:
                 self.found(error, [])
+            raise
+        except BaseException:  # the example was cut short mid-step: the budget, or Hypothesis ending it
+            self.interrupted = True
             raise
 
     @contextlib.contextmanager

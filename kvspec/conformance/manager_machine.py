@@ -352,7 +352,7 @@ def manager_machine(
 
         def teardown(self) -> None:
             self.steer()
-            if self.failed:
+            if self.failed or self.interrupted:
                 return
             self.trace.begin("teardown", {})
             with self.guarded():

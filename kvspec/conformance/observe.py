@@ -8,6 +8,7 @@ machines, the kernel stage and the proofs all observe through it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -21,7 +22,8 @@ def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | N
     (``ValueError``/``TypeError``) is recorded in the step, not raised."""
     method = getattr(target, op)
     try:
-        bound = inspect.signature(method).bind(*args, **kwargs)
+        signature = _signature(type(target), op) if hasattr(type(target), op) else inspect.signature(method)
+        bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         named = dict(bound.arguments)
     except TypeError:
@@ -35,3 +37,13 @@ def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | N
         error = e
     return ManagerStep(op, named, before, target.snapshot(), result, error, expected_pulled,
                        computed if type(computed) is int else None)
+
+
+@functools.cache
+def _signature(cls: type, op: str) -> inspect.Signature:
+    """The signature of ``cls.op`` as a bound method has it (asked once per
+    class and operation: ``inspect.signature`` is slow enough to show in a
+    profile of the machines)."""
+    signature = inspect.signature(getattr(cls, op))
+    parameters = list(signature.parameters.values())
+    return signature.replace(parameters=parameters[1:]) if parameters and parameters[0].name == "self" else signature

@@ -345,7 +345,7 @@ def pool_machine(
         def teardown(self) -> None:
             self.steer()
             # Drain every owner; a correct pool ends with all blocks free.
-            if self.failed:
+            if self.failed or self.interrupted:
                 return
             self.trace.begin("teardown", {})
             with self.guarded():
