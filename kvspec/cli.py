@@ -362,6 +362,16 @@ def _search_one(scope, name, target, level, avoid, profile, examples, share, cap
     return r
 
 
+def _workers(text: str) -> int:
+    """``--workers N`` or ``auto`` (the cores this process may run on)."""
+    if text == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of processes or 'auto', got {text!r}") from None
+
+
 def _shard(text: str) -> tuple[int, int]:
     """``I/N`` -> (I, N), 1 <= I <= N."""
     match = re.fullmatch(r"(\d+)/(\d+)", text)
@@ -594,8 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fail-fast", "-x", action="store_true",
                      help="stop at the first layout that fails (other than as a known finding): the gate's "
                      "verdict as soon as it is known")
-    run.add_argument("--workers", "-n", type=int, default=1, metavar="N",
-                     help="search N layouts at once, each in its own process (default 1)")
+    run.add_argument("--workers", "-n", type=_workers, default=1, metavar="N",
+                     help="search in N processes at once; 'auto': one per core this process may use "
+                     "(default 1)")
     run.add_argument("--shard", metavar="I/N",
                      help="run only the I-th of N round-robin shares of the layouts (one CI machine each)")
     run.add_argument("--report-dir", help="write report.json, report.md and junit.xml here")

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 _COMMON = dict(
+    # No explain phase: after shrinking, Hypothesis would replay the failure
+    # many more times to say which of its draws matter -- kvspec reports the
+    # failing run itself (the trace), and those replays only delay the verdict.
+    phases=tuple(phase for phase in Phase if phase is not Phase.explain),
     deadline=None,
     print_blob=True,
     report_multiple_bugs=False,  # one failure per layout: the first found, shrunk
