@@ -1,4 +1,4 @@
-"""The rule catalogue: the fourteen rules of kvspec, by name, in prose.
+"""The rule catalogue: the rules of kvspec, by name, in prose.
 
 This is the normative list.  Each name appears in the predicates that state
 the rule (:mod:`kvspec.spec.rules` over a pool, :mod:`kvspec.spec.request_rules`

@@ -54,3 +54,38 @@ def test_every_vector_and_file_cited_exists():
         assert (ROOT / "spec" / link).resolve().exists(), link
     for name in set(re.findall(r"`(\w+\.py)`", DOC)):
         assert any((ROOT / d / name).exists() for d in ("spec", "kvspec", "kvspec/conformance")), name
+
+
+# --- one source per fact: the catalogue's prose is the rule's only wording -----------------------
+
+
+def test_the_rule_index_states_each_rule_in_the_catalogues_words():
+    for name, row in rows().items():
+        statement = row.split(" | ")[1]
+        assert statement == RULES[name], f"{name}: the rule index's statement differs from spec/catalogue.py"
+
+
+def test_docs_rules_lists_the_catalogue_in_order():
+    table = (ROOT / "docs" / "rules.md").read_text().split("## Below the block ids", 1)[0]
+    names = [m.group(1) for m in re.finditer(r"^\| ([a-z-]+) \|", table, re.M) if m.group(1) != "rule"]
+    assert names == list(RULES)
+
+
+def test_the_readme_names_every_rule_in_the_catalogues_order():
+    readme = (ROOT / "README.md").read_text().split("## The rules", 1)[1].split("\n\n", 2)[1]
+    named = [n for n in re.findall(r"[a-z]+(?:-[a-z]+)*", readme) if n in RULES]
+    assert named == list(RULES)
+
+
+COUNT_WORDS = "twelve|thirteen|fourteen|fifteen|sixteen|seventeen|eighteen|nineteen|twenty"
+
+
+def test_no_document_hard_codes_how_many_rules_there_are():
+    """The catalogue decides how many rules there are; prose that counts
+    them goes stale with the next rule."""
+    pattern = re.compile(rf"\b(\d+|{COUNT_WORDS}) (?:\w+ )?rules\b", re.I)
+    documents = [ROOT / "README.md", ROOT / "spec" / "README.md", ROOT / "spec" / "catalogue.py",
+                 *sorted((ROOT / "docs").glob("*.md"))]
+    stale = [f"{path.relative_to(ROOT)}: {m.group(0)!r}" for path in documents
+             for m in pattern.finditer(path.read_text()) if "rule" in m.group(0).lower()]
+    assert not stale, stale
