@@ -93,7 +93,10 @@ class TableWithoutBlockHash(BlockPool):
     """Evicts the hash from the block but leaves the table entry behind."""
 
     def evict_blocks(self, block_ids):
-        for block_id in block_ids:
+        ids = list(block_ids)
+        if not all(type(b) is int and 0 <= b < len(self.blocks) for b in ids):
+            return super().evict_blocks(ids)  # a clean refusal: the planted bug is the table, not the input check
+        for block_id in ids:
             self.blocks[block_id].reset_hash()
 
 

@@ -5,12 +5,21 @@ in -- and leaves the files the upload and comment steps read."""
 
 import os
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "examples" / "ci" / "kvspec-conformance.yml"
+
+
+def with_our_kvspec(env: dict[str, str]) -> dict[str, str]:
+    """The environment with this interpreter's scripts first on PATH: the
+    ``kvspec`` a step runs is the one installed next to the tests' Python,
+    activated or not."""
+    return {**env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])}
 
 
 def load():
@@ -36,8 +45,8 @@ def test_the_kvspec_step_runs_and_leaves_what_the_later_steps_read(tmp_path):
     steps = workflow["jobs"]["conform"]["steps"]
     values = {"matrix.shard": "1", "github.run_id": "1", "github.token": "", "github.event.pull_request.number": "1"}
     (check,) = [s for s in steps if "run" in s and "kvspec conform" in s["run"]]
-    env = {**os.environ, **{k: v for k, v in workflow["env"].items()},
-           "KVSPEC_TARGET": "impl", "KVSPEC_SCOPE": "pool", "KVSPEC_BUDGET": "3"}  # kvspec's own pool, briefly
+    env = with_our_kvspec({**os.environ, **{k: v for k, v in workflow["env"].items()},
+                           "KVSPEC_TARGET": "impl", "KVSPEC_SCOPE": "pool", "KVSPEC_BUDGET": "3"})  # impl, briefly
     result = subprocess.run(["bash", "-c", fill(check["run"], values)], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -53,6 +62,8 @@ def test_the_kvspec_step_runs_and_leaves_what_the_later_steps_read(tmp_path):
 def test_the_pre_commit_hook_runs_as_declared(tmp_path):
     (hook,) = yaml.safe_load((TEMPLATE.parents[2] / ".pre-commit-hooks.yaml").read_text())
     assert hook["id"] == "kvspec-conform" and hook["pass_filenames"] is False
-    result = subprocess.run([*hook["entry"].split(), "--target", "impl", "--scope", "pool"], cwd=tmp_path,
+    entry = hook["entry"].split()
+    entry[0] = shutil.which(entry[0], path=with_our_kvspec(dict(os.environ))["PATH"]) or entry[0]
+    result = subprocess.run([*entry, "--target", "impl", "--scope", "pool"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "all layouts conform" in result.stdout, result.stdout + result.stderr

@@ -15,7 +15,8 @@ from kvspec.conformance.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.settings import kernel_settings, load_profile
 from kvspec.kv_cache_interface import CrossAttentionSpec, cdiv
-from kvspec.models.architectures import ARCHITECTURES, setup, setup_from_layout
+from kvspec.models.architectures import ARCHITECTURES, setup_from_layout
+from kvspec.models.architectures import setup as model_setup  # a module-level "setup" is pytest 8.0's xunit hook
 from kvspec.models.runner import CHECKS, Engine, KernelStageError
 from kvspec.models.stage import kernel_machine
 from operations import record
@@ -27,7 +28,7 @@ def search(machine):
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_every_model_under_random_schedules(name, request):
-    machine = kernel_machine(setup(name), ImplManagerTarget)
+    machine = kernel_machine(model_setup(name), ImplManagerTarget)
     search(machine)
     totals = machine.totals
     record(request, f"kernel stage {name} (steps)", totals["steps"])
@@ -117,11 +118,12 @@ REAL_SHAPES = {
 
 def sized_for(name: str, scale: str, length: int):
     """Model ``name`` at ``scale`` with a pool that holds two requests of ``length`` tokens."""
-    shape = setup(name, scale)
+    shape = model_setup(name, scale)
     per_request = sum(cdiv(shape.num_encoder_tokens if isinstance(g, CrossAttentionSpec) else length + 8,
                            g.block_size) for g in shape.layout.groups)
-    return setup(name, scale, num_blocks=max(2 * per_request + 8, shape.layout.num_blocks if scale == "gpu" else 0),
-                 max_model_len=length + 16)
+    return model_setup(name, scale,
+                       num_blocks=max(2 * per_request + 8, shape.layout.num_blocks if scale == "gpu" else 0),
+                       max_model_len=length + 16)
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -147,7 +149,7 @@ def test_prefix_hit_equals_no_cache_bitwise():
     """A request served a prefix hit computes exactly what it computes with no cache at all, when its
     chunks are the same: every kernel output compared bit for bit (flex within tolerance: it reduces
     over physical slots, whose order differs)."""
-    s = setup("gpt-oss", "small", num_blocks=128, max_model_len=400)
+    s = model_setup("gpt-oss", "small", num_blocks=128, max_model_len=400)
     prompt = [(5 * t) % 13 for t in range(200)]
     cached = Engine.from_setup(s, ImplManagerTarget)
     cached.begin_step()
@@ -186,9 +188,9 @@ def test_prefix_hit_equals_no_cache_bitwise():
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
 def test_planted_fault_is_caught(fault):
-    clean = Engine.from_setup(setup(fault.model), ImplManagerTarget, skip_checks=fault.disable)
+    clean = Engine.from_setup(model_setup(fault.model), ImplManagerTarget, skip_checks=fault.disable)
     assert catch(fault, clean) is None  # the schedule itself is sound
-    broken = fault.engine.from_setup(setup(fault.model), fault.target, skip_checks=fault.disable)
+    broken = fault.engine.from_setup(model_setup(fault.model), fault.target, skip_checks=fault.disable)
     assert catch(fault, broken) == fault.check
 
 
@@ -197,7 +199,8 @@ def test_planted_fault_is_caught(fault):
 def test_search_finds_planted_fault(fault):
     """Hypothesis's random schedules find the fault too, without the script (no shrinking: finding is
     the point here)."""
-    machine = kernel_machine(setup(fault.model), fault.target, engine_class=fault.engine, skip_checks=fault.disable)
+    machine = kernel_machine(model_setup(fault.model), fault.target, engine_class=fault.engine,
+                             skip_checks=fault.disable)
     with pytest.raises(KernelStageError) as caught:
         run_state_machine_as_test(machine, settings=settings(
             load_profile(), max_examples=fault.search, stateful_step_count=20, report_multiple_bugs=False,
@@ -208,4 +211,4 @@ def test_search_finds_planted_fault(fault):
 def test_checks_are_documented():
     assert all(CHECKS[c] for c in CHECKS)
     with pytest.raises(ValueError, match="unknown checks"):
-        Engine.from_setup(setup("llama-3-8b"), ImplManagerTarget, skip_checks=["no-such-check"])
+        Engine.from_setup(model_setup("llama-3-8b"), ImplManagerTarget, skip_checks=["no-such-check"])

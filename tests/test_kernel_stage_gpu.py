@@ -18,7 +18,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.settings import kernel_settings
 from kvspec.models import kernels as K
-from kvspec.models.architectures import ARCHITECTURES, setup
+from kvspec.models.architectures import ARCHITECTURES
+from kvspec.models.architectures import setup as model_setup  # a module-level "setup" is pytest 8.0's xunit hook
 from kvspec.models.runner import Engine
 from kvspec.models.stage import kernel_machine
 
@@ -34,7 +35,7 @@ GPU_EXAMPLES = 4  # each up to 20 steps of thousands of tokens
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_gpu_random_schedules(name):
-    machine = kernel_machine(setup(name, "gpu"), ImplManagerTarget, kernels=KERNELS, dtype=torch.bfloat16,
+    machine = kernel_machine(model_setup(name, "gpu"), ImplManagerTarget, kernels=KERNELS, dtype=torch.bfloat16,
                              device="cuda")
     run_state_machine_as_test(machine, settings=kernel_settings(examples=GPU_EXAMPLES))
     assert machine.totals["check exact-gather"] > 0 and machine.totals["check kernel-output"] > 0

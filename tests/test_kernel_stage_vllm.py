@@ -22,7 +22,8 @@ from kvspec.conformance.manager_targets import to_vllm_spec  # noqa: E402
 from kvspec.conformance.runner import require_vllm, vllm_manager  # noqa: E402
 from kvspec.conformance.settings import kernel_settings  # noqa: E402
 from kvspec.models import kernels as K  # noqa: E402
-from kvspec.models.architectures import ARCHITECTURES, architecture, kv_cache_config, layer_specs, setup  # noqa: E402
+from kvspec.models.architectures import ARCHITECTURES, architecture, kv_cache_config, layer_specs  # noqa: E402
+from kvspec.models.architectures import setup as model_setup  # noqa: E402 (pytest 8.0 calls a module-level "setup")
 from kvspec.models.runner import Engine  # noqa: E402
 from kvspec.models.stage import kernel_machine  # noqa: E402
 
@@ -58,7 +59,7 @@ def test_grouping_matches_vllm(name, prefix_caching):
 def test_vllm_manager_and_kernels(name):
     """vLLM's manager under random schedules; vLLM's kernels and block tables checked every step."""
     examples = EXAMPLES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
-    machine = kernel_machine(setup(name), vllm_manager, kernels=VLLM_KERNELS, crosscheck_vllm_tables=True)
+    machine = kernel_machine(model_setup(name), vllm_manager, kernels=VLLM_KERNELS, crosscheck_vllm_tables=True)
     run_state_machine_as_test(machine, settings=kernel_settings(examples=examples))
     totals = machine.totals
     assert totals["kernel vllm"] > 0 and totals["check vllm-block-table"] > 0

@@ -18,9 +18,9 @@ from kvspec.models.architectures import (
     kv_cache_config,
     layer_specs,
     scaled,
-    setup,
     tiny,
 )
+from kvspec.models.architectures import setup as model_setup  # a module-level "setup" is pytest 8.0's xunit hook
 from kvspec.models.grouping import get_kv_cache_groups, group_size, kv_cache_config_from_groups, unify_page_sizes
 
 GiB = 1 << 30
@@ -134,7 +134,7 @@ def test_scaled_copies_keep_the_structure(name):
 def test_setups_build_managers(name, scale):
     from kvspec.impl import KVCacheManager
 
-    s = setup(name, scale)
+    s = model_setup(name, scale)
     layout = s.layout
     manager = KVCacheManager(layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size,
                              layout.hash_block_size, enable_caching=layout.enable_caching)
@@ -143,6 +143,6 @@ def test_setups_build_managers(name, scale):
 
 def test_unknown_model_and_scale():
     with pytest.raises(ValueError, match="no model named 'gpt-5'"):
-        setup("gpt-5")
+        model_setup("gpt-5")
     with pytest.raises(ValueError, match="unknown scale"):
-        setup("gpt-oss", "huge")
+        model_setup("gpt-oss", "huge")

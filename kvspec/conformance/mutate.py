@@ -16,6 +16,7 @@ a mutant that hangs the target is stopped from outside
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import statistics
@@ -125,6 +126,8 @@ class MutationReport:
     budget: float
     seed: int | None
     runs: list[MutantRun] = field(default_factory=list)
+    # The search engine's release: the same gate finds more or less with another (docs/MUTATION.md).
+    hypothesis: str = field(default_factory=lambda: importlib.metadata.version("hypothesis"))
 
     def levels(self) -> list[str]:
         return sorted({r.level for r in self.runs})
@@ -144,7 +147,7 @@ class MutationReport:
 
     def markdown(self) -> str:
         lines = [f"# Mutation report: target {self.target}, budget {self.budget:g} s"
-                 + (f", seed {self.seed}" if self.seed is not None else ""), "",
+                 + (f", seed {self.seed}" if self.seed is not None else "") + f", Hypothesis {self.hypothesis}", "",
                  "| level | mutants | killed | score | median s to first failing check | median s to verdict |",
                  "|---|---|---|---|---|---|"]
         for level in self.levels():
@@ -162,7 +165,7 @@ class MutationReport:
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict:
-        return {"target": self.target, "budget": self.budget, "seed": self.seed,
+        return {"target": self.target, "budget": self.budget, "seed": self.seed, "hypothesis": self.hypothesis,
                 "summary": [self.summary(level) for level in self.levels()],
                 "runs": [asdict(r) for r in self.runs]}
 
