@@ -97,7 +97,9 @@ def test_mutate_command(tmp_path, capsys):
     assert "L1: 1/1 killed" in out
     report = json.loads((tmp_path / "mutation.json").read_text())
     (run,) = report["runs"]
-    assert run["killed"] and "hash-map-consistency" in run["caught_by"]
+    # A block reused with its stale hash: the pool's table or a stale hit's content, whichever layout the
+    # search reaches first (which one depends on the Hypothesis release, not on the gate).
+    assert run["killed"] and {"hash-map-consistency", "content-soundness"} & set(run["caught_by"]), run
     assert 0 <= run["first_failure"] <= run["verdict"] <= 25
     assert "| reuse-keeps-hash |" in (tmp_path / "mutation.md").read_text()
 
