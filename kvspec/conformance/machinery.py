@@ -31,6 +31,12 @@ class ConformanceError(AssertionError):  # noqa: N818 (it is an assertion failur
         super().__init__("\n".join(lines))
 
 
+def stopped_on(error: BaseException) -> str:
+    """How a run that the target (or the machine) ended with an exception,
+    where no refusal was possible, is reported."""
+    return f"the run stopped on {type(error).__name__}: {error}"
+
+
 class BudgetSpent(KeyboardInterrupt):  # noqa: N818 (not an error: the time is up)
     """The run's time is up.  Raised as an interrupt is, so that Hypothesis
     neither takes it for a failure to shrink nor keeps the cut-off run in its
@@ -188,8 +194,7 @@ class CheckingMachine(RuleBasedStateMachine):
         exception from the target, so that a budget that ends while
         Hypothesis shrinks it still reports it (never "conforms")."""
         self.failed = True
-        self.trace.record_failure(rules, str(error) if isinstance(error, ConformanceError)
-                                  else f"the run stopped on {type(error).__name__}: {error}")
+        self.trace.record_failure(rules, str(error) if isinstance(error, ConformanceError) else stopped_on(error))
         cls = type(self)
         best = cls.best_failure
         if best is None or len(self.trace.steps) <= len(best[0].steps):

@@ -29,7 +29,7 @@ from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
 from kvspec.conformance.layouts import MANAGER_LAYOUTS, ManagerLayout
-from kvspec.conformance.machinery import BudgetSpent, CheckingMachine, ConformanceError, in_final_replay
+from kvspec.conformance.machinery import BudgetSpent, CheckingMachine, ConformanceError, in_final_replay, stopped_on
 from kvspec.conformance.manager_machine import manager_machine
 from kvspec.conformance.manager_targets import ImplManagerTarget
 from kvspec.conformance.pool_machine import LAYOUTS, pool_machine
@@ -326,7 +326,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
         result.rules = sorted({v.rule for v in failure.violations})
         result.details = str(failure).splitlines()
     elif failure is not None:
-        result.details = [f"the run stopped on {type(failure).__name__}: {failure}"]
+        result.details = [stopped_on(failure)]
     if failure is not None:
         result.trace = machine.last_trace
         result.shrinking_stopped = shrinking.stopped
@@ -571,7 +571,7 @@ def _replay(machine: CheckingMachine, trace: Trace, on_step: Callable[[int, Any]
     except TraceError:
         raise
     except Exception as error:  # the target (or the machine) raised where no refusal was possible
-        message = f"the run stopped on {type(error).__name__}: {error}"
+        message = stopped_on(error)
         return ReplayOutcome(max(len(trace.steps), i), i, message, [], machine.trace)
     return ReplayOutcome(len(trace.steps), None, "conforms over the whole trace", [], machine.trace)
 
