@@ -265,6 +265,11 @@ def manager_machine(
             the drafter proposes a few, where the layout speculates)."""
             if request.num_computed_tokens >= request.num_tokens:
                 request.append_output_token_ids(data.draw(st.integers(0, 1), label="sampled"))
+                if request.num_tokens >= layout.max_model_len:
+                    # vLLM's stop check ends a request at max_model_len tokens: it is never
+                    # scheduled again (a preempted one would be re-admitted past the limit).
+                    self.end(request, RequestStatus.FINISHED_LENGTH_CAPPED)
+                    return
                 room = layout.max_model_len - request.num_tokens - 1  # vLLM's scheduler drafts no further
                 if layout.use_eagle and room > 0:
                     request.spec_token_ids = data.draw(st.lists(st.integers(0, 1), max_size=min(2, room)),
@@ -276,8 +281,6 @@ def manager_machine(
             """A running request computes its next chunk, or decodes one token
             plus its drafts; rejected drafts are rolled back."""
             request = self.running[data.draw(st.integers(0, len(self.running) - 1), label="running")]
-            if request.num_tokens >= layout.max_model_len:
-                return
             drafts = len(request.spec_token_ids)
             if request.num_computed_tokens < request.num_tokens - 1:
                 num_new = self.chunk(data, request.num_computed_tokens, request.num_tokens)
@@ -327,10 +330,13 @@ def manager_machine(
         def finish(self, data: st.DataObject) -> None:
             """A request finishes (or is aborted, perhaps before it ran)."""
             everyone = self.running + self.waiting
-            request = everyone[data.draw(st.integers(0, len(everyone) - 1), label="finishing")]
+            self.end(everyone[data.draw(st.integers(0, len(everyone) - 1), label="finishing")],
+                     RequestStatus.FINISHED_STOPPED)
+
+        def end(self, request: Request, status: RequestStatus) -> None:
             self.each("free", request)
             (self.running if request in self.running else self.waiting).remove(request)
-            request.status = RequestStatus.FINISHED_STOPPED
+            request.status = status
 
         def drop_out_of_window(self, data: st.DataObject) -> None:
             """Blocks that left every window are returned to the pool."""
