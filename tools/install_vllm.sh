@@ -117,11 +117,22 @@ pip_install --no-deps "$XGRAMMAR_SPEC"
 log "installing $TRITON_SPEC (vLLM's kernels, interpreted on a CPU)"
 pip_install --no-deps "$TRITON_SPEC"
 
-# 6. kvspec itself, editable, so both import in one interpreter; pytest for
-#    the tests that need vLLM (tests/test_impl_vs_vllm.py, tests/test_findings.py,
-#    tests/test_kernel_stage_vllm.py), on both cores.
-log "installing kvspec (editable) from $REPO_ROOT, and pytest"
-pip_install -e "$REPO_ROOT" pytest "pytest-xdist>=3.5"
+# 6. kvspec itself with its kernel stage, editable, so both import in one
+#    interpreter; pytest for the tests that need vLLM (tests/test_impl_vs_vllm.py,
+#    tests/test_findings.py, tests/test_kernel_stage_vllm.py), on both cores.
+#    kvspec must take the torch the engine's environment has: adding it to a
+#    vLLM environment may never replace vLLM's torch (its compiled ops are
+#    built against that one).  Checked, not assumed.
+torch_version() { "$PY" -c "import torch; print(torch.__version__)"; }
+torch_before="$(torch_version)"
+log "installing kvspec[kernels] (editable) from $REPO_ROOT, and pytest"
+pip_install -e "$REPO_ROOT[kernels]" pytest "pytest-xdist>=3.5"
+torch_after="$(torch_version)"
+if [[ "$torch_before" != "$torch_after" ]]; then
+    log "installing kvspec replaced the environment's torch: $torch_before -> $torch_after"
+    exit 1
+fi
+log "torch left as it was: $torch_after"
 
 # 7. Check: the modules kvspec drives import with no GPU.
 log "checking imports"
