@@ -487,7 +487,8 @@ def show_command(args: argparse.Namespace) -> int:
 def kernels_command(args: argparse.Namespace) -> int:
     """The kernel stage: a target's block tables through real kernels."""
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    if "vllm" in kernels and args.device == "cpu" and "triton" not in sys.modules:
+    worker = args.worker or ("vllm" if args.target == "vllm" else "kvspec")
+    if ("vllm" in kernels or worker == "vllm") and args.device == "cpu" and "triton" not in sys.modules:
         # vLLM's Triton kernels on a CPU: Triton's interpreter, chosen before Triton is imported; an
         # empty CUDA_VISIBLE_DEVICES keeps vLLM's Triton probe from disabling Triton.
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -513,6 +514,12 @@ def kernels_command(args: argparse.Namespace) -> int:
     if "vllm" in kernels and K.vllm_kernels_available() is not None:
         raise UsageError(f"--kernels vllm: {K.vllm_kernels_available()} (run kvspec from tools/install_vllm.sh's "
                          "environment)")
+    if worker == "vllm":
+        from kvspec.models.vllm_worker import vllm_worker_available
+
+        if vllm_worker_available() is not None:
+            raise UsageError(f"--worker vllm: {vllm_worker_available()} (run kvspec from tools/install_vllm.sh's "
+                             "environment, or choose --worker kvspec)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no CUDA device")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
@@ -538,13 +545,13 @@ def kernels_command(args: argparse.Namespace) -> int:
         from hypothesis import settings as hypothesis_settings
 
         run_settings, seeded = hypothesis_settings(run_settings, derandomize=False), hypothesis_seed(args.seed)
-    print(f"kvspec kernels: target={args.target} scale={args.scale} kernels={','.join(kernels)} "
+    print(f"kvspec kernels: target={args.target} worker={worker} scale={args.scale} kernels={','.join(kernels)} "
           f"device={args.device} dtype={args.dtype} profile={args.profile}")
     print(f"{'layout':<28} {'steps':>7} {'checks':>8} {'seconds':>8}  result", flush=True)
     failures = 0
     for s in setups:
         result = run_stage(s, factory, run_settings, seeded=seeded, kernels=kernels, dtype=dtype, device=args.device,
-                           crosscheck_vllm_tables=args.vllm_tables)
+                           worker=worker)
         verdict = "ok" if result.passed else "FAILED"
         print(f"{s.name:<28} {result.totals['steps']:>7} {result.checks:>8} {result.seconds:>8.1f}  {verdict}",
               flush=True)
@@ -648,8 +655,10 @@ def build_parser() -> argparse.ArgumentParser:
     ker.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="Hypothesis profile (default ci)")
     ker.add_argument("--examples", type=int, help="examples per layout (overrides the profile)")
     ker.add_argument("--seed", type=int, help="a random search with this seed (default: the profile's)")
-    ker.add_argument("--vllm-tables", action="store_true",
-                     help="also compare with vLLM's worker MultiGroupBlockTable (needs vLLM)")
+    ker.add_argument("--worker", choices=["kvspec", "vllm"],
+                     help="whose block tables, slot mapping and cache writes the kernels read: vllm (vLLM's own "
+                     "MultiGroupBlockTable and triton_reshape_and_cache_flash, checked against kvspec's tables; "
+                     "the default with --target vllm) or kvspec (its model of vLLM's worker; the default otherwise)")
     ker.set_defaults(func=kernels_command)
 
     mut = sub.add_parser("mutate", help="measure the gate: run it against named mutants of impl or vLLM")

@@ -30,7 +30,6 @@ not, and reads poison.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -67,8 +66,14 @@ CHECKS = {
     "kernel-output": "each kernel's output is within tolerance of the reference",
     "mamba-state": "the state block a Mamba step reads holds the state of exactly the request's computed tokens",
     "mamba-output": "the Mamba layer's outputs equal a from-scratch scan of the request's tokens, within tolerance",
-    "vllm-block-table": "vLLM's own worker block table (MultiGroupBlockTable) holds the same rows and computes "
-                        "the same slot mapping",
+    "vllm-block-table": "with vLLM's worker: its block table (MultiGroupBlockTable) holds the rows kvspec's "
+                        "tables hold, and its slot mapping puts every token where kvspec's does",
+}
+
+WORKERS = {
+    "kvspec": "kvspec's model of vLLM's worker: its own block tables, slot mapping and cache writes",
+    "vllm": "vLLM's own: MultiGroupBlockTable, its Triton slot mapping and triton_reshape_and_cache_flash "
+            "(kvspec's tables stay the oracle)",
 }
 
 TAG_CHUNKS, TAG_BITS = 6, 8  # a Mamba page's tag: the state's 48-bit content id in 8-bit pieces (exact in bf16)
@@ -247,7 +252,7 @@ class Engine:
                  kernels: Sequence[str] = ("reference", "flex"), dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", kernel_block_size: int | None = None, heads: int = 2,
                  sinks: bool = False, num_encoder_tokens: int = 0, max_num_reqs: int = 16,
-                 crosscheck_vllm_tables: bool = False, skip_checks: Sequence[str] = (), seed: int = 0):
+                 worker: str = "kvspec", skip_checks: Sequence[str] = (), seed: int = 0):
         self.layout = layout
         self.target = target_factory(*layout.target_args(enable_kv_cache_events=False))
         self.rules_layout = layout
@@ -261,10 +266,17 @@ class Engine:
         self.dtype, self.device = dtype, device
         self.num_encoder_tokens = num_encoder_tokens if layout.has_cross_attention else 0
         self.cache = PagedCache(self.groups, layout, layout.num_blocks, dtype, device)
+        self.max_num_reqs = max_num_reqs
         self.tables = BlockTables([g.block_size for g in self.groups], max_num_reqs,
                                   max(layout.max_model_len, self.num_encoder_tokens),
                                   [g.kernel_block_size for g in self.groups], device)
-        self.vllm_tables = VllmTables(self) if crosscheck_vllm_tables else None
+        if worker not in WORKERS:
+            raise ValueError(f"unknown worker {worker!r}; choose one of {sorted(WORKERS)}")
+        self.worker = None  # kvspec's own tables and writes: self.tables
+        if worker == "vllm":
+            from kvspec.models.vllm_worker import VllmWorker
+
+            self.worker = VllmWorker(self)  # the kernels read vLLM's; self.tables stays the oracle
         self.hasher = get_request_block_hasher(layout.hash_block_size)
         self.requests: dict[str, Request] = {}
         self.contents: dict[str, ContentIds] = {}
@@ -414,8 +426,8 @@ class Engine:
     def _leave_batch(self, request: Request) -> None:
         if request.request_id in self.in_batch:
             self.in_batch.discard(request.request_id)
-            if self.vllm_tables:
-                self.vllm_tables.remove(request.request_id)
+            if self.worker:
+                self.worker.remove(self.tables.row_of(request.request_id))
             self.tables.remove(request.request_id)
 
     # --- the worker ------------------------------------------------------------------------------------
@@ -429,8 +441,10 @@ class Engine:
             self._update_tables(w)
         for w in self.work:
             self.check_tables(w.request)
-        if self.vllm_tables and self.work:
-            self.vllm_tables.check(self.work)
+        if self.worker and self.work:
+            self.worker.prepare(self.work)
+            self.checks_run["vllm-block-table"] += 1
+            self.worker.compare(self.work, lambda message: self._fail("vllm-block-table", message))
         for w in self.work:
             if w.external:
                 self._write_external(w.request, w.start - w.external, w.start)
@@ -451,12 +465,12 @@ class Engine:
             else:
                 self.tables.add(rid, ids)
                 self.in_batch.add(rid)
-            if self.vllm_tables:
-                self.vllm_tables.add(rid, ids)
+            if self.worker:
+                self.worker.add(self.tables.row_of(rid), ids)
         else:
             self.tables.append(rid, w.new_block_ids)
-            if self.vllm_tables:
-                self.vllm_tables.append(rid, w.new_block_ids)
+            if self.worker:
+                self.worker.append(self.tables.row_of(rid), w.new_block_ids)
 
     def check_tables(self, request: Request) -> None:
         self.checks_run["table-coherence"] += 1
@@ -472,7 +486,10 @@ class Engine:
         return content.with_drafts(w.drafts)[: w.end] if w.drafts else content.ids(w.end)
 
     def slot_mapping(self, group: Group, row: int, positions: Sequence[int]) -> torch.Tensor:
-        """Where the K/V of ``positions`` go (through the worker's row)."""
+        """Where the K/V of ``positions`` go (through the worker's row): with
+        vLLM's worker, the slots it computed for the step's tokens."""
+        if self.worker and group.kind != "cross":
+            return self.worker.slot_mapping(group.index, row)
         return self.tables[group.index].slot_mapping([row], [positions])
 
     def _check_owned(self, group: Group, request: Request, positions: Sequence[int], slots: torch.Tensor) -> None:
@@ -494,6 +511,10 @@ class Engine:
         slots = self.slot_mapping(group, row, positions)
         self._check_owned(group, request, positions, slots)
         views = self.cache.views[group.index]
+        if self.worker and group.kind != "mla":  # vLLM's concat_and_cache_mla is a CUDA op: MLA is written below
+            self.worker.write_kv(group, group.content.k(ids, self.dtype, self.device),
+                                 group.content.v(ids, self.dtype, self.device), views["key"], views["value"], slots)
+            return
         bs = group.kernel_block_size
         blocks, offsets = slots // bs, slots % bs
         if group.kind == "mla":
@@ -536,7 +557,8 @@ class Engine:
             starts.append(starts[-1] + len(q_ids))
             lens.append(self.num_encoder_tokens if cross else w.end)
             rows.append(self.tables.row_of(w.request.request_id))
-        table = self.tables[group.index].tensor[torch.tensor(rows, device=self.tables[group.index].tensor.device)]
+        tensor = self.worker.block_table(group.index) if self.worker else self.tables[group.index].tensor
+        table = tensor[torch.tensor(rows, device=tensor.device)]
         views = self.cache.views[group.index]
         spec = self.layout.groups[group.index]
         head = spec.head_size
@@ -635,7 +657,8 @@ class Engine:
         for w in work:
             if w.drafts:
                 raise ValueError("the kernel stage runs Mamba groups without speculative drafts")
-            row = self.tables[group.index].row(self.tables.row_of(w.request.request_id))
+            r = self.tables.row_of(w.request.request_id)
+            row = self.worker.row(group.index, r) if self.worker else self.tables[group.index].row(r)
             ids = self._tokens(w)
             dst = [row[p] for p in mamba_token_positions(gl, w.start, w.end)]
             if w.start == 0:
@@ -752,62 +775,3 @@ def _short(value: Any) -> str:
         return value.request_id
     text = repr(value)
     return text if len(text) < 60 else text[:57] + "..."
-
-
-class VllmTables:
-    """vLLM's own worker block table fed the same updates, for comparison."""
-
-    def __init__(self, engine: Engine):
-        from vllm.v1.worker.block_table import MultiGroupBlockTable
-
-        self.engine = engine
-        tables = engine.tables
-        self.table = MultiGroupBlockTable(
-            max_num_reqs=len(tables._free_rows) + len(tables.rows), max_model_len=engine.layout.max_model_len,
-            max_num_batched_tokens=4 * engine.layout.max_model_len, pin_memory=False, device=torch.device("cpu"),
-            block_sizes=[g.block_size for g in engine.groups], kernel_block_sizes=[g.kernel_block_size
-                                                                                    for g in engine.groups])
-
-    def add(self, rid: str, ids: Sequence[Sequence[int]]) -> None:
-        self.table.add_row(tuple(list(i) for i in ids), self.engine.tables.row_of(rid))
-
-    def append(self, rid: str, ids: Sequence[Sequence[int]] | None) -> None:
-        if ids is not None:
-            self.table.append_row(tuple(list(i) for i in ids), self.engine.tables.row_of(rid))
-
-    def remove(self, rid: str) -> None:
-        self.table.clear_row(self.engine.tables.row_of(rid))
-
-    def check(self, work: Sequence[Work]) -> None:
-        """Same rows, same slot mapping for this step's tokens."""
-        self.engine.checks_run["vllm-block-table"] += 1
-        rows = [self.engine.tables.row_of(w.request.request_id) for w in work]
-        positions = [list(range(w.start, w.end)) for w in work]
-        for g in range(len(self.engine.groups)):
-            ours = self.engine.tables[g]
-            theirs = self.table[g]
-            for row in rows:
-                n = ours.num_blocks[row]
-                if int(theirs.num_blocks_per_row[row]) != n or not torch.equal(
-                        theirs.get_cpu_tensor()[row, :n].to(ours.tensor.device), ours.tensor[row, :n]):
-                    fail("vllm-block-table", f"group {g} row {row}: vLLM's table holds "
-                         f"{theirs.get_cpu_tensor()[row, :int(theirs.num_blocks_per_row[row])].tolist()}, kvspec's "
-                         f"{ours.tensor[row, :n].tolist()}")
-        # vLLM computes slot mappings for rows 0..n-1 in order: unscheduled rows get no tokens.
-        order = sorted(zip(rows, positions, strict=True))
-        n = max(rows) + 1
-        lens = [0] * n
-        for row, pos in order:
-            lens[row] = len(pos)
-        starts = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
-        flat = torch.tensor([p for _, pos in order for p in pos], dtype=torch.int64)
-        for g, group in enumerate(self.engine.groups):
-            if group.kind not in ("attention", "mla") or not len(flat):
-                continue
-            theirs = self.table[g]
-            theirs.commit_block_table(n)
-            theirs.compute_slot_mapping(n, starts, flat)
-            got = theirs.slot_mapping.gpu[: len(flat)].cpu()
-            ours = self.engine.tables[g].slot_mapping([r for r, _ in order], [p for _, p in order]).cpu()
-            if not torch.equal(got, ours):
-                fail("vllm-block-table", f"group {g}: vLLM's slot mapping {got.tolist()}, kvspec's {ours.tolist()}")

@@ -54,12 +54,13 @@ def long_prompt(length: int, pattern: list[int], system: list[int]) -> list[int]
 
 def kernel_machine(setup: ModelSetup, target_factory: Callable[..., ManagerTarget], *,
                    kernels: Sequence[str] = ("reference", "flex"), dtype: torch.dtype = torch.float32,
-                   device: str = "cpu", crosscheck_vllm_tables: bool = False,
+                   device: str = "cpu", worker: str = "kvspec",
                    engine_class: type[Engine] = Engine, **engine_options: Any) -> type[RuleBasedStateMachine]:
     """A state-machine class running ``setup``'s model on managers made by
-    ``target_factory`` through ``kernels``; ``engine_class`` (and
-    ``engine_options``, such as ``skip_checks``) let a test plant a fault in
-    the model runner."""
+    ``target_factory`` through ``kernels``, with ``worker``'s block tables
+    and cache writes (:data:`~kvspec.models.runner.WORKERS`: kvspec's model,
+    or vLLM's own); ``engine_class`` (and ``engine_options``, such as
+    ``skip_checks``) let a test plant a fault in the model runner."""
     layout = setup.layout
     has_mamba = any(g.__class__.__name__ == "MambaSpec" for g in layout.groups)
     align = layout.has_mamba_align
@@ -72,7 +73,7 @@ def kernel_machine(setup: ModelSetup, target_factory: Callable[..., ManagerTarge
         def __init__(self) -> None:
             super().__init__()
             self.engine = engine_class.from_setup(setup, target_factory, kernels=kernels, dtype=dtype, device=device,
-                                                  crosscheck_vllm_tables=crosscheck_vllm_tables, **engine_options)
+                                                  worker=worker, **engine_options)
 
         # --- one engine step -----------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The ``kvspec`` command: exit codes, one-line errors, the table."""
 
+import importlib.util
 import subprocess
 import sys
 
@@ -293,6 +294,15 @@ def test_model_and_kernel_usage_errors(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllms_worker_without_vllm_is_an_environment_error_not_a_failed_layout(capsys):
+    """A harness that cannot run vLLM's worker path never reports the target as failed."""
+    argv = ["kernels", "--worker", "vllm", "--model", "llama-3-8b"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--worker vllm: vLLM's worker modules do not import" in err and err.count("\n") == 1
 
 
 def test_kernels_on_a_sound_manager(capsys):

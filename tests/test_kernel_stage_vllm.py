@@ -59,7 +59,7 @@ def test_grouping_matches_vllm(name, prefix_caching):
 def test_vllm_manager_and_kernels(name):
     """vLLM's manager under random schedules; vLLM's kernels and block tables checked every step."""
     examples = EXAMPLES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
-    machine = kernel_machine(model_setup(name), vllm_manager, kernels=VLLM_KERNELS, crosscheck_vllm_tables=True)
+    machine = kernel_machine(model_setup(name), vllm_manager, kernels=VLLM_KERNELS, worker="vllm")
     run_state_machine_as_test(machine, settings=kernel_settings(examples=examples))
     totals = machine.totals
     assert totals["kernel vllm"] > 0 and totals["check vllm-block-table"] > 0
@@ -74,7 +74,6 @@ def test_vllm_kernels_at_real_shapes(name):
 
     # Nemotron-H: one 1152-token block shared, one more computed (interpreted kernels are slow).
     length, chunk, shared = (1400, 1152, 1152) if name == "nemotron-h-8b" else REAL_SHAPES[name]
-    e = Engine.from_setup(sized_for(name, "small", length), vllm_manager, kernels=VLLM_KERNELS,
-                          crosscheck_vllm_tables=True)
+    e = Engine.from_setup(sized_for(name, "small", length), vllm_manager, kernels=VLLM_KERNELS, worker="vllm")
     long_request_scenario(e, length, chunk, shared)
     assert e.events["kernel vllm"] > 0 and e.checks_run["vllm-block-table"] > 0

@@ -1,0 +1,115 @@
+"""Faults planted in vLLM's own worker code, in memory, must be caught by the
+kernel stage with the target vLLM and no extra flags (``kvspec kernels
+--target vllm``): the kernels read vLLM's block tables, vLLM's slot-mapping
+kernel places the tokens and vLLM's ``triton_reshape_and_cache_flash``
+writes them -- kvspec's model of the worker is only the oracle.
+
+Run under tools/install_vllm.sh's environment:
+``PYTHONHASHSEED=0 .venv-vllm/bin/python -m pytest tests/test_vllm_worker_faults.py``.
+"""
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("triton")
+
+from kvspec.cli import main  # noqa: E402
+from kvspec.models.vllm_worker import vllm_worker_available  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(vllm_worker_available() is not None,
+                       reason=f"vLLM's worker path cannot run here: {vllm_worker_available()}"),
+    pytest.mark.xdist_group("vllm-worker-faults"),  # they patch vLLM's modules: one process, one at a time
+]
+
+EXAMPLES = "6"
+
+
+def slot_mapping_offset(monkeypatch):
+    """compute_slot_mapping puts every token one slot further on."""
+    from vllm.v1.worker import block_table
+
+    compute = block_table.BlockTable.compute_slot_mapping
+
+    def shifted(self, num_reqs, query_start_loc, positions):
+        compute(self, num_reqs, query_start_loc, positions)
+        self.slot_mapping.gpu[: positions.shape[0]] += 1
+
+    monkeypatch.setattr(block_table.BlockTable, "compute_slot_mapping", shifted)
+
+
+def cache_write_drops_a_token(monkeypatch):
+    """triton_reshape_and_cache_flash skips the last token of every batch."""
+    from vllm.v1.attention.ops import triton_reshape_and_cache_flash as module
+
+    write = module.triton_reshape_and_cache_flash
+
+    def dropping(key, value, key_cache, value_cache, slot_mapping, *args, **kwargs):
+        if slot_mapping.shape[0] > 1:
+            key, value, slot_mapping = key[:-1], value[:-1], slot_mapping[:-1]
+        return write(key, value, key_cache, value_cache, slot_mapping, *args, **kwargs)
+
+    monkeypatch.setattr(module, "triton_reshape_and_cache_flash", dropping)
+
+
+def cache_write_misplaces_a_token(monkeypatch):
+    """triton_reshape_and_cache_flash writes the first two tokens' K/V swapped."""
+    from vllm.v1.attention.ops import triton_reshape_and_cache_flash as module
+
+    write = module.triton_reshape_and_cache_flash
+
+    def swapping(key, value, key_cache, value_cache, slot_mapping, *args, **kwargs):
+        if slot_mapping.shape[0] > 1:
+            slot_mapping = slot_mapping.clone()
+            slot_mapping[[0, 1]] = slot_mapping[[1, 0]]
+        return write(key, value, key_cache, value_cache, slot_mapping, *args, **kwargs)
+
+    monkeypatch.setattr(module, "triton_reshape_and_cache_flash", swapping)
+
+
+def append_row_drops_a_block(monkeypatch):
+    """append_row forgets the last of the new blocks."""
+    from vllm.v1.worker import block_table
+
+    append = block_table.BlockTable.append_row
+
+    def forgetful(self, block_ids, row_idx):
+        return append(self, list(block_ids)[:-1] if len(block_ids) > 1 else block_ids, row_idx)
+
+    monkeypatch.setattr(block_table.BlockTable, "append_row", forgetful)
+
+
+FAULTS = {
+    slot_mapping_offset: {"vllm-block-table", "slot-ownership", "exact-gather"},
+    cache_write_drops_a_token: {"exact-gather"},
+    cache_write_misplaces_a_token: {"exact-gather"},
+    append_row_drops_a_block: {"vllm-block-table", "exact-gather"},
+}
+
+
+@pytest.mark.parametrize("plant", FAULTS, ids=lambda f: f.__name__)
+def test_a_fault_in_vllms_worker_is_caught_by_default(plant, monkeypatch, capsys):
+    plant(monkeypatch)
+    code = main(["kernels", "--target", "vllm", "--model", "llama-3-8b", "--examples", EXAMPLES, "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "worker=vllm" in out
+    failed = [line for line in out.splitlines() if "KernelStageError" in line]
+    assert failed and any(check in failed[0] for check in FAULTS[plant]), out
+
+
+def test_vllms_worker_unbroken_passes(capsys):
+    code = main(["kernels", "--target", "vllm", "--model", "llama-3-8b", "--examples", EXAMPLES, "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "worker=vllm" in out
+
+
+def test_kvspecs_worker_does_not_see_vllms(monkeypatch, capsys):
+    """The other side of the principle: with kvspec's model of the worker, a
+    fault in vLLM's worker code is never exercised -- which is why vLLM's is
+    the default for the target vllm."""
+    slot_mapping_offset(monkeypatch)
+    code = main(["kernels", "--target", "vllm", "--worker", "kvspec", "--model", "llama-3-8b", "--examples", "5",
+                 "--seed", "1"])
+    assert code == 0, capsys.readouterr().out
