@@ -16,11 +16,9 @@ pytest.importorskip("triton")
 from kvspec.cli import main  # noqa: E402
 from kvspec.models.vllm_worker import vllm_worker_available  # noqa: E402
 
-pytestmark = [
-    pytest.mark.skipif(vllm_worker_available() is not None,
-                       reason=f"vLLM's worker path cannot run here: {vllm_worker_available()}"),
-    pytest.mark.xdist_group("vllm-worker-faults"),  # they patch vLLM's modules: one process, one at a time
-]
+# Each fault is patched into vLLM's modules with monkeypatch: in the test's own process, undone after it.
+pytestmark = pytest.mark.skipif(vllm_worker_available() is not None,
+                                reason=f"vLLM's worker path cannot run here: {vllm_worker_available()}")
 
 EXAMPLES = "6"
 
