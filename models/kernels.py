@@ -427,13 +427,25 @@ def scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C:
          dt_bias: torch.Tensor, *, dt_softplus: bool = True) -> torch.Tensor:
     """The Mamba-2 layer over one sequence from a zero state, no cache at all
     (the ground truth): [tokens, heads, dim] outputs."""
+    return scan_from(None, x, dt, A, B, C, D, dt_bias, dt_softplus=dt_softplus)[0]
+
+
+def scan_from(state: torch.Tensor | None, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+              C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, *,
+              dt_softplus: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`scan` continued from ``state`` [heads, dim, dstate] (``None``:
+    zero): the outputs, and the state after the last token.  Token by token,
+    the same operations as a scan from the start, so continuing a scan from
+    its own state gives bitwise what one scan over the whole sequence gives."""
     heads, dim, dstate = x.shape[1], x.shape[2], B.shape[-1]
-    state = torch.zeros(2, heads, dim, dstate)
+    states = torch.zeros(2, heads, dim, dstate)
+    if state is not None:
+        states[1] = state
     idx = torch.tensor([1])
-    outs = [selective_state_update(state, x[t:t + 1], dt[t:t + 1], A, B[t:t + 1], C[t:t + 1], D, dt_bias,
+    outs = [selective_state_update(states, x[t:t + 1], dt[t:t + 1], A, B[t:t + 1], C[t:t + 1], D, dt_bias,
                                    dt_softplus=dt_softplus, state_batch_indices=idx, dst_state_batch_indices=idx)
             for t in range(x.shape[0])]
-    return torch.cat(outs) if outs else x.new_zeros(0, heads, dim)
+    return (torch.cat(outs) if outs else x.new_zeros(0, heads, dim)), states[1].clone()
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:

@@ -118,7 +118,11 @@ def describe_groups(layout: ManagerLayout, *, kernel_block_size: int | None, hea
     """The runner's view of each group, with its test-model content."""
     groups = []
     for g, spec in enumerate(layout.groups):
-        kbs = spec.block_size if kernel_block_size is None or spec.block_size % kernel_block_size else kernel_block_size
+        # Attention kernels may read a manager block as several kernel blocks; a Mamba state is one page,
+        # never split (vLLM gives Mamba groups their manager block size as the kernel's).
+        split = kernel_block_size is not None and not isinstance(spec, MambaSpec) and \
+            spec.block_size % kernel_block_size == 0
+        kbs = kernel_block_size if split else spec.block_size
         common = dict(index=g, block_size=spec.block_size, kernel_block_size=kbs)
         if isinstance(spec, MambaSpec):
             (_, conv_dim), (nh, hd, ds) = spec.shapes
@@ -282,7 +286,8 @@ class Engine:
         self.contents: dict[str, ContentIds] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self.loading: dict[str, tuple[int, int]] = {}  # async connector loads: request id -> [start, end)
+        self._scans: dict[tuple[str, int], tuple[int, torch.Tensor | None]] = {}  # the Mamba reference's place
+        self.loading: dict[str, tuple[int, int, int]] = {}  # async connector loads: id -> start, end, steps left
         self.work: list[Work] = []
         self.in_batch: set[str] = set()  # requests with a worker row
         self.steps = 0
@@ -328,11 +333,14 @@ class Engine:
         return request
 
     def begin_step(self) -> None:
-        """A step starts: the manager hears it, and connector loads begun in
-        the last step complete (their K/V land, their blocks get cached)."""
+        """A step starts: the manager hears it, and connector loads whose
+        time has come complete (their K/V land, their blocks get cached)."""
         self.work = []
         self.call("new_step_starts")
-        for rid, (start, end) in list(self.loading.items()):
+        for rid, (start, end, steps) in list(self.loading.items()):
+            if steps > 1:
+                self.loading[rid] = (start, end, steps - 1)
+                continue
             request = self.requests[rid]
             self._write_external(request, start, end)
             self.call("cache_blocks", request, end)
@@ -348,12 +356,12 @@ class Engine:
         return blocks, hit
 
     def admit(self, request: Request, num_new: int, hit: tuple[Any, int] | None = None, *, external: int = 0,
-              async_load: bool = False) -> bool:
+              async_load: bool = False, load_steps: int = 1) -> bool:
         """A waiting request computes ``num_new`` tokens after its prefix-cache
         ``hit`` (from :meth:`lookup`) and ``external`` tokens a connector
-        holds.  ``async_load``: the connector's tokens land by the next step,
-        and the request computes nothing now.  False when the manager refuses
-        (the request stays waiting, nothing changed)."""
+        holds.  ``async_load``: the connector's tokens land ``load_steps``
+        steps later, and the request computes nothing now.  False when the
+        manager refuses (the request stays waiting, nothing changed)."""
         if request.request_id in self.loading:
             raise ValueError(f"request {request.request_id} is still loading from the connector")
         blocks, num_hit = hit if hit is not None else (None, 0)
@@ -370,7 +378,7 @@ class Engine:
         if async_load:
             self.events["async loads"] += 1
             request.num_computed_tokens = start  # the loaded tokens count once they land
-            self.loading[request.request_id] = (start, start + external)
+            self.loading[request.request_id] = (start, start + external, load_steps)
             request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
             return True
         self.waiting.remove(request)
@@ -695,14 +703,29 @@ class Engine:
             outs.append(out)
         return torch.cat(outs) if outs else torch.zeros(0)
 
-    def _check_mamba_output(self, group: Group, w: Work, ids: list[int], out: torch.Tensor) -> None:
-        self.checks_run["mamba-output"] += 1
+    def _reference_scan(self, group: Group, rid: str, ids: list[int], start: int, end: int) -> torch.Tensor:
+        """The from-scratch scan's outputs for tokens ``[start, end)`` of a
+        request.  The scan's state after the last tokens checked is kept, so
+        the next step continues it instead of re-scanning the whole prefix
+        (bitwise the same: see :func:`~kvspec.models.kernels.scan_from`); a
+        request that starts over (preempted, or a hit ahead of the kept state)
+        is scanned from its first token again."""
         c = group.content
-        toks = ids[: w.end]
+        kept_at, state = self._scans.get((rid, group.index), (0, None))
+        if kept_at > start:
+            kept_at, state = 0, None
+        toks = ids[kept_at:end]
         x = c.x(toks)
         hd = x.shape[-1]
-        truth = K.scan(x, c.dt(toks)[..., None].expand(-1, -1, hd), c.A[:, None, None].expand(-1, hd, c.B.a.shape[-1]),
-                       c.B(toks), c.C(toks), c.D[:, None].expand(-1, hd), c.dt_bias[:, None].expand(-1, hd))[w.start:]
+        out, state = K.scan_from(state, x, c.dt(toks)[..., None].expand(-1, -1, hd),
+                                 c.A[:, None, None].expand(-1, hd, c.B.a.shape[-1]), c.B(toks), c.C(toks),
+                                 c.D[:, None].expand(-1, hd), c.dt_bias[:, None].expand(-1, hd))
+        self._scans[(rid, group.index)] = (end, state)
+        return out[start - kept_at:]
+
+    def _check_mamba_output(self, group: Group, w: Work, ids: list[int], out: torch.Tensor) -> None:
+        self.checks_run["mamba-output"] += 1
+        truth = self._reference_scan(group, w.request.request_id, ids, w.start, w.end)
         if not K.close(out, truth, self.dtype):
             self._fail("mamba-output", f"request {w.request.request_id} group {group.index}: outputs of tokens "
                  f"[{w.start}, {w.end}) differ from a from-scratch scan by {K.max_error(out, truth):.3g}")

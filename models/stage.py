@@ -98,6 +98,14 @@ def kernel_machine(setup: ModelSetup, target_factory: Callable[..., ManagerTarge
             e.execute(sampled, accepted)
 
         def arrive(self, data: st.DataObject) -> Request:
+            e = self.engine
+            earlier = [r for r in e.requests.values() if r.prompt_embeds is None]
+            if earlier and data.draw(st.sampled_from([False] * 3 + [True]), label="a prompt seen before?"):
+                # Served traffic repeats itself (the same system prompt and question, a retried request):
+                # the prefix cache's hits, and its races with loads and frees, live here.
+                twin = earlier[data.draw(st.integers(0, len(earlier) - 1), label="same prompt as")]
+                return e.new_request(list(twin.prompt_token_ids), salt=twin.cache_salt,
+                                     lora=twin.lora_request.lora_name if twin.lora_request else None)
             if data.draw(st.sampled_from([False] * 5 + [True]), label="as embeddings?"):
                 length = data.draw(st.integers(1, layout.max_model_len // 2), label="embedded prompt length")
                 source = data.draw(st.sampled_from(["source-a", "source-b"]), label="embeddings")
@@ -158,7 +166,8 @@ def kernel_machine(setup: ModelSetup, target_factory: Callable[..., ManagerTarge
                 external = data.draw(st.integers(1, (room - 1) // sbs), label="external blocks") * sbs
                 async_load = data.draw(st.booleans(), label="async load?")
             if async_load:
-                e.admit(request, 0, hit, external=external, async_load=True)
+                steps = data.draw(st.integers(1, 3), label="load steps")
+                e.admit(request, 0, hit, external=external, async_load=True, load_steps=steps)
                 return 0
             num = self.chunk(data, start + external, request.num_tokens, budget)
             return num if num and e.admit(request, num, hit, external=external) else 0
