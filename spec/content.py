@@ -143,6 +143,20 @@ class Shadow:
         self.states: dict[tuple[int, int], tuple[Any, ...]] = {}
         self.step = 0
         self.state_step: dict[tuple[int, int], int] = {}  # the step that wrote each state
+        self._contents: dict[tuple[str, int], tuple[Any, ...]] = {}
+
+    def content(self, request: Any, t: int) -> tuple[Any, ...]:
+        """:func:`token_content` of ``request``'s token ``t``, computed once:
+        a request's tokens up to one it has never change, and the rules ask
+        for every slot of every cached block after every operation.  (One
+        object per content also makes comparing two contents cheap.)"""
+        key = (request.request_id, t)
+        content = self._contents.get(key)
+        if content is None:
+            content = token_content(request, t)
+            if t < len(request.all_token_ids):  # a token not yet there may still come
+                self._contents[key] = content
+        return content
 
     def new_step(self) -> None:
         """A scheduler step begins: what earlier steps wrote is now readable."""
@@ -172,7 +186,7 @@ class Shadow:
             for t in range(start, end):
                 p = t // bs
                 if p < len(table) and table[p] != NULL:
-                    self.slots.setdefault((g, table[p]), {})[t % bs] = token_content(request, t)
+                    self.slots.setdefault((g, table[p]), {})[t % bs] = self.content(request, t)
 
     def scribble(self, request: Any, tables: tuple[list[int], ...], start: int, end: int) -> None:
         """Record that attention slots of tokens ``[start, end)`` hold KV no
@@ -197,7 +211,7 @@ class Shadow:
             return [] if have == want else [f"holds state {_short(have)}, position {position} names {_short(want)}"]
         slots = self.slots.get((g, block_id), {})
         for s in range(bs):
-            want = token_content(request, position * bs + s)
+            want = self.content(request, position * bs + s)
             if slots.get(s) != want:
                 return [f"slot {s} holds {_short(slots.get(s))}, position {position} names {_short(want)}"]
         return []
@@ -225,7 +239,7 @@ class Shadow:
                 continue
             block = table[p] if p < len(table) else NULL
             have = None if block == NULL else self.slots.get((g, block), {}).get(t % bs)
-            if have != token_content(request, t):
+            if have != self.content(request, t):
                 where = "no block" if block == NULL else f"block {block} slot {t % bs} holds {_short(have)}"
                 return [f"token {t} (position {p}): {where}"]
         return []

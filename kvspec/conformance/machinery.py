@@ -4,10 +4,12 @@ refusal travels, how a call is made without letting its error escape."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hypothesis import strategies as st
 from hypothesis import target
 from hypothesis.control import _current_build_context as _build_context
 from hypothesis.stateful import RuleBasedStateMachine
@@ -29,6 +31,15 @@ class ConformanceError(AssertionError):  # noqa: N818 (it is an assertion failur
         if divergence:
             lines.append(f"divergence from the spec: {divergence}")
         super().__init__("\n".join(lines))
+
+
+@functools.lru_cache(maxsize=512)
+def one_of(values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
+    """``st.sampled_from(values)``, built once per tuple of values.  Hypothesis
+    caches most strategies by their arguments but not this one, and a new
+    strategy is validated on its first draw: the machines draw from a few
+    small choice lists thousands of times a second."""
+    return st.sampled_from(values)
 
 
 def stopped_on(error: BaseException) -> str:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvspec.conformance.layouts import ManagerLayout
-from kvspec.conformance.machinery import CheckingMachine, Refused, describe_call, describe_outcome
+from kvspec.conformance.machinery import CheckingMachine, Refused, describe_call, describe_outcome, one_of
 from kvspec.conformance.observe import observe
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_request_block_hasher
@@ -158,7 +158,7 @@ def manager_machine(
                 actions = [a for a in actions if not self.off(SWARM_INPUTS.get(a, a))] or ["step"] * bool(self.running)
                 if not actions:
                     return
-                getattr(self, data.draw(st.sampled_from(actions), label="action"))(data)
+                getattr(self, data.draw(one_of(tuple(actions)), label="action"))(data)
 
         @rule(data=st.data())
         @recorded
@@ -168,7 +168,7 @@ def manager_machine(
             kinds = [k for k in ("evict", "evict", "drop", "reset", "bad") if not self.off(k)]
             if not kinds:
                 return
-            kind = data.draw(st.sampled_from(kinds), label="maintenance")
+            kind = data.draw(one_of(tuple(kinds)), label="maintenance")
             if kind == "evict":
                 self.each("evict_blocks", data.draw(st.sets(st.integers(1, layout.num_blocks - 1), max_size=3)))
             elif kind == "reset":
@@ -178,7 +178,7 @@ def manager_machine(
             elif kind == "bad":
                 kinds = [k for k in ("no_tokens", "negative") if f"bad-input:{k}" not in self.avoid]
                 if kinds:
-                    self.bad_allocation(data.draw(st.sampled_from(kinds), label="bad input"))
+                    self.bad_allocation(data.draw(one_of(tuple(kinds)), label="bad input"))
 
         def arrive(self, data: st.DataObject) -> None:
             """A request arrives with a short prompt."""
@@ -186,8 +186,8 @@ def manager_machine(
             tokens = data.draw(prompt, label="prompt")
             salt, lora = None, None
             if not self.off("tenants"):
-                salt = data.draw(st.sampled_from([None, None, None, "tenant-b"]), label="salt")
-                lora = data.draw(st.sampled_from([None, None, None, LoRARequest("adapter-a", 1)]), label="lora")
+                salt = data.draw(one_of((None, None, None, "tenant-b")), label="salt")
+                lora = data.draw(one_of((None, None, None, LoRARequest("adapter-a", 1))), label="lora")
             self.next_id += 1
             request = Request(f"r{self.next_id}", tokens, cache_salt=salt, lora_request=lora, block_hasher=self.hasher)
             self.requests[request.request_id] = request
@@ -199,7 +199,7 @@ def manager_machine(
             token ids, and one embedding row per token from one of two
             sources -- same placeholders, other embeddings, other content."""
             length = data.draw(st.integers(1, layout.max_model_len // 2), label="embedded prompt length")
-            source = data.draw(st.sampled_from(["source-a", "source-b"]), label="embeddings")
+            source = data.draw(one_of(("source-a", "source-b")), label="embeddings")
             self.next_id += 1
             request = Request(f"r{self.next_id}", None, prompt_embeds=embedding_rows(source, length),
                               block_hasher=self.hasher)

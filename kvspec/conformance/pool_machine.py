@@ -40,6 +40,7 @@ from kvspec.conformance.machinery import (
     call,
     describe_call,
     describe_outcome,
+    one_of,
 )
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import block_hashes_for_size, get_request_block_hasher
@@ -182,8 +183,8 @@ def pool_machine(
             group = data.draw(st.integers(0, len(layout.group_block_sizes) - 1), label="group")
             size = layout.group_block_sizes[group]
             tokens = data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=3 * size), label="tokens")
-            salt = data.draw(st.sampled_from([None, None, "s1"]), label="salt")
-            lora = data.draw(st.sampled_from([None, None, LoRARequest("adapter-a", 1)]), label="lora")
+            salt = data.draw(one_of((None, None, "s1")), label="salt")
+            lora = data.draw(one_of((None, None, LoRARequest("adapter-a", 1))), label="lora")
             self.next_id += 1
             request = Request(f"r{self.next_id}", tokens, cache_salt=salt, lora_request=lora, block_hasher=self.hasher)
             owner = Owner(request, group, size)

@@ -272,6 +272,24 @@ class Search:
     # Hypothesis's targeting leans toward deep states (CheckingMachine.steer)
 
 
+def _factory(machine: type[CheckingMachine], seed: int | None) -> Callable[[], CheckingMachine]:
+    """``machine`` as the factory Hypothesis runs: a function, not the class.
+    Hypothesis digests its factory's source on every call (the database key,
+    the derandomized seed), and a class's source means parsing its whole
+    module -- about 0.1 s a batch, a tenth of a budgeted search.  The digest
+    is told the scope and layout, so that each layout has its own key in the
+    example database and, derandomized, its own examples."""
+
+    def make() -> CheckingMachine:
+        return machine()
+
+    # Hypothesis's hook for telling apart tests of one source (it uses it for pytest's parametrize).
+    make._hypothesis_internal_add_digest = f"{machine.scope}/{machine.layout_name}".encode()
+    if seed is not None:
+        hypothesis_seed(seed)(make)
+    return make
+
+
 def run_layout(machine: type[CheckingMachine], search: Search, progress: Progress | None = None) -> LayoutResult:
     """Search one layout for a failure; on one, keep the broken rules, the
     divergence and the minimal failing trace."""
@@ -294,12 +312,10 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
             for batch, (batch_settings, batch_seed) in enumerate(_batches(search, start)):
                 if search.deadline is not None:  # a failure found now may shrink until the deadline, no later
                     _limit_shrinking(search.deadline - time.perf_counter())
-                if batch_seed is not None:
-                    hypothesis_seed(batch_seed)(machine)
                 machine.steering = search.swarm  # budgeted: lean toward deep states; sized by examples: as it was
                 if search.swarm and batch_seed is not None:
                     machine.swarm_off = swarm_subset(machine.swarm_options, batch_seed) if batch else frozenset()
-                run_state_machine_as_test(machine, settings=batch_settings)
+                run_state_machine_as_test(_factory(machine, batch_seed), settings=batch_settings)
     except BudgetSpent:
         if machine.hung_in is not None:  # the target never returned: a hang is a failure, with the run so far
             failure = ConformanceError(divergence=f"{machine.hung_in} did not return before the budget ran out "
