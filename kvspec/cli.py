@@ -122,7 +122,7 @@ def conform(args: argparse.Namespace) -> int:
     for scope in scopes:
         check_target(args.target, scope)  # an unusable target stops the run before it starts
     _quiet_loggers()
-    profiles = {"pool": PROFILES[args.profile], "manager": manager_settings(args.profile)}
+    profiles = _profiles(args.profile)
     progress = Progress() if _show_progress(args) else None
     steered = known_findings(args.target) if args.known_findings else ()
     avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(args.avoid or ())
@@ -288,11 +288,11 @@ def _search_in_parallel(args, todo, profiles, avoid, deadline, finish, announce,
 
     pool = ProcessPoolExecutor(max_workers=args.workers)
     if deadline is None:  # sized by examples: one task per layout
-        pending = {pool.submit(_search_in_worker, scope, name, args.target, args.level, avoid, profiles[scope],
+        pending = {pool.submit(_search_in_worker, scope, name, args.target, args.level, avoid, args.profile,
                                args.examples, None, None, args.seed, args.database, announce): [(scope, name)]
                    for scope, name in todo}
     else:  # under a budget: each worker takes its round-robin share of the layouts in rounds
-        pending = {pool.submit(_rounds_in_worker, args, todo[i::args.workers], profiles, avoid, deadline,
+        pending = {pool.submit(_rounds_in_worker, args, todo[i::args.workers], avoid, deadline,
                                announce): todo[i::args.workers]
                    for i in range(min(args.workers, len(todo)))}
     try:
@@ -329,20 +329,22 @@ def _search_in_parallel(args, todo, profiles, avoid, deadline, finish, announce,
                 child.terminate()
 
 
-def _search_in_worker(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database,
+def _search_in_worker(scope, name, target, level, avoid, profile_name, examples, share, deadline, seed, database,
                       announce=None) -> list[LayoutResult]:
     """One layout's search in a worker process (see _search_in_parallel)."""
     _quiet_loggers()
+    profile = _profiles(profile_name)[scope]
     if deadline is not None and deadline <= time.perf_counter():
         return [LayoutResult(scope, name, 0, 0.0, True, skipped=BUDGET_SPENT)]
     return [_search_one(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database,
                         announce=announce)]
 
 
-def _rounds_in_worker(args, todo, profiles, avoid, deadline, announce) -> list[LayoutResult]:
+def _rounds_in_worker(args, todo, avoid, deadline, announce) -> list[LayoutResult]:
     """A budgeted search of some of the layouts, in rounds, in a worker
     process (see _search_in_parallel): its results, for the parent to print."""
     _quiet_loggers()
+    profiles = _profiles(args.profile)
     results: list[LayoutResult] = []
     _search_in_rounds(args, todo, profiles, avoid, deadline, results.append, announce, _FailFast(args.fail_fast),
                       None)
@@ -360,6 +362,14 @@ def _search_one(scope, name, target, level, avoid, profile, examples, share, cap
     r = run_layout(machine_for(scope, name, target, level, avoid), search, progress)
     r.seed = search.seed
     return r
+
+
+def _profiles(name: str) -> dict[str, object]:
+    """Each scope's Hypothesis settings for the profile ``name``.  Built in
+    each process that searches: a settings object does not survive pickling
+    to a worker (its "not set" markers come back as other objects, and
+    Hypothesis then takes ``database`` for a database)."""
+    return {"pool": PROFILES[name], "manager": manager_settings(name)}
 
 
 def _workers(text: str) -> int:

@@ -380,8 +380,9 @@ def _hard_stop_at(deadline: float | None) -> Iterator[None]:
     """Raise :class:`BudgetSpent` wherever the run is once ``deadline`` (plus
     a grace) has passed -- the machine checks the time before every
     operation, but Hypothesis's shrinker can work for seconds on its own
-    between two runs of the machine.  A SIGALRM timer, so only in the main
-    thread of a POSIX process; elsewhere the machine's own checks remain."""
+    between two runs of the machine.  A SIGALRM timer, re-armed until the
+    run has stopped; so only in the main thread of a POSIX process;
+    elsewhere the machine's own checks remain."""
     usable = deadline is not None and hasattr(signal, "setitimer") and \
         threading.current_thread() is threading.main_thread()
     if not usable:
@@ -389,8 +390,10 @@ def _hard_stop_at(deadline: float | None) -> Iterator[None]:
         return
 
     def stop(signum: int, frame: Any) -> None:
+        # Again and again until the run has stopped: a signal handler's exception can land where Python
+        # swallows it (a gc callback, a __del__: "Exception ignored in ..."), and the run would go on.
+        signal.setitimer(signal.ITIMER_REAL, HARD_STOP_GRACE)
         if in_final_replay():  # let the failure's report run finish: one example
-            signal.setitimer(signal.ITIMER_REAL, HARD_STOP_GRACE)
             return
         raise BudgetSpent
 
