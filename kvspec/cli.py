@@ -521,14 +521,15 @@ def kernels_command(args: argparse.Namespace) -> int:
     unknown = set(kernels) - {"reference", "flex", "vllm"}
     if unknown or "reference" not in kernels:
         raise UsageError(f"--kernels takes reference (always), flex and vllm; got {args.kernels!r}")
-    if "vllm" in kernels and K.vllm_kernels_available() is not None:
-        raise UsageError(f"--kernels vllm: {K.vllm_kernels_available()} (run kvspec from tools/install_vllm.sh's "
-                         "environment)")
+    problem = K.vllm_kernels_available() if "vllm" in kernels else None
+    if problem is not None:
+        raise UsageError(f"--kernels vllm: {problem} (run kvspec from tools/install_vllm.sh's environment)")
     if worker == "vllm":
         from kvspec.models.vllm_worker import vllm_worker_available
 
-        if vllm_worker_available() is not None:
-            raise UsageError(f"--worker vllm: {vllm_worker_available()} (run kvspec from tools/install_vllm.sh's "
+        problem = vllm_worker_available()
+        if problem is not None:
+            raise UsageError(f"--worker vllm: {problem} (run kvspec from tools/install_vllm.sh's "
                              "environment, or choose --worker kvspec)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no CUDA device")

@@ -39,6 +39,13 @@ NULL_BLOCK = 0
 PAD_SLOT = -1  # vLLM's PAD_SLOT_ID: padding tokens write nowhere
 
 
+def manager_block_ids(kernel_block_ids: Sequence[int], blocks_per_manager_block: int) -> list[int]:
+    """A row of kernel block ids back as the manager's block ids: each
+    ``blocks_per_manager_block`` consecutive kernel blocks are one of its blocks."""
+    k = blocks_per_manager_block
+    return [b // k for b in kernel_block_ids[::k]]
+
+
 class BlockTable:
     """One group's block table: ``tensor[row, i]`` is the ``i``-th (kernel)
     block of the request in ``row``; ``num_blocks[row]`` how many are set."""
@@ -81,8 +88,7 @@ class BlockTable:
 
     def row(self, row: int) -> list[int]:
         """The manager-sized block ids the row holds."""
-        k = self.blocks_per_manager_block
-        return [b // k for b in self.tensor[row, : self.num_blocks[row]].tolist()[::k]]
+        return manager_block_ids(self.tensor[row, : self.num_blocks[row]].tolist(), self.blocks_per_manager_block)
 
     def slot_mapping(self, rows: Sequence[int], positions: Sequence[Sequence[int]]) -> torch.Tensor:
         """The cache slot of each position of each row, concatenated (int64)."""

@@ -286,14 +286,24 @@ def _flex_call(flex_attention, q, k, v, mask, scale, gqa):
 # --- vLLM's production kernels ------------------------------------------------------------------------------------
 
 
+def triton_cannot_run() -> str | None:
+    """Why Triton kernels cannot run here (Triton being importable), or None:
+    there is a GPU, or Triton's interpreter was chosen before Triton was
+    imported."""
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return "no GPU, and TRITON_INTERPRET=1 was not set before Triton was imported"
+    return None
+
+
 def vllm_kernels_available() -> str | None:
     """None when vLLM's Triton kernels can run here, else why not."""
     try:
         import triton  # noqa: F401
     except ImportError:
         return "triton is not installed"
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        return "no GPU, and TRITON_INTERPRET=1 was not set before Triton was imported"
+    problem = triton_cannot_run()
+    if problem is not None:
+        return problem
     try:
         from vllm.v1.attention.ops.triton_unified_attention import unified_attention  # noqa: F401
     except Exception as error:  # ImportError, or vLLM's Triton probe refusing

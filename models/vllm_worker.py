@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 import torch
+
+from kvspec.models.block_table import manager_block_ids
+from kvspec.models.kernels import triton_cannot_run
 
 if TYPE_CHECKING:
     from kvspec.models.runner import Engine, Group, Work
@@ -50,9 +52,7 @@ def vllm_worker_available() -> str | None:
         from vllm.v1.worker.block_table import MultiGroupBlockTable  # noqa: F401
     except Exception as error:  # ImportError, or vLLM's Triton probe refusing
         return f"vLLM's worker modules do not import ({type(error).__name__}: {error})"
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        return "no GPU, and TRITON_INTERPRET=1 was not set before Triton was imported"
-    return None
+    return triton_cannot_run()
 
 
 @contextlib.contextmanager
@@ -133,9 +133,8 @@ class VllmWorker:
         """The manager-sized block ids of ``row`` in vLLM's table (for Mamba
         rows, which vLLM never splits into kernel blocks)."""
         table = self.table[group]
-        k = table.blocks_per_kv_block
         n = int(table.num_blocks_per_row[row])
-        return [b // k for b in table.get_cpu_tensor()[row, :n].tolist()[::k]]
+        return manager_block_ids(table.get_cpu_tensor()[row, :n].tolist(), table.blocks_per_kv_block)
 
     def slot_mapping(self, group: int, row: int) -> torch.Tensor:
         """The slots vLLM computed for ``row``'s tokens this step (int64)."""
