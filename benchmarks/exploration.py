@@ -50,7 +50,7 @@ CATEGORIES = (
     ("Hypothesis", ("/hypothesis/",)),
     ("rules", ("/spec/rules.py", "/spec/request_rules.py", "/spec/content.py", "/spec/oracle.py")),
     ("spec", ("/spec/",)),
-    ("target", ("/impl/", "/conformance/targets.py", "/conformance/manager_targets.py")),
+    ("target", ("/impl/", "/conformance/targets/")),
     ("machines", ("/kvspec/",)),
 )
 

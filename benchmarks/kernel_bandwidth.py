@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from kvspec.conformance.layouts import ManagerLayout
+from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.hashing import get_request_block_hasher
 from kvspec.impl import KVCacheManager
 from kvspec.kv_cache_interface import FullAttentionSpec, cdiv

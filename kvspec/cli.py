@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kvspec import __version__
 from kvspec.conformance.findings import AVOIDABLE, is_avoidable, known_findings, matching_finding
-from kvspec.conformance.machinery import ConformanceError
+from kvspec.conformance.machines.machinery import ConformanceError
 from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.runner import (
     LEVELS,
@@ -51,8 +51,8 @@ from kvspec.conformance.runner import (
 )
 from kvspec.conformance.settings import PROFILES, manager_settings
 from kvspec.conformance.trace import Trace, TraceError, trace_file_name
-from kvspec.conformance.vector_corpus import SIZES, generate
-from kvspec.conformance.vectors import HASH_SEED, check
+from kvspec.conformance.vectors.codec import HASH_SEED, check
+from kvspec.conformance.vectors.corpus import SIZES, generate
 from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
@@ -506,12 +506,12 @@ def kernels_command(args: argparse.Namespace) -> int:
     try:
         import torch
 
+        from kvspec.conformance.machines.kernel import run_stage
         from kvspec.models import kernels as K
         from kvspec.models.architectures import ARCHITECTURES, SCALES, setup, setup_from_layout
-        from kvspec.models.stage import run_stage
     except ImportError as error:
         raise UsageError(f"the kernel stage needs torch ({error}); install kvspec[kernels]") from None
-    from kvspec.conformance.layouts import MANAGER_LAYOUTS
+    from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
     from kvspec.conformance.settings import kernel_settings
 
     if args.examples is not None and args.examples <= 0:
@@ -768,7 +768,7 @@ def vectors_check(args: argparse.Namespace) -> int:
 
 def mutate_command(args: argparse.Namespace) -> int:
     """``kvspec mutate``: the gate against the mutant catalogue."""
-    from kvspec.conformance.mutants import MUTANTS, for_family
+    from kvspec.conformance.mutation.mutants import MUTANTS, for_family
 
     if args.list:
         for m in MUTANTS:
@@ -780,7 +780,7 @@ def mutate_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.target == "vllm":
         check_target("vllm", "manager")
-    from kvspec.conformance.mutate import mutate
+    from kvspec.conformance.mutation.mutate import mutate
 
     levels = args.level or ["L1", "L3"]
     names = args.mutant or [m.name for m in for_family(args.target)]

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from math import gcd, prod
 from typing import Any
 
-from kvspec.conformance.layouts import ManagerLayout
+from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from kvspec.conformance.layouts import ManagerLayout
+from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.hashing import get_request_block_hasher
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvspec.conformance.layouts import ManagerLayout
-from kvspec.conformance.machinery import call, divergence
-from kvspec.conformance.manager_targets import ImplManagerTarget
-from kvspec.conformance.spec_manager_target import SpecManagerTarget
+from kvspec.conformance.machines.layouts import ManagerLayout
+from kvspec.conformance.machines.machinery import call, divergence
+from kvspec.conformance.targets.manager import ImplManagerTarget
+from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.hashing import get_request_block_hasher
 from kvspec.proofs.tracing import concrete, untraced
 from kvspec.request import Request

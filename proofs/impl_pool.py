@@ -6,7 +6,7 @@ blocks (the null block and four others) and the spec's
 :class:`~kvspec.spec.pool.SpecBlockPool` of the same size, driven together
 by two requests, A and B, whose first two blocks hold the same tokens (so
 one can hit the other's blocks).  Every pool call is checked the way the
-conformance machine checks it (:mod:`kvspec.conformance.pool_machine`): the
+conformance machine checks it (:mod:`kvspec.conformance.machines.pool`): the
 step rules and the state rules of :mod:`kvspec.spec.rules` against impl's
 snapshots, the KV events against the hash table, and impl's result, refusal,
 state and events against the spec's (:func:`divergence`).  Each
@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from kvspec.conformance.machinery import call, divergence
-from kvspec.conformance.pool_machine import step_violations
-from kvspec.conformance.targets import ImplPoolTarget
+from kvspec.conformance.machines.machinery import call, divergence
+from kvspec.conformance.machines.pool import step_violations
+from kvspec.conformance.targets.pool import ImplPoolTarget
 from kvspec.hashing import get_request_block_hasher
 from kvspec.proofs.tracing import concrete, untraced
 from kvspec.request import Request

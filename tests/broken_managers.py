@@ -3,7 +3,7 @@ CLI (``kvspec conform --target broken_managers:IgnoresTenant``)."""
 
 from types import SimpleNamespace
 
-from kvspec.conformance.spec_manager_target import SpecManagerTarget
+from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request
 

@@ -1,7 +1,7 @@
 """Deliberately broken pools: each breaks exactly one rule, so the tests can
 show that the rule's predicate (and the machine) catches it."""
 
-from kvspec.conformance.targets import VllmApiPoolTarget
+from kvspec.conformance.targets.pool import VllmApiPoolTarget
 from kvspec.impl import BlockPool
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec.conformance.targets import SpecPoolTarget, VllmApiPoolTarget
+from kvspec.conformance.targets.pool import SpecPoolTarget, VllmApiPoolTarget
 from kvspec.errors import RuleError, RuleTypeError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.impl import BlockPool

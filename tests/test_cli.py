@@ -374,7 +374,7 @@ def test_a_budget_stop_that_python_swallows_comes_again():
     budget took 11.7 s, "Exception ignored in ... gc_callback")."""
     import time
 
-    from kvspec.conformance.machinery import BudgetSpent
+    from kvspec.conformance.machines.machinery import BudgetSpent
     from kvspec.conformance.runner import _hard_stop_at
 
     swallowed = 0

@@ -6,10 +6,10 @@ valid operations (the core leaves argument checks to the whole manager)."""
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvspec.conformance.layouts import MANAGER_LAYOUTS
-from kvspec.conformance.manager_machine import manager_machine
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.machines.manager import manager_machine
 from kvspec.conformance.settings import manager_settings
-from kvspec.conformance.spec_manager_target import SpecManagerTarget
+from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.spec.core import CoreManager
 from operations import record
 

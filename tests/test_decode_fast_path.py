@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.conformance.layouts import MANAGER_LAYOUTS, ManagerLayout
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS, ManagerLayout
 from kvspec.errors import RuleError, RuleTypeError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.impl import KVCacheManager

@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from kvspec import dropin  # noqa: E402
-from kvspec.conformance.layouts import ManagerLayout
-from kvspec.conformance.vllm_scheduler import make_scheduler, serve  # noqa: E402
+from kvspec.conformance.machines.layouts import ManagerLayout
+from kvspec.conformance.vllm.scheduler import make_scheduler, serve  # noqa: E402
 from kvspec.testing import full, mamba, swa  # noqa: E402
 
 

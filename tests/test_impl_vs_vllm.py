@@ -5,8 +5,8 @@ prefill, decode with speculative drafts and rejection, lookahead, KV
 connector tokens loaded synchronously or asynchronously, preemption by
 ``free`` or by ``pop_blocks_for_free`` with a deferred free, finishing,
 eviction, reset, ``new_step_starts``) drives
-:class:`~kvspec.conformance.manager_targets.ImplManagerTarget` and
-:class:`~kvspec.conformance.manager_targets.VllmManagerTarget` side by side.
+:class:`~kvspec.conformance.targets.manager.ImplManagerTarget` and
+:class:`~kvspec.conformance.vllm.targets.VllmManagerTarget` side by side.
 After every operation the results, every block table, the pool (null
 block's ref count aside), the KV events and the managers' per-request
 counters must be equal.
@@ -50,8 +50,9 @@ except Exception as error:  # noqa: BLE001 (any failure to import means: no refe
     pytest.skip(f"vLLM is not importable: {error!r}", allow_module_level=True)
 
 from kvspec import hashing
-from kvspec.conformance.machinery import describe_call
-from kvspec.conformance.manager_targets import ImplManagerTarget, VllmManagerTarget
+from kvspec.conformance.machines.machinery import describe_call
+from kvspec.conformance.targets.manager import ImplManagerTarget
+from kvspec.conformance.vllm.targets import VllmManagerTarget
 from kvspec.kv_cache_interface import (
     CrossAttentionSpec,
     KVCacheConfig,

@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kernel_faults import FAULTS, catch
-from kvspec.conformance.layouts import MANAGER_LAYOUTS
-from kvspec.conformance.manager_targets import ImplManagerTarget
+from kvspec.conformance.machines.kernel import kernel_machine
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.settings import kernel_settings, load_profile
+from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.kv_cache_interface import CrossAttentionSpec, cdiv
 from kvspec.models.architectures import ARCHITECTURES, setup_from_layout
 from kvspec.models.architectures import setup as model_setup  # a module-level "setup" is pytest 8.0's xunit hook
 from kvspec.models.runner import CHECKS, Engine, KernelStageError
-from kvspec.models.stage import kernel_machine
 from operations import record
 
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvspec.conformance.manager_targets import ImplManagerTarget
+from kvspec.conformance.machines.kernel import kernel_machine
 from kvspec.conformance.settings import kernel_settings
+from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.models import kernels as K
 from kvspec.models.architectures import ARCHITECTURES
 from kvspec.models.architectures import setup as model_setup  # a module-level "setup" is pytest 8.0's xunit hook
 from kvspec.models.runner import Engine
-from kvspec.models.stage import kernel_machine
 
 pytestmark = [
     pytest.mark.gpu,

@@ -5,11 +5,11 @@ equal, every rule kept after every operation."""
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvspec.conformance.layouts import MANAGER_LAYOUTS
-from kvspec.conformance.manager_machine import manager_machine
-from kvspec.conformance.manager_targets import ImplManagerTarget
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.machines.manager import manager_machine
 from kvspec.conformance.settings import load_profile, manager_settings
-from kvspec.conformance.spec_manager_target import SpecManagerTarget
+from kvspec.conformance.targets.manager import ImplManagerTarget
+from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from operations import record
 
 

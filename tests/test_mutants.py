@@ -10,8 +10,8 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.cli import main
-from kvspec.conformance.machinery import ConformanceError
-from kvspec.conformance.mutants import MUTANTS, MUTANTS_BY_NAME, Family, applied, for_family
+from kvspec.conformance.machines.machinery import ConformanceError
+from kvspec.conformance.mutation.mutants import MUTANTS, MUTANTS_BY_NAME, Family, applied, for_family
 from kvspec.conformance.runner import machine_for, replay
 from kvspec.conformance.settings import PROFILES
 from kvspec.conformance.trace import Trace

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvspec.conformance.mutants import MUTANTS_BY_NAME, Family, applied, for_family  # noqa: E402
+from kvspec.conformance.mutation.mutants import MUTANTS_BY_NAME, Family, applied, for_family  # noqa: E402
 from kvspec.conformance.runner import replay, require_vllm  # noqa: E402
 from kvspec.conformance.trace import Trace  # noqa: E402
 
@@ -53,8 +53,8 @@ def test_runs_found_against_impl_kill_the_same_vllm_mutants(mutant, rules):
 def test_hash_mutants_reach_vllms_hasher():
     """vLLM's block hasher is vLLM's own: leaving the salt out gives a salted
     request the unsalted request's hashes."""
-    from kvspec.conformance.manager_targets import VllmManagerTarget
     from kvspec.conformance.runner import manager_layout
+    from kvspec.conformance.vllm.targets import VllmManagerTarget
     from kvspec.request import Request
 
     target = VllmManagerTarget(*manager_layout("full").target_args())

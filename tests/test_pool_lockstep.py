@@ -4,9 +4,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvspec.conformance.pool_machine import LAYOUTS, pool_machine
+from kvspec.conformance.machines.pool import LAYOUTS, pool_machine
 from kvspec.conformance.settings import load_profile
-from kvspec.conformance.targets import ImplPoolTarget, SpecPoolTarget
+from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget
 from operations import record
 
 

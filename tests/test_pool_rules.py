@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from broken_pools import BROKEN, FirstGroupForAll, SilentEviction, TableWithoutBlockHash, target
-from kvspec.conformance.pool_machine import ConformanceError, PoolLayout, pool_machine
+from kvspec.conformance.machines.pool import ConformanceError, PoolLayout, pool_machine
 from kvspec.conformance.settings import PROFILES
 from kvspec.spec import rules
 from kvspec.spec.interface import PoolSnapshot

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from broken_managers import IgnoresTenant, hasher_ignoring_embeddings
-from kvspec.conformance.manager_machine import embedding_rows
-from kvspec.conformance.observe import observe
+from kvspec.conformance.machines.manager import embedding_rows
+from kvspec.conformance.machines.observe import observe
 from kvspec.errors import RuleError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request, RequestStatus

@@ -11,12 +11,12 @@ import pytest
 pytest.importorskip("vllm")
 
 from kvspec import dropin  # noqa: E402
-from kvspec.conformance.scheduler_findings import SCHEDULER_FINDINGS, replay  # noqa: E402
-from kvspec.conformance.scheduler_machine import (  # noqa: E402
+from kvspec.conformance.machines.scheduler import (  # noqa: E402
     SCHEDULER_LAYOUTS,
     SchedulerHarness,
     search,
 )
+from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS, replay  # noqa: E402
 
 
 @pytest.fixture

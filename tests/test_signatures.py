@@ -8,8 +8,8 @@ import inspect
 
 import pytest
 
-from kvspec.conformance.manager_targets import KVCacheManagerTarget
-from kvspec.conformance.targets import VllmApiPoolTarget
+from kvspec.conformance.targets.manager import KVCacheManagerTarget
+from kvspec.conformance.targets.pool import VllmApiPoolTarget
 from kvspec.impl import BlockPool, KVCacheManager
 from kvspec.spec.interface import ManagerTarget, PoolTarget
 from kvspec.spec.manager import SpecKVCacheManager

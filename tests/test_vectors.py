@@ -11,8 +11,7 @@ import pytest
 from broken_pools import BROKEN, target
 from kvspec.cli import main
 from kvspec.conformance.runner import resolve_target
-from kvspec.conformance.vector_corpus import generate
-from kvspec.conformance.vectors import (
+from kvspec.conformance.vectors.codec import (
     VectorError,
     check,
     from_json,
@@ -20,6 +19,7 @@ from kvspec.conformance.vectors import (
     to_json,
     vector_files,
 )
+from kvspec.conformance.vectors.corpus import generate
 from kvspec.request import LoRARequest
 from kvspec.spec.catalogue import RULES
 from kvspec.spec.interface import Removed, Stored

@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, Phase, seed, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
 from kernel_faults import FAULTS  # noqa: E402
+from kvspec.conformance.machines.kernel import kernel_machine  # noqa: E402
 from kvspec.models.architectures import setup  # noqa: E402
 from kvspec.models.runner import KernelStageError  # noqa: E402
-from kvspec.models.stage import kernel_machine  # noqa: E402
 
 
 def found_by(fault, s: int, examples: int) -> str | None:

@@ -10,7 +10,7 @@ the interpreter's own packages -- the venv of ``tools/install_vllm.sh``
 supplies the import-time dependencies; the imports later releases added
 (fastapi, starlette, opentelemetry-api, partial_json_parser, einops) go in a
 directory beside them.  vLLM itself is never stubbed.  In each release,
-:mod:`kvspec.conformance.version_probe` replays the manager-scope findings
+:mod:`kvspec.conformance.vllm.version_probe` replays the manager-scope findings
 (F1-F7) and the scheduler-scope ones (S1-S3) and runs the scheduler
 machine on every scheduler layout; with ``--conform``, ``kvspec conform
 --target vllm --known-findings --profile quick --level L1`` runs too.  The result is a
@@ -64,7 +64,7 @@ def probe(python: str, version: str, examples: int, conform: bool, out_dir: Path
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": f"{target}{os.pathsep}{CACHE / 'later-imports'}"}
     result_file = out_dir / f"probe-{version}.json"
     start = time.monotonic()
-    run = subprocess.run([python, "-m", "kvspec.conformance.version_probe", "--json", str(result_file),
+    run = subprocess.run([python, "-m", "kvspec.conformance.vllm.version_probe", "--json", str(result_file),
                           "--examples", str(examples)], env=env, capture_output=True, text=True, timeout=1800)
     if run.returncode != 0 or not result_file.exists():
         return {"vllm": version, "error": (run.stdout + run.stderr)[-1500:]}

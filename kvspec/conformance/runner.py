@@ -28,15 +28,22 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
-from kvspec.conformance.layouts import MANAGER_LAYOUTS, ManagerLayout
-from kvspec.conformance.machinery import BudgetSpent, CheckingMachine, ConformanceError, in_final_replay, stopped_on
-from kvspec.conformance.manager_machine import manager_machine
-from kvspec.conformance.manager_targets import ImplManagerTarget
-from kvspec.conformance.pool_machine import LAYOUTS, pool_machine
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS, ManagerLayout
+from kvspec.conformance.machines.machinery import (
+    BudgetSpent,
+    CheckingMachine,
+    ConformanceError,
+    in_final_replay,
+    stopped_on,
+)
+from kvspec.conformance.machines.manager import manager_machine
+from kvspec.conformance.machines.pool import LAYOUTS, pool_machine
 from kvspec.conformance.report import LayoutResult
-from kvspec.conformance.spec_manager_target import SpecManagerTarget
-from kvspec.conformance.targets import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget, VllmPoolTarget
+from kvspec.conformance.targets.manager import ImplManagerTarget
+from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget
+from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
+from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget
 from kvspec.spec.catalogue import LEVELS
 
 SCOPES = ("pool", "manager")
@@ -85,15 +92,9 @@ def require_vllm() -> None:
         hashing.init_none_hash()
 
 
-def vllm_manager(*args: Any) -> Any:
-    from kvspec.conformance.manager_targets import VllmManagerTarget
-
-    return VllmManagerTarget(*args)
-
-
 TARGETS: dict[str, dict[str, Callable[..., Any]]] = {
     "pool": {"spec": SpecPoolTarget, "impl": ImplPoolTarget, "vllm": VllmPoolTarget},
-    "manager": {"spec": SpecManagerTarget, "impl": ImplManagerTarget, "vllm": vllm_manager},
+    "manager": {"spec": SpecManagerTarget, "impl": ImplManagerTarget, "vllm": VllmManagerTarget},
 }
 """The built-in targets per scope; anything else is ``module:factory``."""
 

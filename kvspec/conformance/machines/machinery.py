@@ -14,7 +14,7 @@ from hypothesis import target
 from hypothesis.control import _current_build_context as _build_context
 from hypothesis.stateful import RuleBasedStateMachine
 
-from kvspec.conformance.targets import BrokenFreeList
+from kvspec.conformance.targets.pool import BrokenFreeList
 from kvspec.conformance.trace import Trace, clip
 from kvspec.request import Request
 from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot

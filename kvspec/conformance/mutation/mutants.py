@@ -6,7 +6,7 @@ reintroduces one bug -- a reference count that leaks, a freed block still in
 use, a stale hash served as someone's prefix, a window off by one -- into a
 *family* of classes: kvspec's own ``impl`` or vLLM's ``vllm.v1.core`` (the
 two share class and method names, so one patch fits both).  ``kvspec
-mutate`` (:mod:`kvspec.conformance.mutate`) runs the gate against each and
+mutate`` (:mod:`kvspec.conformance.mutation.mutate`) runs the gate against each and
 reports which it kills, at which level, by which rule, and how fast.
 
 A patch wraps the original method and bends its inputs, outputs or side

@@ -24,9 +24,9 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from kvspec.conformance.layouts import ManagerLayout
-from kvspec.conformance.machinery import CheckingMachine, Refused, describe_call, describe_outcome, one_of
-from kvspec.conformance.observe import observe
+from kvspec.conformance.machines.layouts import ManagerLayout
+from kvspec.conformance.machines.machinery import CheckingMachine, Refused, describe_call, describe_outcome, one_of
+from kvspec.conformance.machines.observe import observe
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import LoRARequest, Request, RequestStatus

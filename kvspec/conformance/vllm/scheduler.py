@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.conformance.layouts import ManagerLayout
+from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.kv_cache_interface import MambaSpec
 
 
@@ -88,7 +88,7 @@ class EagleStandIn:
 def make_scheduler(layout: ManagerLayout, *, max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
                    connector: bool = False, num_draft_tokens: int = 0) -> Any:
     """A vLLM ``Scheduler`` over ``layout``'s KV cache (vLLM's spec classes);
-    with ``connector``, vLLM loads :class:`~kvspec.conformance.vllm_connector.ScriptedConnector`
+    with ``connector``, vLLM loads :class:`~kvspec.conformance.vllm.connector.ScriptedConnector`
     as a deployment loads a third-party connector (failed loads recomputed);
     with ``num_draft_tokens``, EAGLE speculative decoding (the layout must
     say ``use_eagle``)."""
@@ -98,7 +98,7 @@ def make_scheduler(layout: ManagerLayout, *, max_num_seqs: int = 16, max_num_bat
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from kvspec.conformance.manager_targets import to_vllm_config
+    from kvspec.conformance.vllm.targets import to_vllm_config
 
     block_size = layout.scheduler_block_size
     scheduler_config = SchedulerConfig(
@@ -114,7 +114,7 @@ def make_scheduler(layout: ManagerLayout, *, max_num_seqs: int = 16, max_num_bat
     transfer = None
     if connector:
         transfer = KVTransferConfig(kv_connector="ScriptedConnector", kv_role="kv_both",
-                                    kv_connector_module_path="kvspec.conformance.vllm_connector",
+                                    kv_connector_module_path="kvspec.conformance.vllm.connector",
                                     kv_load_failure_policy="recompute")
     vllm_config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
                              device_config=DeviceConfig(device="cpu"), kv_transfer_config=transfer)

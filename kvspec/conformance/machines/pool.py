@@ -33,7 +33,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvspec.conformance.machinery import (
+from kvspec.conformance.machines.machinery import (
     CheckingMachine,
     ConformanceError,
     Refused,

@@ -1,10 +1,10 @@
 """What one vLLM release does, measured from inside an interpreter that
 imports it: run by ``tools/version_matrix.py`` once per release.
 
-``python -m kvspec.conformance.version_probe --json OUT [--examples N]``
+``python -m kvspec.conformance.vllm.version_probe --json OUT [--examples N]``
 writes, for the installed vLLM: every known finding replayed (the
 manager-scope traces F1-F7 through ``kvspec replay``, the scheduler-scope
-traces S1-S3 through :mod:`kvspec.conformance.scheduler_findings`) and the
+traces S1-S3 through :mod:`kvspec.conformance.vllm.scheduler_findings`) and the
 scheduler machine's search on each scheduler layout (N examples per
 layout, derandomized): the first rule it breaks, or "clean".
 """
@@ -43,7 +43,7 @@ def _manager_findings() -> dict[str, dict[str, Any]]:
 
 
 def _scheduler_findings() -> dict[str, dict[str, Any]]:
-    from kvspec.conformance.scheduler_findings import SCHEDULER_FINDINGS, replay
+    from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS, replay
 
     out = {}
     for finding in SCHEDULER_FINDINGS.values():
@@ -53,7 +53,7 @@ def _scheduler_findings() -> dict[str, dict[str, Any]]:
 
 
 def _search(examples: int) -> dict[str, dict[str, Any]]:
-    from kvspec.conformance.scheduler_machine import (
+    from kvspec.conformance.machines.scheduler import (
         DRAFTS_PER_STEP,
         LOAD_MODES,
         SCHEDULER_LAYOUTS,

@@ -1,5 +1,5 @@
 """Findings at scheduler scope: minimal traces of vLLM's scheduler over its
-block manager, each replayed by :class:`~kvspec.conformance.scheduler_machine.SchedulerHarness`.
+block manager, each replayed by :class:`~kvspec.conformance.machines.scheduler.SchedulerHarness`.
 
 Each trace is what the scheduler machine found, shrunk and written out as
 calls.  :func:`replay` runs one against whatever vLLM is installed and says
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvspec.conformance.layouts import ManagerLayout
-from kvspec.conformance.scheduler_machine import SchedulerHarness
+from kvspec.conformance.machines.layouts import ManagerLayout
+from kvspec.conformance.machines.scheduler import SchedulerHarness
 from kvspec.testing import full, mamba
 
 

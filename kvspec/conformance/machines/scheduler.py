@@ -54,8 +54,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.conformance.layouts import ManagerLayout
-from kvspec.conformance.manager_targets import KVCacheManagerTarget
+from kvspec.conformance.machines.layouts import ManagerLayout
+from kvspec.conformance.targets.manager import KVCacheManagerTarget
 from kvspec.kv_cache_interface import MambaSpec, cdiv
 from kvspec.spec.content import ATTENTION_KINDS, Shadow
 from kvspec.spec.interface import NULL_BLOCK_ID
@@ -121,7 +121,7 @@ class SchedulerHarness:
 
     def __init__(self, layout: ManagerLayout, *, connector: bool = True, max_num_seqs: int = 4,
                  max_num_batched_tokens: int = 64, seed: int = 0, num_draft_tokens: int = 0):
-        from kvspec.conformance.vllm_scheduler import make_scheduler, request_factory
+        from kvspec.conformance.vllm.scheduler import make_scheduler, request_factory
 
         if num_draft_tokens and any(isinstance(g, MambaSpec) for g in layout.groups):
             raise ValueError("drafts are driven on attention-only layouts (Mamba's speculative states "

@@ -167,29 +167,6 @@ class VllmApiPoolTarget:
         return out
 
 
-class VllmPoolTarget(VllmApiPoolTarget):
-    """vLLM 0.25.1's own ``BlockPool``.
-
-    One deliberate difference is translated here: vLLM refuses to evict a
-    block id it does not have with an ``AssertionError`` ("indicates a bug in
-    the KV connector"), having changed nothing; the interface's refusal is a
-    ``ValueError``.  (vLLM's null block keeps no ref count either; snapshots
-    are compared without it, see ``PoolSnapshot.without_null_ref``.)
-    """
-
-    def __init__(self, num_blocks: int, enable_caching: bool = True, hash_block_size: int = 16,
-                 enable_kv_cache_events: bool = False):
-        from vllm.v1.core.block_pool import BlockPool
-
-        super().__init__(BlockPool(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events))
-
-    def evict_blocks(self, block_ids: Any) -> None:
-        try:
-            super().evict_blocks(block_ids)
-        except AssertionError as error:
-            raise ValueError(f"vLLM refused the eviction: {error}") from error
-
-
 class ImplPoolTarget(VllmApiPoolTarget):
     """kvspec's production pool as a target."""
 

@@ -28,7 +28,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from kvspec.conformance.manager_machine import embedding_rows
+from kvspec.conformance.machines.manager import embedding_rows
 from kvspec.models.architectures import ModelSetup
 from kvspec.models.runner import Engine
 from kvspec.request import Request

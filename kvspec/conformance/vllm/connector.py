@@ -11,7 +11,7 @@ forward pass) or asynchronously (the request waits in
 can fail (the worker reports the blocks it could not fill).
 
 The script is plain data on the connector (:class:`Script`); the scheduler
-machine (:mod:`kvspec.conformance.scheduler_machine`) writes it, plays the
+machine (:mod:`kvspec.conformance.machines.scheduler`) writes it, plays the
 worker's part and reads back what was loaded where (:attr:`Load`).  The
 worker-side methods are never called: there is no worker.
 """

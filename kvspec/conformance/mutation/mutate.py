@@ -1,6 +1,6 @@
 """``kvspec mutate``: the gate measured against the mutant catalogue.
 
-For each mutant of :mod:`kvspec.conformance.mutants` and each level, a fresh
+For each mutant of :mod:`kvspec.conformance.mutation.mutants` and each level, a fresh
 Python process applies the mutant to the target's classes and runs the
 pull-request gate -- ``kvspec conform --target T --level L --budget B
 --fail-fast --known-findings`` -- then reports whether the mutant was killed
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from io import StringIO
 from pathlib import Path
 
-from kvspec.conformance.mutants import MUTANTS_BY_NAME, Family, applied, for_family
+from kvspec.conformance.mutation.mutants import MUTANTS_BY_NAME, Family, applied, for_family
 
 HARD_TIMEOUT_GRACE = 60.0  # seconds past the budget before a mutant's process is killed
 
@@ -103,7 +103,7 @@ def _kind_of(details: list[str]) -> str:
 def _in_subprocess(name: str, target: str, level: str, budget: float, seed: int | None) -> MutantRun:
     """:func:`run_one` in a fresh interpreter, killed if it overruns."""
     mutant = MUTANTS_BY_NAME[name]
-    command = [sys.executable, "-m", "kvspec.conformance.mutate", name, target, level, f"{budget:g}",
+    command = [sys.executable, "-m", "kvspec.conformance.mutation.mutate", name, target, level, f"{budget:g}",
                "" if seed is None else str(seed)]
     env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"))
     start = time.perf_counter()
@@ -193,7 +193,7 @@ def mutate(target: str, levels: list[str], budget: float, names: list[str] | Non
 
 
 def main(argv: list[str]) -> int:
-    """``python -m kvspec.conformance.mutate NAME TARGET LEVEL BUDGET [SEED]``:
+    """``python -m kvspec.conformance.mutation.mutate NAME TARGET LEVEL BUDGET [SEED]``:
     one run, its result as one JSON line."""
     name, target, level, budget, seed = argv
     run = run_one(name, target, level, float(budget), int(seed) if seed else None)

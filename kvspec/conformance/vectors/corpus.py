@@ -14,7 +14,7 @@ Three sources, every vector recorded from the spec itself:
   the spec's answer where the implementation went wrong.
 
 The corpus's ``index.json`` lists every file with the rules it exercises
-(:func:`kvspec.conformance.vectors.exercised`); ``INDEX.md`` lists, per
+(:func:`kvspec.conformance.vectors.codec.exercised`); ``INDEX.md`` lists, per
 rule, the vectors that exercise it; with coverage.py installed the spec's
 branch coverage over the whole generation goes to ``coverage.json``.
 """
@@ -32,9 +32,9 @@ from hypothesis.stateful import run_state_machine_as_test
 
 import kvspec.spec
 from kvspec.conformance.findings import FINDINGS, inputs_to_avoid
-from kvspec.conformance.layouts import MANAGER_LAYOUTS
-from kvspec.conformance.pool_machine import LAYOUTS, PoolLayout
-from kvspec.conformance.vectors import HASH_SEED, Recorder, Vector, config_of, exercised, write
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.machines.pool import LAYOUTS, PoolLayout
+from kvspec.conformance.vectors.codec import HASH_SEED, Recorder, Vector, config_of, exercised, write
 from kvspec.hashing import get_request_block_hasher, rooted_at
 from kvspec.request import LoRARequest, Request
 from kvspec.spec.catalogue import RULES
@@ -374,7 +374,7 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
 
 
 def manager_case_vector(case: ManagerCase) -> Vector:
-    from kvspec.conformance.spec_manager_target import SpecManagerTarget
+    from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
     layout = MANAGER_LAYOUTS[case.layout]
     vector = Vector(f"manager/cases/{case.name}", "manager", config_of("manager", layout), case.description,
@@ -415,9 +415,9 @@ every walk.  Walks over a finding's layout are tagged with the finding."""
 
 def walk_vectors(scope: str, name: str, examples: int, steps: int) -> list[Vector]:
     """The machine's derandomized walks over layout ``name``, the spec as target."""
-    from kvspec.conformance.manager_machine import manager_machine
-    from kvspec.conformance.pool_machine import pool_machine
-    from kvspec.conformance.spec_manager_target import SpecManagerTarget
+    from kvspec.conformance.machines.manager import manager_machine
+    from kvspec.conformance.machines.pool import pool_machine
+    from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
     vectors: list[Vector] = []
     if scope == "pool":
@@ -444,7 +444,7 @@ def finding_vectors() -> list[Vector]:
     """Each known finding's trace replayed on the spec: what the spec does
     where the implementation the finding is about went wrong."""
     from kvspec.conformance.runner import manager_layout, replay
-    from kvspec.conformance.spec_manager_target import SpecManagerTarget
+    from kvspec.conformance.targets.spec_manager import SpecManagerTarget
     from kvspec.conformance.trace import Trace
 
     out = []

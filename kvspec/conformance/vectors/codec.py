@@ -245,7 +245,7 @@ def target_args_of(scope: str, config: dict[str, Any]) -> tuple[Any, ...]:
         return (config["num_blocks"], config["enable_caching"], config["hash_block_size"],
                 config["enable_kv_cache_events"])
     from kvspec import kv_cache_interface
-    from kvspec.conformance.layouts import ManagerLayout
+    from kvspec.conformance.machines.layouts import ManagerLayout
 
     groups = []
     for g in config["groups"]:

@@ -1,0 +1,8 @@
+"""Targets: adapters that present an implementation through the spec's
+target interface (:mod:`kvspec.spec.interface`).
+
+``pool`` adapts block pools with vLLM's ``BlockPool`` API (the spec's and
+impl's; vLLM's own derives from it), ``manager`` adapts managers with vLLM's
+``KVCacheManager`` API (impl's), ``spec_manager`` the spec's manager.  The
+adapters of vLLM's own classes live in :mod:`kvspec.conformance.vllm`.
+"""

@@ -1,0 +1,7 @@
+"""Language-neutral test vectors: JSON files of operations and the
+snapshots the spec says must follow them.
+
+``codec`` reads, writes and checks a vector against any target; ``corpus``
+generates the published corpus (hand-written cases plus the machines' walks)
+and its index of the rules each vector exercises.
+"""

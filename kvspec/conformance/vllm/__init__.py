@@ -1,0 +1,11 @@
+"""The vLLM seam: the code that drives vLLM's own classes.
+
+``targets`` adapts vLLM's ``BlockPool`` and ``KVCacheManager`` and converts
+kvspec's configs and requests into vLLM's; ``scheduler`` builds vLLM's own
+``Scheduler`` for the scheduler-scope machine and ``connector`` is the
+scripted KV connector vLLM loads into it; ``scheduler_findings`` holds the
+minimal traces of what that machine found in vLLM; ``version_probe`` replays
+every finding against the installed release (``tools/version_matrix.py``).
+vLLM is imported lazily, inside these modules' functions, so that kvspec
+installs and runs without it.
+"""
