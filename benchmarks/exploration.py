@@ -36,9 +36,7 @@ environments).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
-import io
 import json
 import pstats
 import sys
@@ -65,30 +63,24 @@ def category(filename: str) -> str:
 
 
 def run_gate(scope: str, budget: float, seed: int, profile: bool, workers: int = 1) -> dict:
-    """One ``kvspec conform`` run against impl: its operations, wall time
-    and (profiled) the time by category."""
-    from kvspec.cli import main
+    """One gate run against impl (``kvspec conform --target impl``): its
+    operations, wall time and (profiled) the time by category."""
+    from kvspec.conformance.gate import GateOptions
+    from kvspec.conformance.gate import run_gate as gate
 
     with tempfile.TemporaryDirectory() as tmp:
-        argv = ["conform", "--target", "impl", "--budget", str(budget), "--seed", str(seed), "--no-progress",
-                "--report-dir", tmp]
-        if scope != "all":
-            argv += ["--scope", scope]
-        if workers > 1:
-            argv += ["--workers", str(workers)]
+        options = GateOptions(target="impl", scope=scope, budget=budget, seed=seed, workers=workers, trace_dir=tmp)
         profiler = cProfile.Profile() if profile else None
-        start = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            if profiler:
-                profiler.enable()
-            code = main(argv)
-            if profiler:
-                profiler.disable()
-        wall = time.perf_counter() - start
-        if code != 0:
-            raise SystemExit(f"kvspec conform --target impl --scope {scope} exited {code}: impl must conform")
-        results = json.loads((Path(tmp) / "report.json").read_text())["results"]
-    row = {"scope": scope, "workers": workers, "operations": sum(r["operations"] for r in results),
+        if profiler:
+            profiler.enable()
+        report = gate(options)
+        if profiler:
+            profiler.disable()
+        wall = time.perf_counter() - options.started
+        if not report.conforms:
+            raise SystemExit(f"kvspec conform --target impl --scope {scope} failed: impl must conform")
+        results = report.results
+    row = {"scope": scope, "workers": workers, "operations": sum(r.operations for r in results),
            "seconds": round(wall, 1), "layouts": len(results)}
     row["per_second"] = round(row["operations"] / wall)
     row["per_10_min"] = row["per_second"] * 600

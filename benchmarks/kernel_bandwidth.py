@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.hashing import get_request_block_hasher
 from kvspec.impl import KVCacheManager
 from kvspec.kv_cache_interface import FullAttentionSpec, cdiv
 from kvspec.models import kernels as K
 from kvspec.request import Request
+from kvspec.spec.layout import Layout
 
 
 def churn(num_blocks: int, block_size: int, steps: int, seed: int) -> tuple[list[list[int]], list[int]]:
@@ -45,7 +45,7 @@ def churn(num_blocks: int, block_size: int, steps: int, seed: int) -> tuple[list
     running requests at the end (longest first)."""
     rng = random.Random(seed)
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=8, head_size=128, dtype="bfloat16")
-    layout = ManagerLayout((spec,), num_blocks=num_blocks, max_model_len=4096)
+    layout = Layout((spec,), num_blocks=num_blocks, max_model_len=4096)
     manager = KVCacheManager(layout.kv_cache_config(), layout.max_model_len, block_size, block_size)
     hasher = get_request_block_hasher(block_size)
     system = [rng.randrange(1000) for _ in range(512)]

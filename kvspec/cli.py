@@ -17,187 +17,87 @@ the spec), 2 usage or environment error (one line, no traceback).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import logging
 import os
-import re
 import shlex
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from kvspec import __version__
-from kvspec.conformance.findings import AVOIDABLE, is_avoidable, known_findings, matching_finding
-from kvspec.conformance.machines.machinery import ConformanceError
+from kvspec.conformance.findings import AVOIDABLE, Finding, known_findings
+from kvspec.conformance.gate import (
+    BUDGET_SPENT,
+    FAIL_FAST,
+    STEERED,
+    FirstFailure,
+    GateOptions,
+    Listener,
+    run_gate,
+)
 from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.runner import (
     LEVELS,
     SCOPES,
-    Progress,
-    Search,
     SetupError,
     check_target,
-    is_layout,
     layout_names,
     machine_for,
     model_layout_names,
+    quiet_loggers,
     replay,
-    resolve_target,
-    rules_checked,
-    run_layout,
 )
-from kvspec.conformance.settings import PROFILES, manager_settings
-from kvspec.conformance.trace import Trace, TraceError, trace_file_name
+from kvspec.conformance.settings import PROFILES
+from kvspec.conformance.trace import Trace, TraceError
 from kvspec.conformance.vectors.codec import HASH_SEED, check
 from kvspec.conformance.vectors.corpus import SIZES, generate
 from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
 
-BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
-FAIL_FAST = "--fail-fast: the run stopped at the first failure"
-STEERED = "steered around "  # + the findings (or --avoid) a skipped layout was steered around for
-WORKER_GRACE = 5.0  # seconds past the budget before a worker that has not answered is stopped
 
+class ConformPrinter(Listener):
+    """``kvspec conform``'s lines: the header, a line per layout as it
+    finishes, a failure the moment it is found.  Module-level and stateless,
+    so that worker processes can print first failures too."""
 
-class _Announcer:
-    """Says at once that a layout has failed -- the failing rule and the run
-    as it happened, saved next to where the minimal run will go -- so that a
-    red gate shows in seconds, not after the shrinker is done."""
+    def begin(self, options: GateOptions, steered: tuple[Finding, ...], avoid: frozenset[str]) -> None:
+        header = f"kvspec conform: target={options.target} level={options.level} profile={options.profile}"
+        if options.budget:
+            header += f" budget={options.budget:g}s"
+        print(header + (f" seed={options.seed}" if options.seed is not None else ""))
+        if steered:
+            print(f"steering around known findings {', '.join(f.id for f in steered)} (docs/findings.md)")
+        if avoid:
+            print(f"the machines do not send: {'; '.join(sorted(avoid))}")
+        print(f"{'scope':<8} {'layout':<24} {'operations':>10} {'seconds':>8}  result", flush=True)
 
-    def __init__(self, target: str, level: str, trace_dir: Path, start: float):
-        self.target, self.level, self.trace_dir, self.start = target, level, trace_dir, start
+    def first_failure(self, f: FirstFailure) -> None:
+        label = f" (looks like known finding {f.known})" if f.known else ""
+        print(f"{f.scope:<8} {f.layout:<24} first failing check at {f.seconds:.1f} s{label}: {f.broken} -- "
+              f"shrinking; the run as found ({f.steps} steps): {f.path}", flush=True)
 
-    def __call__(self, scope: str, layout: str):
-        def first_failure(trace, error) -> None:
-            seconds = time.perf_counter() - self.start  # into the run, as the budget counts
-            trace.target, trace.level = self.target, self.level
-            path = trace.save(self.trace_dir / trace_file_name(scope, layout).replace(".json", ".unshrunk.json"))
-            known = matching_finding(self.target, scope, layout, trace)
-            if isinstance(error, ConformanceError):
-                rules = ", ".join(sorted({v.rule for v in error.violations})) or "divergence from the spec"
-            else:  # the target raised where no refusal is possible
-                rules = f"{type(error).__name__}: {error}"
-            label = f" (looks like known finding {known.id})" if known else ""
-            print(f"{scope:<8} {layout:<24} first failing check at {seconds:.1f} s{label}: {rules} -- shrinking; "
-                  f"the run as found ({len(trace.steps)} steps): {path}", flush=True)
-
-        return first_failure
-
-
-class _FailFast:
-    """``--fail-fast``: the run stops at the first layout that fails other
-    than as a known finding of the target."""
-
-    def __init__(self, enabled: bool):
-        self.enabled, self.stopped = enabled, False
-
-    def see(self, result: LayoutResult) -> None:
-        if self.enabled and not result.conforms and result.known_finding is None:
-            self.stopped = True
-
-
-def conform(args: argparse.Namespace) -> int:
-    if args.examples is not None and args.examples <= 0:
-        raise UsageError(f"--examples must be positive, got {args.examples}")
-    if args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, got {args.workers}")
-    if args.budget is not None and args.budget <= 0:
-        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
-    for name in args.avoid or ():
-        if not is_avoidable(name, layout_names("pool") + layout_names("manager") + model_layout_names()):
-            raise UsageError(f"--avoid {name!r}: not an input the machines know; choose from {sorted(AVOIDABLE)}")
-    scopes = list(SCOPES) if args.scope == "all" else [args.scope]
-    plan = [(scope, name) for scope in scopes for name in _layouts(scope, args.layout)]
-    if not plan:
-        raise UsageError(f"no layout named {', '.join(args.layout)} in scope {args.scope}")
-    if args.shard:
-        shard, shards = _shard(args.shard)
-        plan = plan[shard - 1::shards]  # round robin: each shard gets pool and manager layouts alike
-        if not plan:
-            raise UsageError(f"--shard {args.shard}: only {shard - 1} layout(s) to share, shard {shard} has none")
-    for scope in scopes:
-        check_target(args.target, scope)  # an unusable target stops the run before it starts
-    _quiet_loggers()
-    profiles = _profiles(args.profile)
-    progress = Progress() if _show_progress(args) else None
-    steered = known_findings(args.target) if args.known_findings else ()
-    avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(args.avoid or ())
-    start = args.started  # the budget counts from the command's start: loading the target is part of the run
-    deadline = start + args.budget if args.budget else None  # the whole run, shrinking included
-
-    from kvspec.conformance.report import RunReport, write_reports
-
-    report = RunReport(args.target, args.level, args.profile, seed=args.seed,
-                       steered_around=[f"{f.id}: {f.title}" for f in steered],
-                       checked={scope: rules_checked(scope, args.level) for scope in scopes},
-                       command=" ".join(["kvspec", *map(shlex.quote, args.argv)]), versions=_versions(args.target))
-    if args.trace_dir:
-        trace_dir = Path(args.trace_dir)
-    else:
-        trace_dir = Path(args.report_dir) / "traces" if args.report_dir else Path("kvspec-traces")
-    header = f"kvspec conform: target={args.target} level={args.level} profile={args.profile}"
-    if args.budget:
-        header += f" budget={args.budget:g}s"
-    print(header + (f" seed={args.seed}" if args.seed is not None else ""))
-    if steered:
-        print(f"steering around known findings {', '.join(f.id for f in steered)} (docs/findings.md)")
-    if avoid:
-        print(f"the machines do not send: {'; '.join(sorted(avoid))}")
-    print(f"{'scope':<8} {'layout':<24} {'operations':>10} {'seconds':>8}  result", flush=True)
-    def finish(r: LayoutResult) -> None:
-        """Save a failing layout's trace, label it, print its line."""
-        report.results.append(r)
-        r.finished = round(time.perf_counter() - start, 3)
-        if r.began is not None:
-            r.began = round(r.began - start, 3)
-        if r.first_failure_at is not None:
-            r.first_failure_at = round(r.first_failure_at - start, 3)
+    def layout_done(self, r: LayoutResult) -> None:
         if r.skipped is not None:  # steered around, or the budget or --fail-fast ended the run before its turn
             shown = {BUDGET_SPENT: "not searched (the budget is spent)",
                      FAIL_FAST: "not searched (--fail-fast: stopped at a failure)"}.get(
                 r.skipped, f"skipped ({r.skipped.removeprefix(STEERED)})")
             print(f"{r.scope:<8} {r.layout:<24} {'-':>10} {'-':>8}  {shown}", flush=True)
             return
-        if r.trace is not None:
-            r.trace.target, r.trace.level = args.target, args.level
-            r.trace_file = str(r.trace.save(trace_dir / trace_file_name(r.scope, r.layout)))
-            known = matching_finding(args.target, r.scope, r.layout, r.trace)
-            r.known_finding = f"{known.id}: {known.title}" if known else None
         reached = f"  ({r.distinct_states} distinct states)" if r.conforms and r.distinct_states else ""
         print(f"{r.scope:<8} {r.layout:<24} {r.operations:>10} {r.seconds:>8.1f}  {r.verdict()}{reached}", flush=True)
 
-    todo = []
-    for scope, name in plan:
-        if f"layout:{name}" in avoid:
-            why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
-            finish(LayoutResult(scope, name, 0, 0.0, True, skipped=STEERED + why))
-        else:
-            todo.append((scope, name))
-    announce = _Announcer(args.target, args.level, trace_dir, start)
-    stop = _FailFast(args.fail_fast)
-    if args.workers > 1:
-        _search_in_parallel(args, todo, profiles, avoid, deadline, finish, announce, stop)
-        order = {key: i for i, key in enumerate(plan)}
-        report.results.sort(key=lambda r: order[(r.scope, r.layout)])  # the report in plan order
-    elif deadline is not None:
-        _search_in_rounds(args, todo, profiles, avoid, deadline, finish, announce, stop, progress)
-        order = {key: i for i, key in enumerate(plan)}
-        report.results.sort(key=lambda r: order[(r.scope, r.layout)])
-    else:
-        for i, (scope, name) in enumerate(todo, 1):
-            if stop.stopped:
-                finish(LayoutResult(scope, name, 0, 0.0, True, skipped=FAIL_FAST))
-                continue
-            if progress:
-                progress.position = (i, len(todo), start, deadline)
-            r = _search_one(scope, name, args.target, args.level, avoid, profiles[scope], args.examples,
-                            None, None, args.seed, args.database, progress, announce)
-            finish(r)
-            stop.see(r)
+
+def conform(args: argparse.Namespace) -> int:
+    options = GateOptions(
+        target=args.target, scope=args.scope, level=args.level, layouts=args.layout, profile=args.profile,
+        examples=args.examples, budget=args.budget, seed=args.seed, known_findings=args.known_findings,
+        avoid=args.avoid or [], database=args.database, fail_fast=args.fail_fast, workers=args.workers,
+        shard=args.shard, report_dir=args.report_dir, trace_dir=args.trace_dir,
+        progress=args.progress if args.progress is not None else sys.stderr.isatty(),
+        command=" ".join(["kvspec", *map(shlex.quote, args.argv)]), started=args.started)
+    report = run_gate(options, ConformPrinter())
     failures = sum(not r.conforms for r in report.results)
     print()
     print("\n".join(report.rule_table(report.checked)))
@@ -206,170 +106,9 @@ def conform(args: argparse.Namespace) -> int:
         print(f"known finding {finding}\n    on {len(layouts)} layout(s): {', '.join(layouts)}"
               " (--known-findings steers around it)")
     print("all layouts conform" if not failures else f"{failures} layout(s) failed")
-    if args.report_dir:
-        for path in write_reports(report, args.report_dir):
-            print(f"wrote {path}")
+    for path in report.written:
+        print(f"wrote {path}")
     return 1 if failures else 0
-
-
-FIRST_SLICE = (0.25, 2.0)  # seconds: the bounds of a layout's first slice under a budget
-SHRINK_SECONDS = 15.0  # under a budget, how long a failure found in a slice may shrink at most
-QUIET_WEIGHT = 0.25  # a layout whose last slice reached no new state gets this share of a slice
-
-
-def _search_in_rounds(args, todo, profiles, avoid, deadline, finish, announce, stop, progress) -> None:
-    """A budgeted search in one process: the layouts take turns in rounds of
-    slices instead of one long turn each, so a bug any layout shows within
-    its first second is found within the first round, however many layouts
-    come before it.  Slices double every round; a layout whose last slice
-    reached no new abstract state (CheckingMachine.cover) gets a quarter
-    slice, so the budget moves to layouts still finding new ground.  A
-    failure shrinks for at most SHRINK_SECONDS (less when the budget ends
-    sooner) and then its layout is done; the others go on."""
-    machines = {key: machine_for(*key, args.target, args.level, avoid) for key in todo}
-    base = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
-    spent = dict.fromkeys(todo, 0.0)
-    began: dict[tuple[str, str], float] = {}
-    weight = dict.fromkeys(todo, 1.0)
-    open_layouts = list(todo)
-    first_slice = min(max((deadline - time.perf_counter()) / (4 * max(1, len(todo))), FIRST_SLICE[0]),
-                      FIRST_SLICE[1])
-    slice_no = 0
-    for round_no in itertools.count():
-        if not open_layouts or stop.stopped or time.perf_counter() >= deadline:
-            break
-        for i, key in enumerate(sorted(open_layouts, key=lambda k: (-weight[k], spent[k])), 1):
-            now = time.perf_counter()
-            if now >= deadline or stop.stopped:
-                break
-            scope, name = key
-            machine = machines[key]
-            seconds = min(first_slice * 2 ** round_no * weight[key], deadline - now)
-            reached = machine.states_reached()
-            search = Search(profiles[scope], seconds=seconds, seed=base + 1000 * slice_no, swarm=True,
-                            batch=25 if scope == "pool" else 10, database=args.database,
-                            deadline=min(deadline, now + seconds + SHRINK_SECONDS),
-                            on_first_failure=announce(scope, name))
-            slice_no += 1
-            if progress:
-                progress.position = (i, len(open_layouts), args.started, deadline)
-            r = run_layout(machine, search, progress)
-            began.setdefault(key, r.began)
-            spent[key] += r.seconds
-            weight[key] = 1.0 if machine.states_reached() > reached else QUIET_WEIGHT
-            if not r.conforms:
-                r.seconds, r.began, r.seed = spent[key], began[key], base
-                open_layouts.remove(key)
-                finish(r)
-                stop.see(r)
-    for key in todo:
-        if key in open_layouts:
-            machine = machines[key]
-            scope, name = key
-            if key not in began:  # its turn never came
-                finish(LayoutResult(scope, name, 0, 0.0, True, skipped=FAIL_FAST if stop.stopped else BUDGET_SPENT))
-                continue
-            r = LayoutResult(scope, name, machine.steps_run, spent[key], True, examples=machine.examples_run,
-                             seed=base, began=began.get(key),
-                             distinct_states=machine.states_reached())
-            finish(r)
-
-
-def _search_in_parallel(args, todo, profiles, avoid, deadline, finish, announce, stop) -> None:
-    """``--workers N``: the layouts in N processes at once.  Sized by
-    examples, each layout is a task of its own, its line printed as it
-    finishes.  Under a budget each worker searches a round-robin share of the
-    layouts in rounds, as one process does (:func:`_search_in_rounds`), and
-    its layouts are printed when it is done (a failure is announced at once);
-    a watchdog stops every worker still running :data:`WORKER_GRACE` seconds
-    past the budget -- a target stuck where no signal reaches (a C loop, a
-    deadlock) fails its layouts instead of holding the run."""
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    pool = ProcessPoolExecutor(max_workers=args.workers)
-    if deadline is None:  # sized by examples: one task per layout
-        pending = {pool.submit(_search_in_worker, scope, name, args.target, args.level, avoid, args.profile,
-                               args.examples, None, None, args.seed, args.database, announce): [(scope, name)]
-                   for scope, name in todo}
-    else:  # under a budget: each worker takes its round-robin share of the layouts in rounds
-        pending = {pool.submit(_rounds_in_worker, args, todo[i::args.workers], avoid, deadline,
-                               announce): todo[i::args.workers]
-                   for i in range(min(args.workers, len(todo)))}
-    try:
-        while pending:
-            timeout = None if deadline is None else max(0.0, deadline + WORKER_GRACE - time.perf_counter())
-            done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
-            if not done:  # the watchdog: the budget and its grace are over
-                for scope, name in sorted(key for keys in pending.values() for key in keys):
-                    finish(LayoutResult(scope, name, 0, 0.0, False, details=[
-                        f"the worker searching this layout had not finished {WORKER_GRACE:g} s after the budget "
-                        "ran out and was stopped: the target hangs where no alarm reaches it"]))
-                return
-            for future in done:
-                keys = pending.pop(future)
-                try:
-                    results = future.result()
-                except Exception as error:  # the worker died (a crash in native code) or could not pickle
-                    results = [LayoutResult(scope, name, 0, 0.0, False,
-                                            details=[f"the worker searching this layout died: {error!r}"])
-                               for scope, name in keys]
-                for result in results:
-                    finish(result)
-                    stop.see(result)
-            if stop.stopped:
-                for scope, name in sorted(key for keys in pending.values() for key in keys):
-                    finish(LayoutResult(scope, name, 0, 0.0, True, skipped=FAIL_FAST))
-                return
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        if pending:
-            import multiprocessing
-
-            for child in multiprocessing.active_children():  # the workers still searching or stuck
-                child.terminate()
-
-
-def _search_in_worker(scope, name, target, level, avoid, profile_name, examples, share, deadline, seed, database,
-                      announce=None) -> list[LayoutResult]:
-    """One layout's search in a worker process (see _search_in_parallel)."""
-    _quiet_loggers()
-    profile = _profiles(profile_name)[scope]
-    if deadline is not None and deadline <= time.perf_counter():
-        return [LayoutResult(scope, name, 0, 0.0, True, skipped=BUDGET_SPENT)]
-    return [_search_one(scope, name, target, level, avoid, profile, examples, share, deadline, seed, database,
-                        announce=announce)]
-
-
-def _rounds_in_worker(args, todo, avoid, deadline, announce) -> list[LayoutResult]:
-    """A budgeted search of some of the layouts, in rounds, in a worker
-    process (see _search_in_parallel): its results, for the parent to print."""
-    _quiet_loggers()
-    profiles = _profiles(args.profile)
-    results: list[LayoutResult] = []
-    _search_in_rounds(args, todo, profiles, avoid, deadline, results.append, announce, _FailFast(args.fail_fast),
-                      None)
-    return results
-
-
-def _search_one(scope, name, target, level, avoid, profile, examples, share, cap, seed, database, progress=None,
-                announce=None):
-    """One layout's search.  Under a budget (``share`` seconds) a failure may
-    shrink for a second share, and never past ``cap``."""
-    layout_deadline = None if share is None else min(time.perf_counter() + 2 * share, cap)
-    search = Search(profile, examples=examples, seconds=share, seed=seed, batch=25 if scope == "pool" else 10,
-                    deadline=layout_deadline, database=database, swarm=share is not None,
-                    on_first_failure=announce(scope, name) if announce else None)
-    r = run_layout(machine_for(scope, name, target, level, avoid), search, progress)
-    r.seed = search.seed
-    return r
-
-
-def _profiles(name: str) -> dict[str, object]:
-    """Each scope's Hypothesis settings for the profile ``name``.  Built in
-    each process that searches: a settings object does not survive pickling
-    to a worker (its "not set" markers come back as other objects, and
-    Hypothesis then takes ``database`` for a database)."""
-    return {"pool": PROFILES[name], "manager": manager_settings(name)}
 
 
 def _workers(text: str) -> int:
@@ -380,49 +119,6 @@ def _workers(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of processes or 'auto', got {text!r}") from None
-
-
-def _shard(text: str) -> tuple[int, int]:
-    """``I/N`` -> (I, N), 1 <= I <= N."""
-    match = re.fullmatch(r"(\d+)/(\d+)", text)
-    if not match or not 1 <= int(match[1]) <= int(match[2]):
-        raise UsageError(f"--shard takes I/N with 1 <= I <= N (this machine's share of the layouts), got {text!r}")
-    return int(match[1]), int(match[2])
-
-
-def _versions(target: str) -> dict[str, str]:
-    """What a report needs to be reproduced: kvspec's version, the target's
-    (vLLM's, when it is the target), Python's, Hypothesis's."""
-    import platform
-
-    import hypothesis
-
-    versions = {"kvspec": __version__}
-    if target == "vllm":
-        import vllm
-
-        versions["vLLM"] = vllm.__version__
-    versions["Python"] = platform.python_version()
-    versions["Hypothesis"] = hypothesis.__version__
-    return versions
-
-
-def _layouts(scope: str, wanted: list[str] | None) -> list[str]:
-    """The layouts of ``scope`` the command asked for: all built-in ones by
-    default; ``models`` stands for every ``model:<name>`` layout."""
-    if not wanted:
-        return layout_names(scope)
-    names = [m for name in wanted for m in (model_layout_names() if name == "models" else [name])]
-    return [name for name in dict.fromkeys(names) if is_layout(scope, name)]
-
-
-def _show_progress(args: argparse.Namespace) -> bool:
-    return args.progress if args.progress is not None else sys.stderr.isatty()
-
-
-def _quiet_loggers() -> None:
-    for noisy in ("kvspec", "vllm"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
 def replay_command(args: argparse.Namespace) -> int:
@@ -436,7 +132,7 @@ def replay_command(args: argparse.Namespace) -> int:
     if args.budget <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     level = args.level or trace.level
-    _quiet_loggers()
+    quiet_loggers()
     recorded = ""
     if trace.failure:
         recorded = f"; recorded failure at step {trace.failure.get('step')}: " + (
@@ -480,7 +176,7 @@ def show_command(args: argparse.Namespace) -> int:
     target = args.target or trace.target or "spec"
     level = args.level or trace.level or "L3"
     machine_for(trace.scope, trace.layout, target, level)  # usage errors before any step runs
-    _quiet_loggers()
+    quiet_loggers()
     try:
         frames = film(trace, target, level)
     except TraceError as error:
@@ -496,81 +192,31 @@ def show_command(args: argparse.Namespace) -> int:
 
 def kernels_command(args: argparse.Namespace) -> int:
     """The kernel stage: a target's block tables through real kernels."""
-    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    worker = args.worker or ("vllm" if args.target == "vllm" else "kvspec")
-    if ("vllm" in kernels or worker == "vllm") and args.device == "cpu" and "triton" not in sys.modules:
-        # vLLM's Triton kernels on a CPU: Triton's interpreter, chosen before Triton is imported; an
-        # empty CUDA_VISIBLE_DEVICES keeps vLLM's Triton probe from disabling Triton.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    try:
-        import torch
+    from kvspec.conformance.kernel_stage import KernelOptions, plan_kernel_stage
 
-        from kvspec.conformance.machines.kernel import run_stage
-        from kvspec.models import kernels as K
-        from kvspec.models.architectures import ARCHITECTURES, SCALES, setup, setup_from_layout
-    except ImportError as error:
-        raise UsageError(f"the kernel stage needs torch ({error}); install kvspec[kernels]") from None
-    from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
-    from kvspec.conformance.settings import kernel_settings
-
-    if args.examples is not None and args.examples <= 0:
-        raise UsageError(f"--examples must be positive, got {args.examples}")
-    if args.scale not in SCALES:
-        raise UsageError(f"unknown scale {args.scale!r}; choose one of {SCALES}")
-    unknown = set(kernels) - {"reference", "flex", "vllm"}
-    if unknown or "reference" not in kernels:
-        raise UsageError(f"--kernels takes reference (always), flex and vllm; got {args.kernels!r}")
-    problem = K.vllm_kernels_available() if "vllm" in kernels else None
-    if problem is not None:
-        raise UsageError(f"--kernels vllm: {problem} (run kvspec from tools/install_vllm.sh's environment)")
-    if worker == "vllm":
-        from kvspec.models.vllm_worker import vllm_worker_available
-
-        problem = vllm_worker_available()
-        if problem is not None:
-            raise UsageError(f"--worker vllm: {problem} (run kvspec from tools/install_vllm.sh's "
-                             "environment, or choose --worker kvspec)")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: torch sees no CUDA device")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    names = args.model or ["all"]
-    setups = []
-    for name in names:
-        if name == "all":
-            setups += [setup(n, args.scale) for n in ARCHITECTURES]
-        elif name.removeprefix("model:") in ARCHITECTURES:
-            setups.append(setup(name.removeprefix("model:"), args.scale))
-        elif name in MANAGER_LAYOUTS:
-            setups.append(setup_from_layout(name, MANAGER_LAYOUTS[name]))
-        else:
-            raise UsageError(f"no model or layout named {name!r}: use one of {sorted(ARCHITECTURES)}, all, "
-                             f"or a manager layout ({', '.join(MANAGER_LAYOUTS)})")
-    factory = resolve_target(args.target, "manager")
-    _quiet_loggers()
-    warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)  # Triton's interpreter, masked lanes
-    run_settings = kernel_settings(args.profile, examples=args.examples)
-    seeded = None
-    if args.seed is not None:
-        from hypothesis import seed as hypothesis_seed
-        from hypothesis import settings as hypothesis_settings
-
-        run_settings, seeded = hypothesis_settings(run_settings, derandomize=False), hypothesis_seed(args.seed)
-    print(f"kvspec kernels: target={args.target} worker={worker} scale={args.scale} kernels={','.join(kernels)} "
-          f"device={args.device} dtype={args.dtype} profile={args.profile}")
-    print(f"{'layout':<28} {'steps':>7} {'checks':>8} {'seconds':>8}  result", flush=True)
+    options = KernelOptions(target=args.target, models=args.model or ["all"], scale=args.scale,
+                            kernels=[k.strip() for k in args.kernels.split(",") if k.strip()], device=args.device,
+                            dtype=args.dtype, profile=args.profile, examples=args.examples, seed=args.seed,
+                            worker=args.worker)
+    plan = plan_kernel_stage(options)  # usage errors before the header
     failures = 0
-    for s in setups:
-        result = run_stage(s, factory, run_settings, seeded=seeded, kernels=kernels, dtype=dtype, device=args.device,
-                           worker=worker)
+
+    def show(setup, result) -> None:
+        nonlocal failures
         verdict = "ok" if result.passed else "FAILED"
-        print(f"{s.name:<28} {result.totals['steps']:>7} {result.checks:>8} {result.seconds:>8.1f}  {verdict}",
+        print(f"{setup.name:<28} {result.totals['steps']:>7} {result.checks:>8} {result.seconds:>8.1f}  {verdict}",
               flush=True)
         if not result.passed:
             failures += 1
             print(f"    {type(result.failure).__name__}: {result.failure}")
             for line in result.example:
                 print(f"      {line}")
+
+    print(f"kvspec kernels: target={options.target} worker={options.chosen_worker()} scale={options.scale} "
+          f"kernels={','.join(options.kernels)} device={options.device} dtype={options.dtype} "
+          f"profile={options.profile}")
+    print(f"{'layout':<28} {'steps':>7} {'checks':>8} {'seconds':>8}  result", flush=True)
+    plan.run(on_result=show)
     print()
     print("every layout passed every check" if not failures else f"{failures} layout(s) failed")
     return 1 if failures else 0
@@ -741,7 +387,7 @@ def vectors_check(args: argparse.Namespace) -> int:
                          f"at start-up: run with PYTHONHASHSEED={HASH_SEED}")
     factories = {scope: check_target(args.target, scope) for scope in scopes}
     known = frozenset(f.id for f in known_findings(args.target)) if args.known_findings else frozenset()
-    _quiet_loggers()
+    quiet_loggers()
 
     def show(path: Path, problems: list[str], expected: list[str]) -> None:
         name = path.relative_to(root) if root.is_dir() else path

@@ -1,5 +1,5 @@
 """Building blocks for tests and layouts: one KV-cache spec constructor per
-attention kind, and a config of several groups.
+attention kind, a config of several groups, and prompt embeddings as bytes.
 
 Every call states its block size (and window, chunk or Mamba mode): the
 numbers a test depends on are read at the call, not looked up in a default
@@ -10,6 +10,7 @@ needs real ones.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from kvspec.kv_cache_interface import (
@@ -60,3 +61,9 @@ def config(*specs: KVCacheSpec, num_blocks: int = 16, eagle_groups: tuple[int, .
     """One group per spec (one layer each, ``layer.i``); the groups in
     ``eagle_groups`` are the drafter's."""
     return Layout(specs, num_blocks, eagle_groups=eagle_groups).kv_cache_config()
+
+
+def embedding_rows(source: str, length: int) -> list[bytes]:
+    """Prompt embeddings as raw rows (8 bytes a token), a fixed function of
+    their source and position: a stand-in for a tensor, hashed byte for byte."""
+    return [hashlib.blake2b(f"{source}:{p}".encode(), digest_size=8).digest() for p in range(length)]

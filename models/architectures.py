@@ -44,7 +44,6 @@ from dataclasses import dataclass, field, replace
 from math import gcd, prod
 from typing import Any
 
-from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -64,6 +63,7 @@ from kvspec.models.grouping import (
     mamba_aligned_block_size,
     pad_mamba_pages,
 )
+from kvspec.spec.layout import Layout
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
 KERNEL_BLOCK_ALIGNMENT = 16  # FlashAttention (and Triton, Flex): block sizes MultipleOf(16)
@@ -389,7 +389,7 @@ class ModelSetup:
     head; whether attention has sinks."""
 
     name: str
-    layout: ManagerLayout
+    layout: Layout
     kernel_block_size: int | None = None
     num_encoder_tokens: int = 0
     heads: int = 2
@@ -431,14 +431,14 @@ def setup(name: str, scale: str = "tiny", *, prefix_caching: bool | None = None,
         config = scaled(full, num_blocks=blocks, dtype="bfloat16", small=False)
         kernel_block_size, encoder = KERNEL_BLOCK_ALIGNMENT, arch.num_encoder_tokens
         heads = min(32, arch.num_heads) if arch.mla_latent else arch.num_heads
-    layout = ManagerLayout(tuple(g.kv_cache_spec for g in config.kv_cache_groups), num_blocks=config.num_blocks,
+    layout = Layout(tuple(g.kv_cache_spec for g in config.kv_cache_groups), num_blocks=config.num_blocks,
                            max_model_len=max_model_len, enable_caching=prefix_caching)
     label = f"model:{arch.name}" + ("" if scale == "tiny" else f"@{scale}")
     return ModelSetup(label, layout, kernel_block_size, encoder, heads=heads if scale == "gpu" else 2,
                       sinks=arch.sinks)
 
 
-def setup_from_layout(name: str, layout: ManagerLayout, *, num_encoder_tokens: int = 6) -> ModelSetup:
+def setup_from_layout(name: str, layout: Layout, *, num_encoder_tokens: int = 6) -> ModelSetup:
     """Any manager layout (say one of the conformance machines') with small
     layers, ready for the kernel stage."""
     small = replace(layout, groups=tuple(_small_spec(g, "float32") for g in layout.groups))

@@ -38,7 +38,6 @@ from typing import Any
 
 import torch
 
-from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.hashing import get_request_block_hasher
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -54,6 +53,7 @@ from kvspec.models.content import AttentionContent, ContentIds, MambaContent, ML
 from kvspec.request import LoRARequest, Request, RequestStatus
 from kvspec.spec.content import mamba_token_positions
 from kvspec.spec.interface import ManagerTarget
+from kvspec.spec.layout import Layout
 
 CHECKS = {
     "table-coherence": "the worker's block-table row holds what the manager's table holds, except blocks the "
@@ -113,7 +113,7 @@ class Group:
         return self.block_size // self.kernel_block_size
 
 
-def describe_groups(layout: ManagerLayout, *, kernel_block_size: int | None, heads: int, sinks: bool,
+def describe_groups(layout: Layout, *, kernel_block_size: int | None, heads: int, sinks: bool,
                     seed: int = 0) -> list[Group]:
     """The runner's view of each group, with its test-model content."""
     groups = []
@@ -151,7 +151,7 @@ class PagedCache:
     """One buffer of ``num_blocks`` pages shared by every group (block-major,
     as vLLM lays out hybrid models): per group, views of the same memory."""
 
-    def __init__(self, groups: Sequence[Group], layout: ManagerLayout, num_blocks: int,
+    def __init__(self, groups: Sequence[Group], layout: Layout, num_blocks: int,
                  dtype: torch.dtype, device: str | torch.device):
         self.groups, self.layout, self.dtype = groups, layout, dtype
         natural = [self._page_elems(g) for g in groups]
@@ -252,7 +252,7 @@ class Engine:
     moves the requests on (``sampled``: the next token of each request that
     finished its prompt; ``accepted``: how many drafts each kept)."""
 
-    def __init__(self, layout: ManagerLayout, target_factory: Callable[..., ManagerTarget], *,
+    def __init__(self, layout: Layout, target_factory: Callable[..., ManagerTarget], *,
                  kernels: Sequence[str] = ("reference", "flex"), dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", kernel_block_size: int | None = None, heads: int = 2,
                  sinks: bool = False, num_encoder_tokens: int = 0, max_num_reqs: int = 16,

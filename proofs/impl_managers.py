@@ -31,13 +31,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.conformance.machines.machinery import call, divergence
 from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.hashing import get_request_block_hasher
 from kvspec.proofs.tracing import concrete, untraced
 from kvspec.request import Request
+from kvspec.spec.layout import Layout
 from kvspec.spec.request_rules import (
     ManagerStep,
     RequestContext,
@@ -51,7 +51,7 @@ from kvspec.testing import chunked, cross, full, mamba, rswa, swa
 class ManagerBench:
     """impl's manager and the spec's, in lockstep, for one layout and request."""
 
-    def __init__(self, layout: ManagerLayout, num_tokens: int):
+    def __init__(self, layout: Layout, num_tokens: int):
         self.layout = layout
         with untraced():  # configuration only: nothing symbolic reaches the constructors
             args = layout.target_args(enable_kv_cache_events=True)
@@ -67,7 +67,7 @@ class ManagerBench:
         self.broken: set[str] = set()
 
     @classmethod
-    def over(cls, layout: ManagerLayout, positions: int) -> ManagerBench:
+    def over(cls, layout: Layout, positions: int) -> ManagerBench:
         """A bench whose request is ``positions`` scheduler blocks and one token long."""
         with untraced():
             block = layout.scheduler_block_size
@@ -136,7 +136,7 @@ class ManagerBench:
         return tuple(sorted(self.broken))
 
 
-def _hit_rules(layout: ManagerLayout, bits: tuple[int, ...], positions: int) -> tuple[str, ...]:
+def _hit_rules(layout: Layout, bits: tuple[int, ...], positions: int) -> tuple[str, ...]:
     """Cache ``bits[g]`` in group ``g`` (``positions`` blocks of the
     scheduler block size each), look up the hit of a request one token
     longer; the rules broken."""
@@ -158,7 +158,7 @@ def full_attention_hit(cached: int, eagle: bool) -> tuple[str, ...]:
     pre: 0 <= cached < 64
     post: __return__ == ()  # hit-soundness, hit-optimality, spec-equivalence
     """
-    return _hit_rules(ManagerLayout((full(2),), use_eagle=concrete(eagle)), (cached,), 6)
+    return _hit_rules(Layout((full(2),), use_eagle=concrete(eagle)), (cached,), 6)
 
 
 def sliding_window_hit(cached: int, eagle: bool) -> tuple[str, ...]:
@@ -168,7 +168,7 @@ def sliding_window_hit(cached: int, eagle: bool) -> tuple[str, ...]:
     pre: 0 <= cached < 64
     post: __return__ == ()  # hit-soundness, hit-optimality, spec-equivalence
     """
-    return _hit_rules(ManagerLayout((swa(2, window=4),), use_eagle=concrete(eagle)), (cached,), 6)
+    return _hit_rules(Layout((swa(2, window=4),), use_eagle=concrete(eagle)), (cached,), 6)
 
 
 def chunked_local_hit(cached: int) -> tuple[str, ...]:
@@ -179,7 +179,7 @@ def chunked_local_hit(cached: int) -> tuple[str, ...]:
     pre: 0 <= cached < 64
     post: __return__ == ()  # hit-soundness, hit-optimality, spec-equivalence
     """
-    return _hit_rules(ManagerLayout((chunked(2, chunk=8),)), (cached,), 6)
+    return _hit_rules(Layout((chunked(2, chunk=8),)), (cached,), 6)
 
 
 def mamba_hit(cached: int) -> tuple[str, ...]:
@@ -189,7 +189,7 @@ def mamba_hit(cached: int) -> tuple[str, ...]:
     pre: 0 <= cached < 64
     post: __return__ == ()  # hit-soundness, hit-optimality, spec-equivalence
     """
-    return _hit_rules(ManagerLayout((mamba(2, "all"),)), (cached,), 6)
+    return _hit_rules(Layout((mamba(2, "all"),)), (cached,), 6)
 
 
 # --- the hybrid fixed point ------------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def full_and_sliding_window_hit(full_cached: int, window_cached: int, eagle: boo
     pre: 0 <= full_cached < 16 and 0 <= window_cached < 16
     post: __return__ == ()  # hit-soundness, hit-optimality, spec-equivalence
     """
-    layout = ManagerLayout((full(2), swa(2, window=4)), use_eagle=concrete(eagle))
+    layout = Layout((full(2), swa(2, window=4)), use_eagle=concrete(eagle))
     return _hit_rules(layout, (full_cached, window_cached), 4)
 
 
@@ -217,7 +217,7 @@ def full_and_mamba_hit(full_cached: int, mamba_cached: int, eagle: bool) -> tupl
     pre: 0 <= full_cached < 16 and 0 <= mamba_cached < 16
     post: __return__ == ()  # hit-soundness, hit-optimality, spec-equivalence
     """
-    layout = ManagerLayout((full(2), mamba(2, "all")), use_eagle=concrete(eagle))
+    layout = Layout((full(2), mamba(2, "all")), use_eagle=concrete(eagle))
     return _hit_rules(layout, (full_cached, mamba_cached), 4)
 
 
@@ -231,14 +231,14 @@ def three_group_eagle_hit(full_cached: int, window_cached: int, chunk_cached: in
     pre: 0 <= full_cached < 8 and 0 <= window_cached < 8 and 0 <= chunk_cached < 8
     post: __return__ == ()  # hit-soundness, hit-optimality, spec-equivalence
     """
-    layout = ManagerLayout((full(2), swa(2, window=4), chunked(2, chunk=4)), use_eagle=True, eagle_groups=(0, 1))
+    layout = Layout((full(2), swa(2, window=4), chunked(2, chunk=4)), use_eagle=True, eagle_groups=(0, 1))
     return _hit_rules(layout, (full_cached, window_cached, chunk_cached), 3)
 
 
 # --- allocate_slots' block counting -------------------------------------------------------------------------------
 
 
-def _allocation_rules(layout: ManagerLayout, cached: int, positions: int, **counts: int) -> tuple[str, ...]:
+def _allocation_rules(layout: Layout, cached: int, positions: int, **counts: int) -> tuple[str, ...]:
     """The first ``cached`` positions cached in every group (the hit search
     over every cache state is proved above), a hit, then one allocation."""
     counts = concrete(counts)
@@ -261,7 +261,7 @@ def allocate_with_lookahead(cached: int, num_new: int, lookahead: int) -> tuple[
     pre: 0 <= lookahead <= 2
     post: __return__ == ()  # allocation-accounting, hit-soundness, ref-conservation, spec-equivalence
     """
-    layout = ManagerLayout((full(2), swa(2, window=4)), num_blocks=24, use_eagle=True)
+    layout = Layout((full(2), swa(2, window=4)), num_blocks=24, use_eagle=True)
     return _allocation_rules(layout, cached, 4, num_new_tokens=num_new, num_lookahead_tokens=lookahead)
 
 
@@ -276,7 +276,7 @@ def allocate_with_external(cached: int, num_new: int, external: int) -> tuple[st
     pre: 0 <= external <= 2
     post: __return__ == ()  # allocation-accounting, hit-soundness, ref-conservation, spec-equivalence
     """
-    layout = ManagerLayout((full(2), swa(2, window=4)), num_blocks=24)
+    layout = Layout((full(2), swa(2, window=4)), num_blocks=24)
     return _allocation_rules(layout, cached, 4, num_new_tokens=num_new,
                              num_external_computed_tokens=2 * external)
 
@@ -291,7 +291,7 @@ def allocate_with_encoder(num_new: int, encoder: int) -> tuple[str, ...]:
     pre: 0 <= encoder <= 12
     post: __return__ == ()  # allocation-accounting, ref-conservation, spec-equivalence
     """
-    layout = ManagerLayout((full(2), cross(2)), num_blocks=16, enable_caching=False)
+    layout = Layout((full(2), cross(2)), num_blocks=16, enable_caching=False)
     return _allocation_rules(layout, 0, 4, num_new_tokens=num_new, num_encoder_tokens=encoder)
 
 
@@ -307,7 +307,7 @@ def allocate_mamba_align(cached: int, num_new: int, external: int) -> tuple[str,
     pre: 0 <= external <= 2
     post: __return__ == ()  # allocation-accounting, hit-soundness, ref-conservation, spec-equivalence
     """
-    layout = ManagerLayout((full(2), mamba(2, "align")), num_blocks=24)
+    layout = Layout((full(2), mamba(2, "align")), num_blocks=24)
     return _allocation_rules(layout, cached, 4, num_new_tokens=num_new,
                              num_external_computed_tokens=2 * external)
 
@@ -315,7 +315,7 @@ def allocate_mamba_align(cached: int, num_new: int, external: int) -> tuple[str,
 # --- leaving the window: remove_skipped_blocks --------------------------------------------------------------------
 
 
-def _release_rules(layout: ManagerLayout, num_tokens: int, computed: int, prompt: int | None = None) -> tuple[str, ...]:
+def _release_rules(layout: Layout, num_tokens: int, computed: int, prompt: int | None = None) -> tuple[str, ...]:
     """A request allocates ``num_tokens`` tokens (nothing cached), its first
     ``computed`` are done, and the manager releases what left the window."""
     bench = ManagerBench(layout, num_tokens)
@@ -332,7 +332,7 @@ def sliding_window_release(computed: int) -> tuple[str, ...]:
     pre: 0 <= computed <= 14
     post: __return__ == ()  # content-soundness, free-order, ref-conservation, spec-equivalence
     """
-    return _release_rules(ManagerLayout((swa(2, window=4),)), 14, computed)
+    return _release_rules(Layout((swa(2, window=4),)), 14, computed)
 
 
 def chunked_local_release(computed: int) -> tuple[str, ...]:
@@ -342,7 +342,7 @@ def chunked_local_release(computed: int) -> tuple[str, ...]:
     pre: 0 <= computed <= 14
     post: __return__ == ()  # content-soundness, free-order, ref-conservation, spec-equivalence
     """
-    return _release_rules(ManagerLayout((chunked(2, chunk=4),)), 14, computed)
+    return _release_rules(Layout((chunked(2, chunk=4),)), 14, computed)
 
 
 def mamba_release(computed: int) -> tuple[str, ...]:
@@ -353,7 +353,7 @@ def mamba_release(computed: int) -> tuple[str, ...]:
     pre: 0 <= computed <= 14
     post: __return__ == ()  # content-soundness, free-order, ref-conservation, spec-equivalence
     """
-    return _release_rules(ManagerLayout((full(2), mamba(2, "align"))), 14, computed)
+    return _release_rules(Layout((full(2), mamba(2, "align"))), 14, computed)
 
 
 def rswa_release(computed: int, prompt: int) -> tuple[str, ...]:
@@ -366,4 +366,4 @@ def rswa_release(computed: int, prompt: int) -> tuple[str, ...]:
     pre: 1 <= prompt <= 8
     post: __return__ == ()  # content-soundness, free-order, ref-conservation, spec-equivalence
     """
-    return _release_rules(ManagerLayout((rswa(2, window=4),)), 16, computed, prompt)
+    return _release_rules(Layout((rswa(2, window=4),)), 16, computed, prompt)

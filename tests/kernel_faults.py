@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from broken_managers import hasher_ignoring_embeddings, without_tenant
-from kvspec.conformance.machines.manager import embedding_rows
 from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.kv_cache_interface import cdiv
 from kvspec.models.runner import Engine, KernelStageError
 from kvspec.request import Request
+from kvspec.testing import embedding_rows
 
 # --- broken managers ------------------------------------------------------------------------------------------
 

@@ -548,7 +548,7 @@ def test_a_target_stuck_in_its_own_code_fails_within_the_budget(tmp_path, monkey
 def test_a_worker_stuck_beyond_any_alarm_is_stopped_by_the_watchdog(tmp_path, monkeypatch, capsys):
     import time
 
-    from kvspec.cli import WORKER_GRACE
+    from kvspec.conformance.gate import WORKER_GRACE
 
     target = broken(tmp_path, monkeypatch, "IgnoresAlarms")
     start = time.perf_counter()

@@ -10,19 +10,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS, ManagerLayout
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.errors import RuleError, RuleTypeError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.impl import KVCacheManager
 from kvspec.request import Request, RequestStatus
+from kvspec.spec.layout import Layout
 from kvspec.testing import full, mamba, swa
 
 LAYOUTS = {
     **MANAGER_LAYOUTS,
     # Mamba "all" mode with draft-state blocks: the slot and skip limits shift by them.
-    "full+mamba-all-drafts": ManagerLayout((full(2), mamba(2, "all", speculative=2)), num_blocks=40,
+    "full+mamba-all-drafts": Layout((full(2), mamba(2, "all", speculative=2)), num_blocks=40,
                                            use_eagle=True, eagle_groups=(0,)),
-    "swa-wide": ManagerLayout((full(4), swa(4, window=9)), num_blocks=40, max_model_len=64),
+    "swa-wide": Layout((full(4), swa(4, window=9)), num_blocks=40, max_model_len=64),
 }
 
 
@@ -33,7 +34,7 @@ class _NoSteady(dict):
         return None
 
 
-def _managers(layout: ManagerLayout) -> tuple[KVCacheManager, KVCacheManager]:
+def _managers(layout: Layout) -> tuple[KVCacheManager, KVCacheManager]:
     def make() -> KVCacheManager:
         return KVCacheManager(layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size,
                               layout.hash_block_size, enable_caching=layout.enable_caching,

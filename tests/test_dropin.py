@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from kvspec import dropin  # noqa: E402
-from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.conformance.vllm.scheduler import make_scheduler, serve  # noqa: E402
+from kvspec.spec.layout import Layout
 from kvspec.testing import full, mamba, swa  # noqa: E402
 
 
@@ -67,9 +67,9 @@ def test_the_plugin_is_registered_with_vllm():
 
 # Pools small enough that running requests are preempted now and then.
 LAYOUTS = {
-    "full attention": ManagerLayout((full(16),), num_blocks=32, max_model_len=512),
-    "full + sliding window": ManagerLayout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512),
-    "full + Mamba (all)": ManagerLayout((full(16), mamba(16, "all")), num_blocks=48, max_model_len=512),
+    "full attention": Layout((full(16),), num_blocks=32, max_model_len=512),
+    "full + sliding window": Layout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512),
+    "full + Mamba (all)": Layout((full(16), mamba(16, "all")), num_blocks=48, max_model_len=512),
 }
 
 

@@ -12,7 +12,6 @@ from dataclasses import replace
 import pytest
 
 from broken_managers import IgnoresTenant, hasher_ignoring_embeddings
-from kvspec.conformance.machines.manager import embedding_rows
 from kvspec.conformance.machines.observe import observe
 from kvspec.errors import RuleError
 from kvspec.hashing import get_request_block_hasher
@@ -33,7 +32,7 @@ from kvspec.spec.request_rules import (
     free_order,
     refusal_changes_nothing,
 )
-from kvspec.testing import chunked, config, cross, full, mamba, mla, rswa, swa
+from kvspec.testing import chunked, config, cross, embedding_rows, full, mamba, mla, rswa, swa
 
 # --- a scheduler in miniature, checking every rule after every operation ------------------------------
 

@@ -75,6 +75,7 @@ class RunReport:
     results: list[LayoutResult] = field(default_factory=list)
     command: str = ""  # the command line, as typed
     versions: dict[str, str] = field(default_factory=dict)  # kvspec, the target, Python, Hypothesis
+    written: list[Path] = field(default_factory=list)  # the report files, once written
 
     @property
     def searched(self) -> list[LayoutResult]:

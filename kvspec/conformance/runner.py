@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import logging
 import os
 import random
 import signal
@@ -28,7 +29,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
-from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS, ManagerLayout
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.machines.machinery import (
     BudgetSpent,
     CheckingMachine,
@@ -45,6 +46,7 @@ from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
 from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget
 from kvspec.spec.catalogue import LEVELS
+from kvspec.spec.layout import Layout
 
 SCOPES = ("pool", "manager")
 
@@ -211,7 +213,7 @@ def is_layout(scope: str, name: str) -> bool:
     return name in layout_names(scope) or (scope == "manager" and name in model_layout_names())
 
 
-def manager_layout(name: str) -> ManagerLayout:
+def manager_layout(name: str) -> Layout:
     """A conformance layout by name, or ``model:<architecture>``: the
     model's groups at the tiny scale (kvspec.models.architectures.setup)."""
     if name in MANAGER_LAYOUTS:
@@ -456,6 +458,12 @@ def _batches(search: Search, start: float):
             search.deadline is None or time.perf_counter() < search.deadline):
         yield settings(search.profile, max_examples=search.batch, derandomize=False, database=database), base + batch
         batch += 1
+
+
+def quiet_loggers() -> None:
+    """Keep kvspec's and vLLM's log lines out of a run's output."""
+    for noisy in ("kvspec", "vllm"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
 class Progress:

@@ -28,11 +28,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from kvspec.conformance.machines.manager import embedding_rows
 from kvspec.models.architectures import ModelSetup
 from kvspec.models.runner import Engine
 from kvspec.request import Request
 from kvspec.spec.interface import ManagerTarget
+from kvspec.testing import embedding_rows
 
 SYSTEM_PROMPTS = ([], [1, 1, 0, 1, 0, 0], [0, 1, 1, 1])
 MAX_REQUESTS = 5

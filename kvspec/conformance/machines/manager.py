@@ -17,14 +17,12 @@ must hold after every operation.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.conformance.machines.machinery import CheckingMachine, Refused, describe_call, describe_outcome, one_of
 from kvspec.conformance.machines.observe import observe
 from kvspec.conformance.trace import recorded
@@ -32,8 +30,10 @@ from kvspec.hashing import get_request_block_hasher
 from kvspec.request import LoRARequest, Request, RequestStatus
 from kvspec.spec.content import Shadow
 from kvspec.spec.interface import ManagerTarget
+from kvspec.spec.layout import Layout
 from kvspec.spec.request_rules import RequestContext, check_request_state, check_request_step
 from kvspec.spec.rules import EventMirror, Violation, check_events
+from kvspec.testing import embedding_rows
 
 ENCODER_TOKENS = 6
 
@@ -48,15 +48,9 @@ ISSTA 2012): leaving some out lets the others go deeper -- no preemption and
 no finishing fill the pool; no tenants make more prefixes shared."""
 
 
-def embedding_rows(source: str, length: int) -> list[bytes]:
-    """Prompt embeddings as raw rows (8 bytes a token), a fixed function of
-    their source and position: a stand-in for a tensor, hashed byte for byte."""
-    return [hashlib.blake2b(f"{source}:{p}".encode(), digest_size=8).digest() for p in range(length)]
-
-
 def manager_machine(
     target_factory: Callable[..., ManagerTarget],
-    layout: ManagerLayout,
+    layout: Layout,
     *,
     spec_factory: Callable[..., ManagerTarget] | None = None,
     ignore_rules: frozenset[str] = frozenset(),

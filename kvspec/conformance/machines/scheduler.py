@@ -54,11 +54,11 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.conformance.targets.manager import KVCacheManagerTarget
 from kvspec.kv_cache_interface import MambaSpec, cdiv
 from kvspec.spec.content import ATTENTION_KINDS, Shadow
 from kvspec.spec.interface import NULL_BLOCK_ID
+from kvspec.spec.layout import Layout
 from kvspec.spec.request_rules import RequestContext, check_request_state, computed_content_sound
 from kvspec.spec.rules import Violation
 from kvspec.testing import full, mamba, swa
@@ -69,12 +69,12 @@ LOAD_MODES = ("none", "sync", "async", "sync-fail", "async-fail")
 
 # Layouts at scheduler scope: 16-token hash blocks as a deployment has them,
 # a pool small enough that requests preempt and evict each other's prefixes.
-SCHEDULER_LAYOUTS: dict[str, ManagerLayout] = {
-    "full": ManagerLayout((full(16),), num_blocks=12, max_model_len=256),
-    "full+mamba-all": ManagerLayout((full(16), mamba(16, "all")), num_blocks=16, max_model_len=256),
-    "full+mamba-align": ManagerLayout((full(16), mamba(16, "align")), num_blocks=16, max_model_len=256),
+SCHEDULER_LAYOUTS: dict[str, Layout] = {
+    "full": Layout((full(16),), num_blocks=12, max_model_len=256),
+    "full+mamba-all": Layout((full(16), mamba(16, "all")), num_blocks=16, max_model_len=256),
+    "full+mamba-align": Layout((full(16), mamba(16, "align")), num_blocks=16, max_model_len=256),
     # EAGLE: the machine drafts 2 tokens a step and accepts a random prefix of them.
-    "full+swa-eagle": ManagerLayout((full(16), swa(16, window=32)), num_blocks=20, max_model_len=256,
+    "full+swa-eagle": Layout((full(16), swa(16, window=32)), num_blocks=20, max_model_len=256,
                                     use_eagle=True),
 }
 DRAFTS_PER_STEP = 2  # on EAGLE layouts
@@ -119,7 +119,7 @@ class SchedulerHarness:
     """vLLM's ``Scheduler`` over ``layout`` with the scripted connector,
     the model runner and the connector's worker played by the harness."""
 
-    def __init__(self, layout: ManagerLayout, *, connector: bool = True, max_num_seqs: int = 4,
+    def __init__(self, layout: Layout, *, connector: bool = True, max_num_seqs: int = 4,
                  max_num_batched_tokens: int = 64, seed: int = 0, num_draft_tokens: int = 0):
         from kvspec.conformance.vllm.scheduler import make_scheduler, request_factory
 
@@ -314,7 +314,7 @@ class SchedulerHarness:
 # --- the machine ------------------------------------------------------------------------------
 
 
-def scheduler_machine(layout: ManagerLayout, *, load_modes: tuple[str, ...] = LOAD_MODES,
+def scheduler_machine(layout: Layout, *, load_modes: tuple[str, ...] = LOAD_MODES,
                       families: int = 3, max_num_seqs: int = 4, max_num_batched_tokens: int = 64) -> type:
     """A Hypothesis state machine over vLLM's scheduler on ``layout``:
     requests arrive (a shared system prompt of one of ``families``, or
@@ -363,7 +363,7 @@ def scheduler_machine(layout: ManagerLayout, *, load_modes: tuple[str, ...] = LO
     return SchedulerMachine
 
 
-def search(layout: ManagerLayout, load_modes: tuple[str, ...], examples: int) -> str | None:
+def search(layout: Layout, load_modes: tuple[str, ...], examples: int) -> str | None:
     """Run :func:`scheduler_machine` on ``layout`` for ``examples``
     derandomized examples: ``None`` when nothing breaks, else the failure
     (the broken rules and the trace)."""

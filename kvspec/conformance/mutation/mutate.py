@@ -2,8 +2,9 @@
 
 For each mutant of :mod:`kvspec.conformance.mutation.mutants` and each level, a fresh
 Python process applies the mutant to the target's classes and runs the
-pull-request gate -- ``kvspec conform --target T --level L --budget B
---fail-fast --known-findings`` -- then reports whether the mutant was killed
+pull-request gate (:func:`kvspec.conformance.gate.run_gate`, as
+``kvspec conform --target T --level L --budget B --fail-fast
+--known-findings`` runs it) -- then reports whether the mutant was killed
 (a layout failed other than as a known finding), the rules that caught it,
 the time to the first failing check (the moment the gate shows red) and to
 the verdict (the failing layout's minimal run), all counted from the
@@ -25,10 +26,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass, field
-from io import StringIO
-from pathlib import Path
 
 from kvspec.conformance.mutation.mutants import MUTANTS_BY_NAME, Family, applied, for_family
 
@@ -59,27 +57,26 @@ def run_one(name: str, target: str, level: str, budget: float, seed: int | None)
     mutant = MUTANTS_BY_NAME[name]
     run = MutantRun(name, mutant.bug_class, target, level)
     family = Family(target)  # imports the target's modules before the clock starts
-    from kvspec import cli
+    from kvspec.conformance.gate import GateOptions, run_gate
+    from kvspec.conformance.runner import SetupError
 
-    with tempfile.TemporaryDirectory() as report_dir, applied(mutant, family):
-        argv = ["conform", "--target", target, "--level", level, "--budget", f"{budget:g}", "--fail-fast",
-                "--known-findings", "--no-progress", "--report-dir", report_dir]
-        if seed is not None:
-            argv += ["--seed", str(seed)]
-        start = time.perf_counter()
-        with redirect_stdout(StringIO()), redirect_stderr(StringIO()):
-            code = cli.main(argv)
-        run.seconds = round(time.perf_counter() - start, 2)
-        if code == 2:
-            run.error = "kvspec conform refused to run (exit 2)"
+    with tempfile.TemporaryDirectory() as trace_dir, applied(mutant, family):
+        options = GateOptions(target=target, level=level, budget=budget, seed=seed, fail_fast=True,
+                              known_findings=True, trace_dir=trace_dir,
+                              command=f"kvspec mutate --mutant {name} --target {target} --level {level}")
+        try:
+            report = run_gate(options)
+        except SetupError as error:
+            run.error = f"the gate refused to run: {error}"
             return run
-        report = json.loads((Path(report_dir) / "report.json").read_text())
-    for layout in report["results"]:
-        if layout["conforms"] or layout.get("known_finding"):
+        finally:
+            run.seconds = round(time.perf_counter() - options.started, 2)
+    for layout in report.results:
+        if layout.conforms or layout.known_finding:
             continue
-        run.killed, run.layout = True, f"{layout['scope']}/{layout['layout']}"
-        run.caught_by = layout["rules"] or [_kind_of(layout["details"])]
-        run.first_failure, run.verdict = layout.get("first_failure_at"), layout.get("finished")
+        run.killed, run.layout = True, f"{layout.scope}/{layout.layout}"
+        run.caught_by = layout.rules or [_kind_of(layout.details)]
+        run.first_failure, run.verdict = layout.first_failure_at, layout.finished
         break
     if not run.killed and level == "L1":
         run.survived_because = mutant.l1

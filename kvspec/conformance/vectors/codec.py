@@ -245,7 +245,7 @@ def target_args_of(scope: str, config: dict[str, Any]) -> tuple[Any, ...]:
         return (config["num_blocks"], config["enable_caching"], config["hash_block_size"],
                 config["enable_kv_cache_events"])
     from kvspec import kv_cache_interface
-    from kvspec.conformance.machines.layouts import ManagerLayout
+    from kvspec.spec.layout import Layout
 
     groups = []
     for g in config["groups"]:
@@ -253,7 +253,7 @@ def target_args_of(scope: str, config: dict[str, Any]) -> tuple[Any, ...]:
         if not (isinstance(spec_type, type) and issubclass(spec_type, KVCacheSpec)):
             raise VectorError(f"unknown KV-cache spec type {g['type']!r}")
         groups.append(spec_type(**{k: v for k, v in g.items() if k != "type"}))
-    layout = ManagerLayout(tuple(groups), num_blocks=config["num_blocks"], max_model_len=config["max_model_len"],
+    layout = Layout(tuple(groups), num_blocks=config["num_blocks"], max_model_len=config["max_model_len"],
                            enable_caching=config["enable_caching"], use_eagle=config["use_eagle"],
                            eagle_groups=tuple(config["eagle_groups"]))
     return layout.target_args(config["enable_kv_cache_events"])

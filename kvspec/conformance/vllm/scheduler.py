@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.kv_cache_interface import MambaSpec
+from kvspec.spec.layout import Layout
 
 
 class ModelStandIn:
@@ -85,7 +85,7 @@ class EagleStandIn:
                              f"this release also reads {name!r}")
 
 
-def make_scheduler(layout: ManagerLayout, *, max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
+def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
                    connector: bool = False, num_draft_tokens: int = 0) -> Any:
     """A vLLM ``Scheduler`` over ``layout``'s KV cache (vLLM's spec classes);
     with ``connector``, vLLM loads :class:`~kvspec.conformance.vllm.connector.ScriptedConnector`

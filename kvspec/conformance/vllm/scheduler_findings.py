@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvspec.conformance.machines.layouts import ManagerLayout
 from kvspec.conformance.machines.scheduler import SchedulerHarness
+from kvspec.spec.layout import Layout
 from kvspec.testing import full, mamba
 
 
@@ -22,13 +22,13 @@ from kvspec.testing import full, mamba
 class SchedulerFinding:
     id: str
     title: str
-    layout: ManagerLayout
+    layout: Layout
     trace: Callable[[SchedulerHarness], list]  # returns the violations of the trace's steps
     upstream: str
 
 
-def _hybrid(mode: str) -> ManagerLayout:
-    return ManagerLayout((full(16), mamba(16, mode)), num_blocks=16, max_model_len=256)
+def _hybrid(mode: str) -> Layout:
+    return Layout((full(16), mamba(16, mode)), num_blocks=16, max_model_len=256)
 
 
 def _steps(h: SchedulerHarness, n: int) -> list:
@@ -99,7 +99,7 @@ SCHEDULER_FINDINGS: dict[str, SchedulerFinding] = {
             _hybrid("align"), _unwritten_boundary_state_served, "as S1"),
         SchedulerFinding(
             "S2", "a failed load's blocks stay cached; aborting their owner serves them to the next request",
-            ManagerLayout((full(16),), num_blocks=12, max_model_len=256), _failed_load_served_after_abort,
+            Layout((full(16),), num_blocks=12, max_model_len=256), _failed_load_served_after_abort,
             "related: vllm#49250 (recompute policy, sharers read before the owner recomputes), "
             "vllm PR #26813 (keeps the blocks cached under recompute by design); the abort path: none found"),
         SchedulerFinding(

@@ -1,0 +1,443 @@
+"""The gate: ``kvspec conform`` as a library.
+
+:func:`run_gate` takes :class:`GateOptions` -- the target, the level, the
+layouts, how long to search -- and returns the :class:`RunReport`: one
+:class:`LayoutResult` per layout of the plan, in plan order.  Between the two
+it does what a pull-request gate needs:
+
+* **the plan**: every layout of the chosen scopes (or those asked for), this
+  machine's round-robin share of them under ``shard``;
+* **steering**: with ``known_findings`` the machines do not send the inputs
+  of the target's known findings (``kvspec.conformance.findings``), and a
+  failure that looks like one is labelled, not counted as new;
+* **budget rounds**: under ``budget`` the layouts take turns in slices that
+  double every round, more for those still reaching new states, so that a
+  bug any layout shows early is found in the first round;
+* **workers**: ``workers > 1`` searches in that many processes, with a
+  watchdog that fails the layouts of a worker stuck past the budget;
+* **fail-fast**: the run stops at the first failure that is not a known
+  finding;
+* **reports**: each failing layout's minimal run saved as a trace, and
+  report.json/report.md/junit.xml written to ``report_dir``.
+
+What happens along the way is told to a :class:`Listener` (the CLI's prints
+lines; the default stays quiet).  A bad option raises
+:class:`~kvspec.conformance.runner.SetupError` before anything runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import platform
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvspec import __version__
+from kvspec.conformance.findings import AVOIDABLE, Finding, is_avoidable, known_findings, matching_finding
+from kvspec.conformance.machines.machinery import ConformanceError
+from kvspec.conformance.report import LayoutResult, RunReport, write_reports
+from kvspec.conformance.runner import (
+    SCOPES,
+    Progress,
+    Search,
+    SetupError,
+    check_target,
+    is_layout,
+    layout_names,
+    machine_for,
+    model_layout_names,
+    quiet_loggers,
+    rules_checked,
+    run_layout,
+)
+from kvspec.conformance.settings import PROFILES, manager_settings
+from kvspec.conformance.trace import Trace, trace_file_name
+
+BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
+FAIL_FAST = "--fail-fast: the run stopped at the first failure"
+STEERED = "steered around "  # + the findings (or --avoid) a skipped layout was steered around for
+WORKER_GRACE = 5.0  # seconds past the budget before a worker that has not answered is stopped
+FIRST_SLICE = (0.25, 2.0)  # seconds: the bounds of a layout's first slice under a budget
+SHRINK_SECONDS = 15.0  # under a budget, how long a failure found in a slice may shrink at most
+QUIET_WEIGHT = 0.25  # a layout whose last slice reached no new state gets this share of a slice
+
+
+@dataclass
+class GateOptions:
+    """One gate run; the fields are ``kvspec conform``'s options."""
+
+    target: str = "impl"  # impl, spec, vllm or module:factory
+    scope: str = "all"  # pool, manager or all
+    level: str = "L3"
+    layouts: list[str] | None = None  # None: every built-in layout; "models" stands for every model layout
+    profile: str = "ci"
+    examples: int | None = None  # examples per layout (overrides the profile) ...
+    budget: float | None = None  # ... or seconds for the whole run, shrinking included
+    seed: int | None = None
+    known_findings: bool = False
+    avoid: list[str] = field(default_factory=list)
+    database: str | None = None
+    fail_fast: bool = False
+    workers: int = 1
+    shard: str | None = None  # "I/N"
+    report_dir: str | None = None
+    trace_dir: str | None = None
+    progress: bool = False  # a progress bar on stderr
+    command: str = "kvspec conform"  # recorded in the report
+    started: float = field(default_factory=time.perf_counter)  # the budget counts from here
+
+    def traces(self) -> Path:
+        """Where failing layouts' traces are saved."""
+        if self.trace_dir:
+            return Path(self.trace_dir)
+        return Path(self.report_dir) / "traces" if self.report_dir else Path("kvspec-traces")
+
+
+@dataclass
+class FirstFailure:
+    """A layout's first failing check, before shrinking: what the gate
+    knows seconds into the run."""
+
+    scope: str
+    layout: str
+    seconds: float  # into the run, as the budget counts
+    broken: str  # the rules broken, the divergence, or the exception the target raised
+    steps: int
+    path: Path  # the run as found, saved
+    known: str | None  # the id of the known finding it looks like
+
+
+class Listener:
+    """What the gate tells as it runs.  The default tells nothing.  A
+    listener is pickled into worker processes (``workers > 1``), where
+    :meth:`first_failure` is called."""
+
+    def begin(self, options: GateOptions, steered: tuple[Finding, ...], avoid: frozenset[str]) -> None:
+        """The plan is made and the search starts."""
+
+    def first_failure(self, failure: FirstFailure) -> None:
+        """A layout failed a check; its shrinking starts."""
+
+    def layout_done(self, result: LayoutResult) -> None:
+        """A layout is done: searched, failed or skipped."""
+
+
+def run_gate(options: GateOptions, listener: Listener | None = None) -> RunReport:
+    """Search every layout of the plan and return the report (written to
+    ``options.report_dir`` too, its paths in ``report.written``)."""
+    listener = listener or Listener()
+    plan = make_plan(options)
+    quiet_loggers()
+    steered = known_findings(options.target) if options.known_findings else ()
+    avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(options.avoid)
+    deadline = options.started + options.budget if options.budget else None
+    scopes = list(dict.fromkeys(scope for scope, _ in plan))
+    report = RunReport(options.target, options.level, options.profile, seed=options.seed,
+                       steered_around=[f"{f.id}: {f.title}" for f in steered],
+                       checked={scope: rules_checked(scope, options.level) for scope in scopes},
+                       command=options.command, versions=versions(options.target))
+    listener.begin(options, steered, avoid)
+    run = _Run(options, avoid, deadline, report, listener)
+    todo = []
+    for scope, name in plan:
+        if f"layout:{name}" in avoid:
+            why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
+            run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=STEERED + why))
+        else:
+            todo.append((scope, name))
+    if options.workers > 1:
+        _search_in_parallel(run, todo)
+    elif deadline is not None:
+        _search_in_rounds(run, todo, Progress() if options.progress else None)
+    else:
+        _search_each(run, todo, Progress() if options.progress else None)
+    order = {key: i for i, key in enumerate(plan)}
+    report.results.sort(key=lambda r: order[(r.scope, r.layout)])  # the report in plan order
+    if options.report_dir:
+        report.written = write_reports(report, options.report_dir)
+    return report
+
+
+def make_plan(options: GateOptions) -> list[tuple[str, str]]:
+    """The (scope, layout) pairs to search, the options checked first: a
+    bad option or an unusable target raises ``SetupError`` before any
+    search."""
+    if options.examples is not None and options.examples <= 0:
+        raise SetupError(f"--examples must be positive, got {options.examples}")
+    if options.workers < 1:
+        raise SetupError(f"--workers must be at least 1, got {options.workers}")
+    if options.budget is not None and options.budget <= 0:
+        raise SetupError(f"--budget must be a positive number of seconds, got {options.budget:g}")
+    if options.examples is not None and options.budget is not None:
+        raise SetupError("--examples and --budget size the search two ways: give one")
+    if options.profile not in PROFILES:
+        raise SetupError(f"no Hypothesis profile {options.profile!r}; choose one of {sorted(PROFILES)}")
+    if options.scope not in (*SCOPES, "all"):
+        raise SetupError(f"no scope {options.scope!r}; choose one of {', '.join(SCOPES)} or all")
+    for name in options.avoid:
+        if not is_avoidable(name, layout_names("pool") + layout_names("manager") + model_layout_names()):
+            raise SetupError(f"--avoid {name!r}: not an input the machines know; choose from {sorted(AVOIDABLE)}")
+    scopes = list(SCOPES) if options.scope == "all" else [options.scope]
+    plan = [(scope, name) for scope in scopes for name in _layouts(scope, options.layouts)]
+    if not plan:
+        raise SetupError(f"no layout named {', '.join(options.layouts or [])} in scope {options.scope}")
+    if options.shard:
+        shard, shards = parse_shard(options.shard)
+        plan = plan[shard - 1::shards]  # round robin: each shard gets pool and manager layouts alike
+        if not plan:
+            raise SetupError(f"--shard {options.shard}: only {shard - 1} layout(s) to share, shard {shard} has none")
+    for scope in scopes:
+        check_target(options.target, scope)  # an unusable target stops the run before it starts
+    return plan
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``I/N`` -> (I, N), 1 <= I <= N."""
+    match = re.fullmatch(r"(\d+)/(\d+)", text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise SetupError(f"--shard takes I/N with 1 <= I <= N (this machine's share of the layouts), got {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def versions(target: str) -> dict[str, str]:
+    """What a report needs to be reproduced: kvspec's version, the target's
+    (vLLM's, when it is the target), Python's, Hypothesis's."""
+    import hypothesis
+
+    found = {"kvspec": __version__}
+    if target == "vllm":
+        import vllm
+
+        found["vLLM"] = vllm.__version__
+    found["Python"] = platform.python_version()
+    found["Hypothesis"] = hypothesis.__version__
+    return found
+
+
+def _layouts(scope: str, wanted: list[str] | None) -> list[str]:
+    """The layouts of ``scope`` asked for: all built-in ones by default;
+    ``models`` stands for every ``model:<name>`` layout."""
+    if not wanted:
+        return layout_names(scope)
+    names = [m for name in wanted for m in (model_layout_names() if name == "models" else [name])]
+    return [name for name in dict.fromkeys(names) if is_layout(scope, name)]
+
+
+def _profiles(name: str) -> dict[str, object]:
+    """Each scope's Hypothesis settings for the profile ``name``.  Built in
+    each process that searches: a settings object does not survive pickling
+    to a worker (its "not set" markers come back as other objects, and
+    Hypothesis then takes ``database`` for a database)."""
+    return {"pool": PROFILES[name], "manager": manager_settings(name)}
+
+
+class _Run:
+    """One gate run's shared state: the options, what the machines avoid,
+    the deadline, the report it fills and the fail-fast switch."""
+
+    def __init__(self, options: GateOptions, avoid: frozenset[str], deadline: float | None,
+                 report: RunReport | None, listener: Listener):
+        self.options, self.avoid, self.deadline, self.report, self.listener = options, avoid, deadline, report, listener
+        self.stopped = False  # --fail-fast saw a failure
+        self.collected: list[LayoutResult] = []  # in a worker: the results, for the parent to finish
+
+    def announce(self, scope: str, layout: str) -> Callable[[Trace, BaseException], None]:
+        return _Announcer(self.options, self.listener, scope, layout)
+
+    def finish(self, r: LayoutResult) -> None:
+        """Record a layout's result: times from the run's start, a failing
+        layout's trace saved and labelled; the listener told."""
+        if self.report is None:  # a worker: the parent finishes it
+            self.collected.append(r)
+            return
+        o = self.options
+        self.report.results.append(r)
+        r.finished = round(time.perf_counter() - o.started, 3)
+        if r.began is not None:
+            r.began = round(r.began - o.started, 3)
+        if r.first_failure_at is not None:
+            r.first_failure_at = round(r.first_failure_at - o.started, 3)
+        if r.skipped is None and r.trace is not None:
+            r.trace.target, r.trace.level = o.target, o.level
+            r.trace_file = str(r.trace.save(o.traces() / trace_file_name(r.scope, r.layout)))
+            known = matching_finding(o.target, r.scope, r.layout, r.trace)
+            r.known_finding = f"{known.id}: {known.title}" if known else None
+        self.listener.layout_done(r)
+        self.see(r)
+
+    def see(self, r: LayoutResult) -> None:
+        if self.options.fail_fast and not r.conforms and r.known_finding is None and r.skipped is None:
+            self.stopped = True
+
+
+class _Announcer:
+    """Tells at once that a layout has failed -- the failing rule and the run
+    as it happened, saved next to where the minimal run will go -- so that a
+    red gate shows in seconds, not after the shrinker is done."""
+
+    def __init__(self, options: GateOptions, listener: Listener, scope: str, layout: str):
+        self.options, self.listener, self.scope, self.layout = options, listener, scope, layout
+
+    def __call__(self, trace: Trace, error: BaseException) -> None:
+        o = self.options
+        seconds = time.perf_counter() - o.started
+        trace.target, trace.level = o.target, o.level
+        path = trace.save(o.traces() / trace_file_name(self.scope, self.layout).replace(".json", ".unshrunk.json"))
+        known = matching_finding(o.target, self.scope, self.layout, trace)
+        if isinstance(error, ConformanceError):
+            broken = ", ".join(sorted({v.rule for v in error.violations})) or "divergence from the spec"
+        else:  # the target raised where no refusal is possible
+            broken = f"{type(error).__name__}: {error}"
+        self.listener.first_failure(FirstFailure(self.scope, self.layout, seconds, broken, len(trace.steps), path,
+                                                 known.id if known else None))
+
+
+def _search_each(run: _Run, todo: list[tuple[str, str]], progress: Progress | None) -> None:
+    """Sized by examples, in one process: each layout's search in turn."""
+    o = run.options
+    profiles = _profiles(o.profile)
+    for i, (scope, name) in enumerate(todo, 1):
+        if run.stopped:
+            run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=FAIL_FAST))
+            continue
+        if progress:
+            progress.position = (i, len(todo), o.started, None)
+        run.finish(_search_one(run, scope, name, profiles[scope], progress))
+
+
+def _search_one(run: _Run, scope: str, name: str, profile: object, progress: Progress | None = None) -> LayoutResult:
+    """One layout's search, sized by examples."""
+    o = run.options
+    search = Search(profile, examples=o.examples, seed=o.seed, batch=25 if scope == "pool" else 10,
+                    database=o.database, on_first_failure=run.announce(scope, name))
+    r = run_layout(machine_for(scope, name, o.target, o.level, run.avoid), search, progress)
+    r.seed = search.seed
+    return r
+
+
+def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress | None) -> None:
+    """A budgeted search in one process: the layouts take turns in rounds of
+    slices instead of one long turn each, so a bug any layout shows within
+    its first second is found within the first round, however many layouts
+    come before it.  Slices double every round; a layout whose last slice
+    reached no new abstract state (CheckingMachine.cover) gets a quarter
+    slice, so the budget moves to layouts still finding new ground.  A
+    failure shrinks for at most SHRINK_SECONDS (less when the budget ends
+    sooner) and then its layout is done; the others go on."""
+    o, deadline = run.options, run.deadline
+    profiles = _profiles(o.profile)
+    machines = {key: machine_for(*key, o.target, o.level, run.avoid) for key in todo}
+    base = o.seed if o.seed is not None else int.from_bytes(os.urandom(4), "big")
+    spent = dict.fromkeys(todo, 0.0)
+    began: dict[tuple[str, str], float] = {}
+    weight = dict.fromkeys(todo, 1.0)
+    open_layouts = list(todo)
+    first_slice = min(max((deadline - time.perf_counter()) / (4 * max(1, len(todo))), FIRST_SLICE[0]),
+                      FIRST_SLICE[1])
+    slice_no = 0
+    for round_no in itertools.count():
+        if not open_layouts or run.stopped or time.perf_counter() >= deadline:
+            break
+        for i, key in enumerate(sorted(open_layouts, key=lambda k: (-weight[k], spent[k])), 1):
+            now = time.perf_counter()
+            if now >= deadline or run.stopped:
+                break
+            scope, name = key
+            machine = machines[key]
+            seconds = min(first_slice * 2 ** round_no * weight[key], deadline - now)
+            reached = machine.states_reached()
+            search = Search(profiles[scope], seconds=seconds, seed=base + 1000 * slice_no, swarm=True,
+                            batch=25 if scope == "pool" else 10, database=o.database,
+                            deadline=min(deadline, now + seconds + SHRINK_SECONDS),
+                            on_first_failure=run.announce(scope, name))
+            slice_no += 1
+            if progress:
+                progress.position = (i, len(open_layouts), o.started, deadline)
+            r = run_layout(machine, search, progress)
+            began.setdefault(key, r.began)
+            spent[key] += r.seconds
+            weight[key] = 1.0 if machine.states_reached() > reached else QUIET_WEIGHT
+            if not r.conforms:
+                r.seconds, r.began, r.seed = spent[key], began[key], base
+                open_layouts.remove(key)
+                run.finish(r)
+                if run.report is None:  # a worker knows no findings: the parent judges fail-fast
+                    run.see(r)
+    for key in todo:
+        if key in open_layouts:
+            machine = machines[key]
+            scope, name = key
+            if key not in began:  # its turn never came
+                run.finish(LayoutResult(scope, name, 0, 0.0, True,
+                                        skipped=FAIL_FAST if run.stopped else BUDGET_SPENT))
+                continue
+            run.finish(LayoutResult(scope, name, machine.steps_run, spent[key], True, examples=machine.examples_run,
+                                    seed=base, began=began.get(key), distinct_states=machine.states_reached()))
+
+
+def _search_in_parallel(run: _Run, todo: list[tuple[str, str]]) -> None:
+    """``workers > 1``: the layouts in that many processes at once.  Sized
+    by examples, each layout is a task of its own, finished as it ends.
+    Under a budget each worker searches a round-robin share of the layouts
+    in rounds, as one process does (:func:`_search_in_rounds`), and its
+    layouts are finished when it is done (a failure is announced at once); a
+    watchdog stops every worker still running :data:`WORKER_GRACE` seconds
+    past the budget -- a target stuck where no signal reaches (a C loop, a
+    deadlock) fails its layouts instead of holding the run."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    o, deadline = run.options, run.deadline
+    pool = ProcessPoolExecutor(max_workers=o.workers)
+    if deadline is None:  # sized by examples: one task per layout
+        pending = {pool.submit(_worker, o, run.listener, [key], run.avoid, None): [key] for key in todo}
+    else:  # under a budget: each worker takes its round-robin share of the layouts in rounds
+        shares = [todo[i::o.workers] for i in range(min(o.workers, len(todo)))]
+        pending = {pool.submit(_worker, o, run.listener, share, run.avoid, deadline): share for share in shares}
+    try:
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline + WORKER_GRACE - time.perf_counter())
+            done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            if not done:  # the watchdog: the budget and its grace are over
+                for scope, name in sorted(key for keys in pending.values() for key in keys):
+                    run.finish(LayoutResult(scope, name, 0, 0.0, False, details=[
+                        f"the worker searching this layout had not finished {WORKER_GRACE:g} s after the budget "
+                        "ran out and was stopped: the target hangs where no alarm reaches it"]))
+                return
+            for future in done:
+                keys = pending.pop(future)
+                try:
+                    results = future.result()
+                except Exception as error:  # the worker died (a crash in native code) or could not pickle
+                    results = [LayoutResult(scope, name, 0, 0.0, False,
+                                            details=[f"the worker searching this layout died: {error!r}"])
+                               for scope, name in keys]
+                for result in results:
+                    run.finish(result)
+            if run.stopped:
+                for scope, name in sorted(key for keys in pending.values() for key in keys):
+                    run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=FAIL_FAST))
+                return
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        if pending:
+            import multiprocessing
+
+            for child in multiprocessing.active_children():  # the workers still searching or stuck
+                child.terminate()
+
+
+def _worker(options: GateOptions, listener: Listener, todo: list[tuple[str, str]], avoid: frozenset[str],
+            deadline: float | None) -> list[LayoutResult]:
+    """Some layouts' search in a worker process (see _search_in_parallel):
+    their results, for the parent to finish."""
+    quiet_loggers()
+    run = _Run(options, avoid, deadline, None, listener)
+    if deadline is None:
+        (scope, name), = todo
+        return [_search_one(run, scope, name, _profiles(options.profile)[scope])]
+    _search_in_rounds(run, todo, None)
+    return run.collected

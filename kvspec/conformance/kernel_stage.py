@@ -1,0 +1,138 @@
+"""The kernel stage as a library: ``kvspec kernels``' options checked, its
+model setups chosen, each searched by the kernel machine
+(:mod:`kvspec.conformance.machines.kernel`).
+
+:func:`run_kernel_stage` takes :class:`KernelOptions` and returns one
+``(setup, StageResult)`` per model, telling ``on_result`` as each finishes.
+A bad option, or a kernel or worker this environment cannot run, raises
+:class:`~kvspec.conformance.runner.SetupError` before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.conformance.runner import SetupError, quiet_loggers, resolve_target
+
+KERNELS = ("reference", "flex", "vllm")
+WORKERS = ("kvspec", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class KernelOptions:
+    """One kernel-stage run; the fields are ``kvspec kernels``' options."""
+
+    target: str = "impl"
+    models: list[str] = field(default_factory=lambda: ["all"])  # architectures, "all" or manager layouts
+    scale: str = "tiny"
+    kernels: list[str] = field(default_factory=lambda: ["reference", "flex"])
+    device: str = "cpu"
+    dtype: str = "float32"
+    profile: str = "ci"
+    examples: int | None = None
+    seed: int | None = None
+    worker: str | None = None  # None: vllm for --target vllm, else kvspec
+
+    def chosen_worker(self) -> str:
+        return self.worker or ("vllm" if self.target == "vllm" else "kvspec")
+
+
+@dataclass
+class KernelPlan:
+    """A checked kernel-stage run, ready to search."""
+
+    options: KernelOptions
+    setups: list[Any]  # ModelSetup
+    factory: Callable[..., Any]
+    settings: Any
+    seeded: Any  # a hypothesis.seed decorator, or None
+    dtype: Any  # torch.dtype
+
+    def run(self, on_result: Callable[[Any, Any], None] | None = None) -> list[tuple[Any, Any]]:
+        """Search each model setup's kernel machine; ``(setup, result)`` pairs."""
+        from kvspec.conformance.machines.kernel import run_stage
+
+        o, results = self.options, []
+        for s in self.setups:
+            result = run_stage(s, self.factory, self.settings, seeded=self.seeded, kernels=o.kernels,
+                               dtype=self.dtype, device=o.device, worker=o.chosen_worker())
+            results.append((s, result))
+            if on_result:
+                on_result(s, result)
+        return results
+
+
+def run_kernel_stage(options: KernelOptions, on_result: Callable[[Any, Any], None] | None = None) -> list[tuple]:
+    """:func:`plan_kernel_stage`, then its run."""
+    return plan_kernel_stage(options).run(on_result)
+
+
+def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
+    """Check the options against this environment and choose the setups."""
+    o, worker = options, options.chosen_worker()
+    if ("vllm" in o.kernels or worker == "vllm") and o.device == "cpu" and "triton" not in sys.modules:
+        # vLLM's Triton kernels on a CPU: Triton's interpreter, chosen before Triton is imported; an
+        # empty CUDA_VISIBLE_DEVICES keeps vLLM's Triton probe from disabling Triton.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    try:
+        import torch
+
+        import kvspec.conformance.machines.kernel  # noqa: F401  (torch, Hypothesis and the engine import here)
+        from kvspec.models import kernels as K
+        from kvspec.models.architectures import ARCHITECTURES, SCALES, setup, setup_from_layout
+    except ImportError as error:
+        raise SetupError(f"the kernel stage needs torch ({error}); install kvspec[kernels]") from None
+    from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+    from kvspec.conformance.settings import kernel_settings
+
+    if o.examples is not None and o.examples <= 0:
+        raise SetupError(f"--examples must be positive, got {o.examples}")
+    if o.scale not in SCALES:
+        raise SetupError(f"unknown scale {o.scale!r}; choose one of {SCALES}")
+    if set(o.kernels) - set(KERNELS) or "reference" not in o.kernels:
+        raise SetupError(f"--kernels takes reference (always), flex and vllm; got {','.join(o.kernels)!r}")
+    if worker not in WORKERS:
+        raise SetupError(f"--worker {worker!r}: choose one of {', '.join(WORKERS)}")
+    if o.dtype not in DTYPES:
+        raise SetupError(f"--dtype {o.dtype!r}: choose one of {', '.join(DTYPES)}")
+    problem = K.vllm_kernels_available() if "vllm" in o.kernels else None
+    if problem is not None:
+        raise SetupError(f"--kernels vllm: {problem} (run kvspec from tools/install_vllm.sh's environment)")
+    if worker == "vllm":
+        from kvspec.models.vllm_worker import vllm_worker_available
+
+        problem = vllm_worker_available()
+        if problem is not None:
+            raise SetupError(f"--worker vllm: {problem} (run kvspec from tools/install_vllm.sh's "
+                             "environment, or choose --worker kvspec)")
+    if o.device == "cuda" and not torch.cuda.is_available():
+        raise SetupError("--device cuda: torch sees no CUDA device")
+    setups = []
+    for name in o.models or ["all"]:
+        if name == "all":
+            setups += [setup(n, o.scale) for n in ARCHITECTURES]
+        elif name.removeprefix("model:") in ARCHITECTURES:
+            setups.append(setup(name.removeprefix("model:"), o.scale))
+        elif name in MANAGER_LAYOUTS:
+            setups.append(setup_from_layout(name, MANAGER_LAYOUTS[name]))
+        else:
+            raise SetupError(f"no model or layout named {name!r}: use one of {sorted(ARCHITECTURES)}, all, "
+                             f"or a manager layout ({', '.join(MANAGER_LAYOUTS)})")
+    factory = resolve_target(o.target, "manager")
+    quiet_loggers()
+    warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)  # Triton's interpreter, masked lanes
+    run_settings = kernel_settings(o.profile, examples=o.examples)
+    seeded = None
+    if o.seed is not None:
+        from hypothesis import seed as hypothesis_seed
+        from hypothesis import settings as hypothesis_settings
+
+        run_settings, seeded = hypothesis_settings(run_settings, derandomize=False), hypothesis_seed(o.seed)
+    return KernelPlan(o, setups, factory, run_settings, seeded, getattr(torch, o.dtype))

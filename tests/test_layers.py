@@ -1,0 +1,163 @@
+"""The house by layer: which part of kvspec may import which.
+
+Read bottom-up, each layer uses only the layers below it:
+
+=============  =====================================================  =====
+layer          modules                                                rank
+=============  =====================================================  =====
+vocabulary     kvspec (its version), kvspec.errors, .hashing,          0
+               .request, .kv_cache_interface
+spec           kvspec.spec (the executable specification)              1
+impl           kvspec.impl (the production implementation)             1
+testing        kvspec.testing (spec constructors for tests, layouts)   2
+models         kvspec.models (model layouts, kernels, the worker)      3
+conformance    kvspec.conformance (machines, targets, the gate)        4
+proofs         kvspec.proofs (CrossHair obligations)                   5
+roof           kvspec.cli, .pytest_plugin, .dropin                     6
+=============  =====================================================  =====
+
+spec and impl share a rank and never import each other: impl is checked
+against spec, so neither may lean on the other.  Every import counts, those
+inside functions too -- a lazy import is still a dependency, and a cycle
+through one is still a cycle; only ``if TYPE_CHECKING:`` imports, which
+never run, do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"kvspec": "kvspec", "kvspec.spec": "spec", "kvspec.impl": "impl", "kvspec.models": "models",
+            "kvspec.proofs": "proofs"}
+VOCABULARY = {"kvspec", "kvspec.errors", "kvspec.hashing", "kvspec.request", "kvspec.kv_cache_interface"}
+ROOF = {"kvspec.cli", "kvspec.pytest_plugin", "kvspec.dropin"}
+
+
+def modules() -> dict[str, Path]:
+    """Every kvspec module, by dotted name."""
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            name = ".".join([package, *parts])
+            if package == "kvspec" and parts[:1] in (["spec"], ["impl"], ["models"], ["proofs"]):
+                continue
+            found[name] = path
+    return found
+
+
+MODULES = modules()
+
+
+def imports(name: str) -> set[str]:
+    """The kvspec modules ``name`` imports, anywhere in its text."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" for alias in node.names]
+            if any(target not in MODULES for target in targets):  # a name from the package itself
+                targets.append(base)
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name and target.startswith("kvspec"):
+                out.add(target)
+    return out
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node that can run: ``if TYPE_CHECKING:`` bodies left out."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+GRAPH = {name: imports(name) for name in MODULES}
+
+
+def layer(name: str) -> tuple[str, int]:
+    if name in VOCABULARY:
+        return "vocabulary", 0
+    if name in ROOF:
+        return "roof", 6
+    for prefix, rank in (("kvspec.spec", 1), ("kvspec.impl", 1), ("kvspec.testing", 2), ("kvspec.models", 3),
+                         ("kvspec.conformance", 4), ("kvspec.proofs", 5)):
+        if name == prefix or name.startswith(prefix + "."):
+            return prefix.split(".")[1], rank
+    raise AssertionError(f"{name} belongs to no layer: add it to tests/test_layers.py's table")
+
+
+def test_every_module_belongs_to_a_layer():
+    for name in MODULES:
+        layer(name)
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    wrong = []
+    for name, targets in GRAPH.items():
+        mine, rank = layer(name)
+        for target in sorted(targets):
+            theirs, their_rank = layer(target)
+            if their_rank > rank or (their_rank == rank and theirs != mine):
+                wrong.append(f"{name} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycle():
+    """Tarjan's strongly connected components over the import graph: any
+    component of more than one module is a cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+def test_the_graph_sees_lazy_imports():
+    """The check reads imports inside functions too (a cycle through a lazy
+    import is still a cycle): the gate's lazy import of vLLM's targets shows."""
+    assert "kvspec.conformance.vllm.targets" in GRAPH["kvspec.conformance.runner"]
+    assert "kvspec.conformance.machines.kernel" in GRAPH["kvspec.conformance.kernel_stage"]
