@@ -38,8 +38,9 @@ from kvspec.hashing import BlockHashWithGroupId
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_utils import KVCacheBlock
 from kvspec.kv_cache_interface import (
+    KIND_SPEC_CLASSES,
+    AttentionKind,
     ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
@@ -47,6 +48,7 @@ from kvspec.kv_cache_interface import (
     RSWASpec,
     SlidingWindowSpec,
     cdiv,
+    managed_kind,
     spec_is,
 )
 
@@ -1053,27 +1055,25 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
 
 # By spec class name, most specific first along the spec's MRO (MLA is a
 # FullAttentionSpec): vLLM's own spec classes, of the same names, map alike.
-_MANAGER_FOR_SPEC: dict[str, type[SingleTypeKVCacheManager]] = {
-    MLAAttentionSpec.__name__: FullAttentionManager,
-    RSWASpec.__name__: RSWAManager,
-    FullAttentionSpec.__name__: FullAttentionManager,
-    SlidingWindowSpec.__name__: SlidingWindowManager,
-    ChunkedLocalAttentionSpec.__name__: ChunkedLocalAttentionManager,
-    MambaSpec.__name__: MambaManager,
-    CrossAttentionSpec.__name__: CrossAttentionManager,
+MANAGER_FOR_KIND: dict[AttentionKind, type[SingleTypeKVCacheManager]] = {
+    AttentionKind.FULL_ATTENTION: FullAttentionManager,  # MLA's too: managed_kind folds it in
+    AttentionKind.RSWA: RSWAManager,
+    AttentionKind.SLIDING_WINDOW: SlidingWindowManager,
+    AttentionKind.CHUNKED_LOCAL_ATTENTION: ChunkedLocalAttentionManager,
+    AttentionKind.MAMBA: MambaManager,
+    AttentionKind.CROSS_ATTENTION: CrossAttentionManager,
 }
 
 
 def manager_class_for_spec(kv_cache_spec: KVCacheSpec) -> type[SingleTypeKVCacheManager]:
-    for cls in type(kv_cache_spec).__mro__:
-        manager_cls = _MANAGER_FOR_SPEC.get(cls.__name__)
-        if manager_cls is not None:
-            return manager_cls
-    raise RuleTypeError(
-        "block-size-coherence",
-        f"no KV-cache manager for {type(kv_cache_spec).__name__}; "
-        f"use one of {sorted(_MANAGER_FOR_SPEC)} from kvspec.kv_cache_interface",
-    )
+    kind = managed_kind(kv_cache_spec)
+    if kind is None:
+        raise RuleTypeError(
+            "block-size-coherence",
+            f"no KV-cache manager for {type(kv_cache_spec).__name__}; "
+            f"use one of {sorted(KIND_SPEC_CLASSES)} from kvspec.kv_cache_interface",
+        )
+    return MANAGER_FOR_KIND[kind]
 
 
 def get_manager_for_kv_cache_spec(

@@ -67,7 +67,26 @@ def _positive(name: str, value: Any) -> None:
         raise RuleError("block-size-coherence", f"{name} must be a positive int, got {value!r}")
 
 
+class AttentionKind(StrEnum):
+    """kvspec's one vocabulary of attention kinds: what a group's layers
+    are, named as the spec, the views, impl's manager map and the adapters
+    name them.  :func:`attention_kind` is the one place a spec is sorted
+    into a kind; :func:`managed_kind` folds in the kinds whose blocks are
+    managed as another's."""
+
+    FULL_ATTENTION = "full_attention"
+    MLA_ATTENTION = "mla_attention"  # a latent per token; its blocks are kept as full attention's
+    RSWA = "rswa"  # reference sliding window: the prompt stays, generated tokens slide
+    SLIDING_WINDOW = "sliding_window"
+    CHUNKED_LOCAL_ATTENTION = "chunked_local_attention"
+    MAMBA = "mamba"
+    CROSS_ATTENTION = "cross_attention"
+
+
 class KVCacheSpecKind(StrEnum):
+    """vLLM's names for a group's kind in KV-cache event metadata (its API;
+    RSWA reports as full attention there).  See :data:`EVENT_KIND`."""
+
     FULL_ATTENTION = "full_attention"
     MLA_ATTENTION = "mla_attention"
     SLIDING_WINDOW = "sliding_window"
@@ -320,18 +339,28 @@ def spec_is(spec: Any, *classes: type) -> bool:
     return any(c.__name__ in names for c in classes)
 
 
-def get_kv_cache_spec_kind(spec: KVCacheSpec) -> KVCacheSpecKind:
-    for cls, kind in (
-        (MLAAttentionSpec, KVCacheSpecKind.MLA_ATTENTION),
-        (FullAttentionSpec, KVCacheSpecKind.FULL_ATTENTION),
-        (ChunkedLocalAttentionSpec, KVCacheSpecKind.CHUNKED_LOCAL_ATTENTION),
-        (SlidingWindowSpec, KVCacheSpecKind.SLIDING_WINDOW),
-        (MambaSpec, KVCacheSpecKind.MAMBA),
-        (CrossAttentionSpec, KVCacheSpecKind.CROSS_ATTENTION),
-    ):
+def attention_kind(spec: KVCacheSpec) -> AttentionKind | None:
+    """The kind of ``spec`` (None for a spec kvspec does not know).  The
+    most specific class wins: RSWA and MLA are full attention's subclasses.
+    Classes are matched by name (:func:`spec_is`), so vLLM's own specs sort
+    the same."""
+    for cls, kind in KIND_OF_CLASS:
         if spec_is(spec, cls):
             return kind
-    return KVCacheSpecKind.UNKNOWN
+    return None
+
+
+def managed_kind(spec: KVCacheSpec) -> AttentionKind | None:
+    """The kind whose rules keep ``spec``'s blocks: MLA's are full
+    attention's (a latent instead of K and V, the same blocks)."""
+    kind = attention_kind(spec)
+    return AttentionKind.FULL_ATTENTION if kind is AttentionKind.MLA_ATTENTION else kind
+
+
+def get_kv_cache_spec_kind(spec: KVCacheSpec) -> KVCacheSpecKind:
+    """vLLM's event-metadata name for ``spec``'s kind."""
+    kind = attention_kind(spec)
+    return KVCacheSpecKind.UNKNOWN if kind is None else EVENT_KIND[kind]
 
 
 def get_kv_cache_spec_sliding_window(spec: KVCacheSpec) -> int | None:
@@ -399,3 +428,22 @@ def eagle_group_ids(kv_cache_config: Any, use_eagle: bool) -> set[int]:
         marked = {i for i, g in enumerate(groups)
                   if any(groups[j].kv_cache_spec == g.kv_cache_spec for j in marked)}
     return marked
+
+
+KIND_OF_CLASS: tuple[tuple[type[KVCacheSpec], AttentionKind], ...] = (
+    (RSWASpec, AttentionKind.RSWA),
+    (MLAAttentionSpec, AttentionKind.MLA_ATTENTION),
+    (FullAttentionSpec, AttentionKind.FULL_ATTENTION),
+    (SlidingWindowSpec, AttentionKind.SLIDING_WINDOW),
+    (ChunkedLocalAttentionSpec, AttentionKind.CHUNKED_LOCAL_ATTENTION),
+    (MambaSpec, AttentionKind.MAMBA),
+    (CrossAttentionSpec, AttentionKind.CROSS_ATTENTION),
+)
+KIND_SPEC_CLASSES: tuple[str, ...] = tuple(cls.__name__ for cls, _ in KIND_OF_CLASS)
+"""The spec classes kvspec sorts into kinds, by name (for error messages)."""
+
+EVENT_KIND: dict[AttentionKind, KVCacheSpecKind] = {
+    **{kind: KVCacheSpecKind(kind.value) for kind in AttentionKind if kind is not AttentionKind.RSWA},
+    AttentionKind.RSWA: KVCacheSpecKind.FULL_ATTENTION,
+}
+"""Each kind as vLLM 0.25.1 names it in event metadata."""

@@ -66,14 +66,11 @@ from typing import Any
 
 from kvspec.errors import RuleError
 from kvspec.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
-    FullAttentionSpec,
+    AttentionKind,
     KVCacheSpec,
     MambaSpec,
-    RSWASpec,
-    SlidingWindowSpec,
     cdiv,
+    managed_kind,
 )
 from kvspec.spec.interface import NULL_BLOCK_ID
 from kvspec.spec.pool import SpecBlockPool
@@ -356,7 +353,7 @@ class FullAttention(GroupManager):
     """Every token attends to every earlier token: nothing is ever skipped,
     and a hit of length ``L`` needs every position before ``L``."""
 
-    kind = "full_attention"
+    kind = AttentionKind.FULL_ATTENTION
 
     @classmethod
     def find_hit(cls, spec, lookup, max_length, drop_eagle, alignment):
@@ -399,7 +396,7 @@ class ReferenceSlidingWindow(FullAttention):
     ``max(P, n - w) // B`` once ``n`` tokens are computed -- are released;
     without the prompt length nothing is."""
 
-    kind = "rswa"
+    kind = AttentionKind.RSWA
 
     def gap(self, total_computed_tokens: int, num_prompt_tokens: int) -> range:
         """The positions wholly after the prompt and before the window's
@@ -428,7 +425,7 @@ def window_blocks(sliding_window: int, block_size: int, use_eagle: bool) -> int:
 class SlidingWindow(GroupManager):
     """Token ``t`` attends to tokens ``[t - w + 1, t]``."""
 
-    kind = "sliding_window"
+    kind = AttentionKind.SLIDING_WINDOW
 
     def skipped_tokens(self, num_computed_tokens: int) -> int:
         """Once ``n`` tokens are computed, the next token (``n``) no longer sees
@@ -525,7 +522,7 @@ class SlidingWindow(GroupManager):
 class ChunkedLocal(GroupManager):
     """Tokens attend within their chunk of ``c`` tokens: ``[t // c * c, t]``."""
 
-    kind = "chunked_local_attention"
+    kind = AttentionKind.CHUNKED_LOCAL_ATTENTION
 
     def skipped_tokens(self, num_computed_tokens: int) -> int:
         """Every chunk before the one of the next token."""
@@ -579,7 +576,7 @@ class Mamba(GroupManager):
     hits on it are refused until :meth:`new_step_starts`.
     """
 
-    kind = "mamba"
+    kind = AttentionKind.MAMBA
 
     def __init__(self, spec: MambaSpec, *args: Any, **kwargs: Any):
         super().__init__(spec, *args, **kwargs)
@@ -743,7 +740,7 @@ class CrossAttention(GroupManager):
     from ``num_encoder_tokens``, never shared, never cached (a model with a
     cross-attention group runs with prefix caching off)."""
 
-    kind = "cross_attention"
+    kind = AttentionKind.CROSS_ATTENTION
 
     def take_hits(self, rid, hits, num_local_computed, num_external_computed):
         """Cross attention never has hits, and ignores the request's prefix."""
@@ -763,15 +760,15 @@ class CrossAttention(GroupManager):
 
 
 def group_class(spec: KVCacheSpec) -> type[GroupManager]:
-    """The group manager for a spec (MLA is full attention)."""
-    for spec_type, cls in (
-        (RSWASpec, ReferenceSlidingWindow),
-        (FullAttentionSpec, FullAttention),
-        (SlidingWindowSpec, SlidingWindow),
-        (ChunkedLocalAttentionSpec, ChunkedLocal),
-        (MambaSpec, Mamba),
-        (CrossAttentionSpec, CrossAttention),
-    ):
-        if isinstance(spec, spec_type):
-            return cls
-    raise RuleError("block-size-coherence", f"unsupported KV-cache spec {type(spec).__name__}")
+    """The group manager for a spec, by its kind
+    (:func:`~kvspec.kv_cache_interface.managed_kind`: MLA is full attention)."""
+    kind = managed_kind(spec)
+    if kind is None:
+        raise RuleError("block-size-coherence", f"unsupported KV-cache spec {type(spec).__name__}")
+    return GROUP_CLASSES[kind]
+
+
+GROUP_CLASSES: dict[AttentionKind, type[GroupManager]] = {
+    cls.kind: cls for cls in (FullAttention, ReferenceSlidingWindow, SlidingWindow, ChunkedLocal, Mamba, CrossAttention)
+}
+"""Each kind's group manager (each class names its kind)."""

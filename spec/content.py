@@ -27,12 +27,13 @@ import hashlib
 from typing import Any
 
 from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id, prompt_embeds_bytes
-from kvspec.kv_cache_interface import cdiv
+from kvspec.kv_cache_interface import AttentionKind, cdiv
 from kvspec.spec.interface import NULL_BLOCK_ID
 from kvspec.spec.layout import GroupView, Layout
 
 NULL = NULL_BLOCK_ID
-ATTENTION_KINDS = ("full_attention", "rswa", "sliding_window", "chunked_local_attention")
+ATTENTION_KINDS = (AttentionKind.FULL_ATTENTION, AttentionKind.RSWA, AttentionKind.SLIDING_WINDOW,
+                   AttentionKind.CHUNKED_LOCAL_ATTENTION)
 
 
 def hashes_for(request: Any, layout: Layout, g: int):
@@ -174,9 +175,9 @@ class Shadow:
         ``kinds``, only into groups of those kinds."""
         for g, (group, table) in enumerate(zip(self.layout.views, tables, strict=True)):
             bs = group.block_size
-            if group.kind == "cross_attention" or (kinds is not None and group.kind not in kinds):
+            if group.kind == AttentionKind.CROSS_ATTENTION or (kinds is not None and group.kind not in kinds):
                 continue
-            if group.kind == "mamba":
+            if group.kind == AttentionKind.MAMBA:
                 for n in mamba_states_written(group, start, end):
                     p = cdiv(n, bs) - 1
                     if p < len(table) and table[p] != NULL:
@@ -205,7 +206,7 @@ class Shadow:
         ``position`` of ``request`` names (empty: it holds exactly that)."""
         group = self.layout.views[g]
         bs = group.block_size
-        if group.kind == "mamba":
+        if group.kind == AttentionKind.MAMBA:
             want = state_content(request, (position + 1) * bs)
             have = self.states.get((g, block_id))
             return [] if have == want else [f"holds state {_short(have)}, position {position} names {_short(want)}"]
@@ -225,9 +226,9 @@ class Shadow:
         cross attention: nothing (the encoder's output is not a prefix)."""
         group = self.layout.views[g]
         bs = group.block_size
-        if n == 0 or group.kind == "cross_attention":
+        if n == 0 or group.kind == AttentionKind.CROSS_ATTENTION:
             return []
-        if group.kind == "mamba":
+        if group.kind == AttentionKind.MAMBA:
             p = cdiv(n, bs) - 1
             have = self.states.get((g, table[p])) if p < len(table) and table[p] != NULL else None
             want = state_content(request, n)
@@ -246,7 +247,7 @@ class Shadow:
 
     def writers(self, g: int, block_id: int) -> set[tuple[Any, Any]]:
         """The tenants whose writes the block holds."""
-        if self.layout.views[g].kind == "mamba":
+        if self.layout.views[g].kind == AttentionKind.MAMBA:
             state = self.states.get((g, block_id))
             return set() if state is None else {state[0]}
         return {content[0] for content in self.slots.get((g, block_id), {}).values()}
@@ -271,7 +272,7 @@ def out_of_window(group: GroupView, num_computed: int, num_prompt_tokens: int | 
     (and a prompt of ``num_prompt_tokens``) never reads again: those before
     :func:`window_start`, or for R-SWA (window ``w``) the gap between the
     prompt and the window, positions ``cdiv(P, B)`` up to ``max(P, n - w) // B``."""
-    if group.kind != "rswa":
+    if group.kind != AttentionKind.RSWA:
         return range(window_start(group, num_computed))
     if num_prompt_tokens is None:
         return range(0)
@@ -287,11 +288,11 @@ def window_start(group: GroupView, num_computed: int) -> int:
     (``s`` speculative blocks; drafts may be rejected): all but the state
     after ``max(0, num_computed - s)`` tokens; full and cross attention:
     none (R-SWA: see :func:`out_of_window`)."""
-    if group.kind == "sliding_window":
+    if group.kind == AttentionKind.SLIDING_WINDOW:
         skipped = num_computed - group.sliding_window + 1
-    elif group.kind == "chunked_local_attention":
+    elif group.kind == AttentionKind.CHUNKED_LOCAL_ATTENTION:
         skipped = num_computed // group.attention_chunk_size * group.attention_chunk_size
-    elif group.kind == "mamba":
+    elif group.kind == AttentionKind.MAMBA:
         skipped = max(0, num_computed - group.num_speculative_blocks) - 1
     else:
         skipped = 0

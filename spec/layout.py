@@ -25,16 +25,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from kvspec.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
+    AttentionKind,
     CrossAttentionSpec,
-    FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
-    RSWASpec,
-    SlidingWindowSpec,
     eagle_group_ids,
+    managed_kind,
     spec_is,
 )
 
@@ -43,7 +41,7 @@ from kvspec.kv_cache_interface import (
 class GroupView:
     """One KV-cache group as the rules see it."""
 
-    kind: str  # full_attention, rswa, sliding_window, chunked_local_attention, mamba, cross_attention
+    kind: AttentionKind  # never MLA_ATTENTION: MLA's blocks are full attention's (managed_kind)
     block_size: int
     sliding_window: int | None = None
     rswa_window: int | None = None
@@ -54,22 +52,19 @@ class GroupView:
 
 
 def view_of(spec: KVCacheSpec, eagle: bool) -> GroupView:
-    """A spec's kind and numbers (RSWA before full attention: it is one)."""
-    common = dict(block_size=spec.block_size, eagle=eagle)
-    if spec_is(spec, RSWASpec):
-        return GroupView("rswa", rswa_window=spec.rswa_window, **common)
-    if spec_is(spec, FullAttentionSpec):
-        return GroupView("full_attention", **common)
-    if spec_is(spec, SlidingWindowSpec):
-        return GroupView("sliding_window", sliding_window=spec.sliding_window, **common)
-    if spec_is(spec, ChunkedLocalAttentionSpec):
-        return GroupView("chunked_local_attention", attention_chunk_size=spec.attention_chunk_size, **common)
-    if spec_is(spec, MambaSpec):
-        return GroupView("mamba", mamba_cache_mode=spec.mamba_cache_mode,
-                         num_speculative_blocks=spec.num_speculative_blocks, **common)
-    if spec_is(spec, CrossAttentionSpec):
-        return GroupView("cross_attention", **common)
-    raise TypeError(f"unsupported KV-cache spec {type(spec).__name__}")
+    """A spec's kind (:func:`~kvspec.kv_cache_interface.managed_kind`: MLA is
+    full attention here) and the numbers its rules read."""
+    kind = managed_kind(spec)
+    if kind is None:
+        raise TypeError(f"unsupported KV-cache spec {type(spec).__name__}")
+    numbers = {
+        AttentionKind.RSWA: lambda: {"rswa_window": spec.rswa_window},
+        AttentionKind.SLIDING_WINDOW: lambda: {"sliding_window": spec.sliding_window},
+        AttentionKind.CHUNKED_LOCAL_ATTENTION: lambda: {"attention_chunk_size": spec.attention_chunk_size},
+        AttentionKind.MAMBA: lambda: {"mamba_cache_mode": spec.mamba_cache_mode,
+                                      "num_speculative_blocks": spec.num_speculative_blocks},
+    }.get(kind, dict)()
+    return GroupView(kind, block_size=spec.block_size, eagle=eagle, **numbers)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvspec.kv_cache_interface import cdiv
+from kvspec.kv_cache_interface import AttentionKind, cdiv
 from kvspec.spec.content import key_for
 from kvspec.spec.interface import PoolSnapshot
 from kvspec.spec.layout import Layout
@@ -40,21 +40,21 @@ def group_can_serve(pool: PoolSnapshot, request: Any, layout: Layout, g: int, le
         return True
     group = layout.views[g]
     bs = group.block_size
-    if length % bs or group.kind == "cross_attention":
+    if length % bs or group.kind == AttentionKind.CROSS_ATTENTION:
         return False
     n = length // bs
-    if group.kind in ("full_attention", "rswa"):
+    if group.kind in (AttentionKind.FULL_ATTENTION, AttentionKind.RSWA):
         needed = list(range(n))
-    elif group.kind == "sliding_window":
+    elif group.kind == AttentionKind.SLIDING_WINDOW:
         needed = list(range(max(0, n - max(1, cdiv(group.sliding_window - 1, bs))), n))
-    elif group.kind == "chunked_local_attention":
+    elif group.kind == AttentionKind.CHUNKED_LOCAL_ATTENTION:
         c = group.attention_chunk_size
         needed = list(range(length // c * c // bs, n))
-    elif group.kind == "mamba":
+    elif group.kind == AttentionKind.MAMBA:
         needed = [n - 1]
     else:
         raise ValueError(f"unknown group kind {group.kind}")
-    if group.eagle and group.kind != "mamba":
+    if group.eagle and group.kind != AttentionKind.MAMBA:
         if length + bs > max_length:
             return False
         needed.append(n)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvspec.hashing import make_block_hash_with_group_id
+from kvspec.kv_cache_interface import AttentionKind
 from kvspec.spec import rules as pool_rules
 from kvspec.spec.content import (
     ATTENTION_KINDS,
@@ -299,7 +300,7 @@ def hit_soundness(step: ManagerStep, ctx: RequestContext) -> list[str]:
     if len(tables) != len(layout.views):
         return problems + [f"{len(tables)} block lists for {len(layout.views)} groups"]
     for g, (group, blocks) in enumerate(zip(layout.views, tables, strict=True)):
-        want = 0 if group.kind == "cross_attention" else hit // group.block_size
+        want = 0 if group.kind == AttentionKind.CROSS_ATTENTION else hit // group.block_size
         if len(blocks) != want or len(blocks) * group.block_size not in (0, hit):
             problems.append(f"group {g} reports {len(blocks)} blocks ({len(blocks) * group.block_size} tokens) "
                             f"for hit {hit}")
@@ -355,7 +356,7 @@ def hit_state_written(step: ManagerStep, ctx: RequestContext) -> list[str]:
     request = step.args["request"]
     problems = []
     for g, (group, blocks) in enumerate(zip(layout.views, hits, strict=False)):
-        if group.kind != "mamba":
+        if group.kind != AttentionKind.MAMBA:
             continue
         for i in reversed(range(len(blocks))):
             b = blocks[i]
@@ -395,8 +396,9 @@ def _released(step: ManagerStep, rid: str, num_groups: int, layout: Layout | Non
     for g, bt in enumerate(before):
         at = after[g] if g < len(after) else ()
         moving = 0
-        if layout is not None and layout.views[g].kind == "mamba" and layout.views[g].mamba_cache_mode == "align":
-            moving = layout.views[g].num_speculative_blocks
+        view = layout.views[g] if layout is not None else None
+        if view is not None and view.kind == AttentionKind.MAMBA and view.mamba_cache_mode == "align":
+            moving = view.num_speculative_blocks
         for i, b in enumerate(bt):
             if b != NULL and (i >= len(at) or at[i] != b) and i < len(bt) - moving:
                 dropped[b] += 1

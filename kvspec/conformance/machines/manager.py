@@ -27,6 +27,7 @@ from kvspec.conformance.machines.machinery import CheckingMachine, Refused, desc
 from kvspec.conformance.machines.observe import observe
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_request_block_hasher
+from kvspec.kv_cache_interface import AttentionKind
 from kvspec.request import LoRARequest, Request, RequestStatus
 from kvspec.spec.content import Shadow
 from kvspec.spec.interface import ManagerTarget
@@ -65,7 +66,7 @@ def manager_machine(
     ``"bad-input:no_tokens"``, ``"mamba-align-external"``."""
 
     sbs = layout.scheduler_block_size
-    has_rswa = any(group.kind == "rswa" for group in layout.views)
+    has_rswa = any(group.kind == AttentionKind.RSWA for group in layout.views)
 
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
 

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec.conformance.targets.manager import KVCacheManagerTarget
-from kvspec.kv_cache_interface import MambaSpec, cdiv
+from kvspec.kv_cache_interface import AttentionKind, MambaSpec, cdiv
 from kvspec.spec.content import ATTENTION_KINDS, Shadow
 from kvspec.spec.interface import NULL_BLOCK_ID
 from kvspec.spec.layout import Layout
@@ -262,7 +262,7 @@ class SchedulerHarness:
         for g, (group, table) in enumerate(zip(self.rules_layout.views, tables, strict=True)):
             if group.kind not in kinds:
                 continue
-            p = (cdiv(start + count, group.block_size) if group.kind == "mamba"
+            p = (cdiv(start + count, group.block_size) if group.kind == AttentionKind.MAMBA
                  else (start + count - 1) // group.block_size + 1) - 1
             if p >= len(table) or table[p] == NULL_BLOCK_ID:
                 problems.append(Violation(SCHEDULED_TOKENS_HAVE_SLOTS, (
