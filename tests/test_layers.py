@@ -161,3 +161,30 @@ def test_the_graph_sees_lazy_imports():
     import is still a cycle): the gate's lazy import of vLLM's targets shows."""
     assert "kvspec.conformance.vllm.targets" in GRAPH["kvspec.conformance.runner"]
     assert "kvspec.conformance.machines.kernel" in GRAPH["kvspec.conformance.kernel_stage"]
+
+
+# --- conformance/ in rooms, and the README's table of them -------------------------------------------
+
+CONFORMANCE = ROOT / "kvspec" / "conformance"
+ROOMS = sorted(p.parent.name for p in CONFORMANCE.glob("*/__init__.py"))
+
+
+def test_conformance_keeps_at_most_ten_modules_at_its_root():
+    root = sorted(p.name for p in CONFORMANCE.glob("*.py"))
+    assert len(root) <= 10, root
+
+
+def test_every_room_says_in_a_paragraph_what_lives_there():
+    for room in ROOMS:
+        doc = ast.get_docstring(ast.parse((CONFORMANCE / room / "__init__.py").read_text()))
+        assert doc and len(doc.split()) >= 20, f"kvspec/conformance/{room}/__init__.py has no paragraph"
+        for module in sorted((CONFORMANCE / room).glob("*.py")):
+            if module.stem != "__init__":
+                assert f"``{module.stem}``" in doc, f"{room}'s docstring does not say what {module.name} is"
+
+
+def test_the_readme_table_names_every_conformance_module_and_room():
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| conformance |"))
+    missing = [p.name for p in CONFORMANCE.glob("*.py") if p.stem != "__init__" and f"`{p.name}`" not in row]
+    missing += [f"{room}/" for room in ROOMS if f"`{room}/`" not in row]
+    assert not missing, f"README's conformance row does not name {missing}"
