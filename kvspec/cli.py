@@ -17,7 +17,6 @@ the spec), 2 usage or environment error (one line, no traceback).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -41,7 +40,6 @@ from kvspec.conformance.runner import (
     LEVELS,
     SCOPES,
     SetupError,
-    check_target,
     layout_names,
     machine_for,
     model_layout_names,
@@ -50,7 +48,7 @@ from kvspec.conformance.runner import (
 )
 from kvspec.conformance.settings import PROFILES
 from kvspec.conformance.trace import Trace, TraceError
-from kvspec.conformance.vectors.codec import HASH_SEED, check
+from kvspec.conformance.vectors.codec import check, targets_for
 from kvspec.conformance.vectors.corpus import SIZES, generate
 from kvspec.spec.catalogue import RULES
 
@@ -357,11 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
 def vectors_generate(args: argparse.Namespace) -> int:
     """``kvspec vectors generate``: the corpus, and what it exercises."""
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
-    for old in out.glob("*/**/*.json") if out.is_dir() else []:
-        old.unlink()  # a vector the spec no longer yields must not linger
-    corpus = generate(out, args.size)
+    try:
+        corpus = generate(out, args.size)
+    except ValueError as error:
+        raise UsageError(f"--out: {error}") from None
     operations = sum(f["steps"] for f in corpus.files)
     print(f"{len(corpus.files)} vectors, {operations} operations, written to {out}")
     print(f"rules exercised: {len(corpus.rules)} of {len(RULES)}"
@@ -379,13 +376,7 @@ def vectors_check(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if not root.exists():
         raise UsageError(f"no such vectors directory or file: {root}")
-    scopes = list(SCOPES) if args.scope == "all" else [args.scope]
-    if ":" in args.target and len(scopes) > 1:
-        raise UsageError("a module:factory target serves one scope: add --scope pool or --scope manager")
-    if args.target == "vllm" and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
-        raise UsageError(f"vectors are hashed as under PYTHONHASHSEED={HASH_SEED}, and vLLM roots its hashes "
-                         f"at start-up: run with PYTHONHASHSEED={HASH_SEED}")
-    factories = {scope: check_target(args.target, scope) for scope in scopes}
+    factories = targets_for(args.target, list(SCOPES) if args.scope == "all" else [args.scope])
     known = frozenset(f.id for f in known_findings(args.target)) if args.known_findings else frozenset()
     quiet_loggers()
 
@@ -414,22 +405,18 @@ def vectors_check(args: argparse.Namespace) -> int:
 
 def mutate_command(args: argparse.Namespace) -> int:
     """``kvspec mutate``: the gate against the mutant catalogue."""
-    from kvspec.conformance.mutation.mutants import MUTANTS, for_family
+    from kvspec.conformance.mutation.mutants import MUTANTS
+    from kvspec.conformance.mutation.mutate import check_mutation, mutate
 
     if args.list:
         for m in MUTANTS:
             print(f"{m.name:<28} {m.bug_class:<40} {'/'.join(m.families):<10} {m.what}")
         return 0
-    if args.budget <= 0:
-        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.target == "vllm":
-        check_target("vllm", "manager")
-    from kvspec.conformance.mutation.mutate import mutate
-
     levels = args.level or ["L1", "L3"]
-    names = args.mutant or [m.name for m in for_family(args.target)]
+    try:
+        names = check_mutation(args.target, args.budget, args.jobs, args.mutant)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     print(f"kvspec mutate: target={args.target} levels={','.join(levels)} budget={args.budget:g}s "
           f"mutants={len(names)} jobs={args.jobs}", flush=True)
     print(f"{'mutant':<28} {'level':<5} {'result':<9} {'first fail s':>12} {'verdict s':>9}  caught by", flush=True)
@@ -442,21 +429,14 @@ def mutate_command(args: argparse.Namespace) -> int:
             (run.error or run.survived_because or "")
         print(f"{run.mutant:<28} {run.level:<5} {result:<9} {first:>12} {verdict:>9}  {how}", flush=True)
 
-    try:
-        report = mutate(args.target, levels, args.budget, names, args.jobs, args.seed, on_run=show)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+    report = mutate(args.target, levels, args.budget, names, args.jobs, args.seed, on_run=show)
     print()
     for level in report.levels():
         s = report.summary(level)
         print(f"{level}: {s['killed']}/{s['mutants']} killed ({s['score']} %), median {s['median_first_failure']} s "
               f"to the first failing check, {s['median_verdict']} s to the verdict")
     if args.report_dir:
-        out = Path(args.report_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "mutation.json").write_text(json.dumps(report.to_json(), indent=1) + "\n")
-        (out / "mutation.md").write_text(report.markdown())
-        print(f"wrote {out / 'mutation.json'} and {out / 'mutation.md'}")
+        print(f"wrote {' and '.join(map(str, report.write(args.report_dir)))}")
     return 0 if all(r.error is None for r in report.runs) else 1
 
 

@@ -27,6 +27,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from kvspec.conformance.mutation.mutants import MUTANTS_BY_NAME, Family, applied, for_family
 
@@ -161,6 +162,14 @@ class MutationReport:
                          f"{r.verdict if r.verdict is not None else '-'} |")
         return "\n".join(lines) + "\n"
 
+    def write(self, directory: str | Path) -> list[Path]:
+        """mutation.json and mutation.md in ``directory``; their paths."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "mutation.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        (out / "mutation.md").write_text(self.markdown())
+        return [out / "mutation.json", out / "mutation.md"]
+
     def to_json(self) -> dict:
         return {"target": self.target, "budget": self.budget, "seed": self.seed, "hypothesis": self.hypothesis,
                 "summary": [self.summary(level) for level in self.levels()],
@@ -170,13 +179,7 @@ class MutationReport:
 def mutate(target: str, levels: list[str], budget: float, names: list[str] | None = None, jobs: int = 1,
            seed: int | None = None, on_run=None) -> MutationReport:
     """Run the gate against every mutant (or those ``names``) at each level."""
-    chosen = [m.name for m in for_family(target)] if not names else names
-    unknown = [n for n in chosen if n not in MUTANTS_BY_NAME]
-    if unknown:
-        raise ValueError(f"no mutant named {', '.join(unknown)}: see kvspec mutate --list")
-    wrong = [n for n in chosen if target not in MUTANTS_BY_NAME[n].families]
-    if wrong:
-        raise ValueError(f"mutant(s) {', '.join(wrong)} do not apply to {target}")
+    chosen = check_mutation(target, budget, jobs, names)
     report = MutationReport(target, budget, seed)
     work = [(name, level) for name in chosen for level in levels]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -187,6 +190,27 @@ def mutate(target: str, levels: list[str], budget: float, names: list[str] | Non
             if on_run:
                 on_run(run)
     return report
+
+
+def check_mutation(target: str, budget: float, jobs: int, names: list[str] | None) -> list[str]:
+    """The mutants to run, the arguments checked first (ValueError, or
+    SetupError when the target cannot run here)."""
+    if budget <= 0:
+        raise ValueError(f"--budget must be a positive number of seconds, got {budget:g}")
+    if jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {jobs}")
+    if target == "vllm":
+        from kvspec.conformance.runner import check_target
+
+        check_target("vllm", "manager")
+    chosen = [m.name for m in for_family(target)] if not names else names
+    unknown = [n for n in chosen if n not in MUTANTS_BY_NAME]
+    if unknown:
+        raise ValueError(f"no mutant named {', '.join(unknown)}: see kvspec mutate --list")
+    wrong = [n for n in chosen if target not in MUTANTS_BY_NAME[n].families]
+    if wrong:
+        raise ValueError(f"mutant(s) {', '.join(wrong)} do not apply to {target}")
+    return chosen
 
 
 def main(argv: list[str]) -> int:

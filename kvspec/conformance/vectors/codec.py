@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -518,6 +519,19 @@ def vector_files(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
     return sorted(p for p in root.rglob("*.json") if p.name not in CORPUS_FILES)
+
+
+def targets_for(target: str, scopes: list[str]) -> dict[str, Callable[..., Any]]:
+    """The factories a check replays ``target`` through, per scope; a
+    target that cannot replay the vectors here raises ``SetupError``."""
+    from kvspec.conformance.runner import SetupError, check_target
+
+    if ":" in target and len(scopes) > 1:
+        raise SetupError("a module:factory target serves one scope: add --scope pool or --scope manager")
+    if target == "vllm" and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
+        raise SetupError(f"vectors are hashed as under PYTHONHASHSEED={HASH_SEED}, and vLLM roots its hashes "
+                         f"at start-up: run with PYTHONHASHSEED={HASH_SEED}")
+    return {scope: check_target(target, scope) for scope in scopes}
 
 
 def check(root: Path, factories: dict[str, Callable[..., Any]], known_findings: frozenset[str] = frozenset(),

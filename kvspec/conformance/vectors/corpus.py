@@ -488,9 +488,15 @@ repository keeps under ``vectors/`` (independent of Hypothesis's version)."""
 
 def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None = None,
              measure_coverage: bool = True) -> Corpus:
-    """Write the corpus under ``out`` (see the module docstring)."""
+    """Write the corpus under ``out`` (see the module docstring), replacing
+    the vectors a previous corpus left there: a vector the spec no longer
+    yields must not linger."""
     if size not in SIZES:
         raise ValueError(f"unknown corpus size {size!r}: use one of {sorted(SIZES)}")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a directory")
+    for old in out.glob("*/**/*.json") if out.is_dir() else []:
+        old.unlink()
     cov = _start_coverage() if measure_coverage else None
     try:
         with rooted_at(HASH_SEED):
