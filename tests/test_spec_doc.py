@@ -71,6 +71,15 @@ def test_docs_rules_lists_the_catalogue_in_order():
     assert names == list(RULES)
 
 
+@pytest.mark.parametrize("rule", list(RULES))
+def test_docs_rules_names_every_predicate_of_each_rule(rule):
+    table = (ROOT / "docs" / "rules.md").read_text().split("## Below the block ids", 1)[0]
+    row = next(line for line in table.splitlines() if line.startswith(f"| {rule} |"))
+    stated = row.split(" | ")[1]
+    missing = [p for p in sorted(registered()[rule]) if f"`{p}`" not in stated]
+    assert not missing, f"docs/rules.md's {rule} row does not name {missing}"
+
+
 def test_the_readme_names_every_rule_in_the_catalogues_order():
     readme = (ROOT / "README.md").read_text().split("## The rules", 1)[1].split("\n\n", 2)[1]
     named = [n for n in re.findall(r"[a-z]+(?:-[a-z]+)*", readme) if n in RULES]
