@@ -52,6 +52,8 @@ def test_a_failure_is_told_before_it_shrinks_and_its_trace_saved(tmp_path, monke
     (GateOptions(scope="pools"), "no scope 'pools'"),
     (GateOptions(profile="fast"), "no Hypothesis profile 'fast'"),
     (GateOptions(layouts=["no-such"]), "no layout named no-such"),
+    (GateOptions(layouts=["full", "ful"]), "no layout named ful in scope all"),  # not dropped in silence
+    (GateOptions(scope="pool", layouts=["full"]), "no layout named full in scope pool"),
     (GateOptions(shard="3/2"), "--shard takes I/N"),
     (GateOptions(avoid=["nothing:at-all"]), "not an input the machines know"),
     (GateOptions(target="nope"), "unknown target 'nope'"),

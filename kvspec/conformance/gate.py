@@ -183,8 +183,11 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
             raise SetupError(f"--avoid {name!r}: not an input the machines know; choose from {sorted(AVOIDABLE)}")
     scopes = list(SCOPES) if options.scope == "all" else [options.scope]
     plan = [(scope, name) for scope in scopes for name in _layouts(scope, options.layouts)]
-    if not plan:
-        raise SetupError(f"no layout named {', '.join(options.layouts or [])} in scope {options.scope}")
+    unknown = [name for name in options.layouts or [] if name != "models" and all(n != name for _, n in plan)]
+    if unknown or not plan:
+        known = "; ".join(f"{scope}: {', '.join(layout_names(scope))}" for scope in scopes)
+        raise SetupError(f"no layout named {', '.join(unknown or options.layouts or [])} in scope {options.scope} "
+                         f"({known}; or models, model:<name>)")
     if options.shard:
         shard, shards = parse_shard(options.shard)
         plan = plan[shard - 1::shards]  # round robin: each shard gets pool and manager layouts alike
