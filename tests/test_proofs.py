@@ -294,7 +294,7 @@ def test_a_mutation_changes_only_this_process_and_keeps_super_working():
         "IMPL_FAULTS['aligned_hit_blocks'].apply()\n"
         "assert m.aligned_block_count(3, 2, 4) == 3\n"
         "IMPL_FAULTS['allocate_mamba_align'].apply()\n"
-        "from kvspec.conformance.machines.layouts import \nfrom kvspec.testing import full, mamba\n"
+        "from kvspec.spec.layout import Layout\nfrom kvspec.testing import full, mamba\n"
         "from kvspec.conformance.targets.manager import ImplManagerTarget\n"
         "layout = Layout((full(2), mamba(2, mode='all')))\n"
         "manager = ImplManagerTarget(*layout.target_args()).manager.coordinator.single_type_managers[1]\n"
