@@ -408,7 +408,7 @@ class Engine:
         self.events["preemptions"] += 1
         self.call("free", request)
         self.running.remove(request)
-        self._leave_batch(request)
+        self._leave_batch(request, finished=False)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -419,7 +419,7 @@ class Engine:
         self.call("free", request)
         (self.running if request in self.running else self.waiting).remove(request)
         self.loading.pop(request.request_id, None)
-        self._leave_batch(request)
+        self._leave_batch(request, finished=True)
         request.status = RequestStatus.FINISHED_STOPPED
 
     def evict(self, block_ids: set[int]) -> None:
@@ -431,12 +431,17 @@ class Engine:
         self.events["resets" if done else "resets refused"] += 1
         return done
 
-    def _leave_batch(self, request: Request) -> None:
+    def _leave_batch(self, request: Request, finished: bool) -> None:
         if request.request_id in self.in_batch:
             self.in_batch.discard(request.request_id)
             if self.worker:
-                self.worker.remove(self.tables.row_of(request.request_id))
+                self.worker.leave(request.request_id, finished)
             self.tables.remove(request.request_id)
+
+    def row_of(self, request_id: str) -> int:
+        """The request's row in the tables the kernels read: vLLM's
+        persistent batch with vLLM's worker, else kvspec's tables."""
+        return self.worker.row_of(request_id) if self.worker else self.tables.row_of(request_id)
 
     # --- the worker ------------------------------------------------------------------------------------
 
@@ -473,12 +478,8 @@ class Engine:
             else:
                 self.tables.add(rid, ids)
                 self.in_batch.add(rid)
-            if self.worker:
-                self.worker.add(self.tables.row_of(rid), ids)
         else:
             self.tables.append(rid, w.new_block_ids)
-            if self.worker:
-                self.worker.append(self.tables.row_of(rid), w.new_block_ids)
 
     def check_tables(self, request: Request) -> None:
         self.checks_run["table-coherence"] += 1
@@ -515,8 +516,10 @@ class Engine:
     def _write_kv(self, group: Group, request: Request, positions: Sequence[int], ids: Sequence[int]) -> None:
         if not positions:
             return
-        row = self.tables.row_of(request.request_id)
-        slots = self.slot_mapping(group, row, positions)
+        # Cross attention's slots are kvspec's (vLLM maps encoder positions elsewhere): its rows are kvspec's too.
+        rid = request.request_id
+        slots = self.slot_mapping(group, self.tables.row_of(rid) if group.kind == "cross" else self.row_of(rid),
+                                  positions)
         self._check_owned(group, request, positions, slots)
         views = self.cache.views[group.index]
         if self.worker and group.kind != "mla":  # vLLM's concat_and_cache_mla is a CUDA op: MLA is written below
@@ -564,7 +567,7 @@ class Engine:
             queries.append(group.content.q(q_ids, torch.float32))
             starts.append(starts[-1] + len(q_ids))
             lens.append(self.num_encoder_tokens if cross else w.end)
-            rows.append(self.tables.row_of(w.request.request_id))
+            rows.append(self.row_of(w.request.request_id))
         tensor = self.worker.block_table(group.index) if self.worker else self.tables[group.index].tensor
         table = tensor[torch.tensor(rows, device=tensor.device)]
         views = self.cache.views[group.index]
@@ -665,16 +668,21 @@ class Engine:
         for w in work:
             if w.drafts:
                 raise ValueError("the kernel stage runs Mamba groups without speculative drafts")
-            r = self.tables.row_of(w.request.request_id)
+            r = self.row_of(w.request.request_id)
             row = self.worker.row(group.index, r) if self.worker else self.tables[group.index].row(r)
             ids = self._tokens(w)
             dst = [row[p] for p in mamba_token_positions(gl, w.start, w.end)]
+            vllm_indices = self.worker is not None and group.mamba_mode in ("align", "all")
+            if vllm_indices:  # vLLM's own state indices (the vllm-block-table check compared them with kvspec's)
+                read, _, block = self.worker.mamba_state(group, w.request.request_id)
+                dst = [block] * w.num_new if group.mamba_mode == "align" else [*dst[:-1], block]
             if w.start == 0:
                 src = dst[0]
                 state[src] = 0
             else:
                 self.checks_run["mamba-state"] += 1
-                read = self.mamba_read_position(group, w)
+                if not vllm_indices:
+                    read = self.mamba_read_position(group, w)
                 src = row[read] if 0 <= read < len(row) else NULL_BLOCK
                 have, want = read_tag(tag[src]), ids[w.start - 1] & STATE_ID_MASK
                 if have != want:

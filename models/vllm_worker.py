@@ -1,36 +1,53 @@
-"""vLLM's own worker path in the kernel stage: the block tables the kernels
-read, the slot mapping and the cache writes, as vLLM's model runner does them.
+"""vLLM's own worker path in the kernel stage: the persistent batch, the
+block tables the kernels read, the slot mapping, the cache writes and the
+Mamba state indices, as vLLM's model runner does them.
 
 When the target is vLLM, the test is of vLLM as it runs, not of kvspec's
 model of its worker.  So the :class:`~kvspec.models.runner.Engine` hands the
 worker's jobs to vLLM's code:
 
-- **block tables**: vLLM's ``MultiGroupBlockTable`` (``vllm/v1/worker/block_table.py``)
-  gets every row update -- ``add_row`` for a request joining the batch or
-  resuming, ``append_row`` with each step's new blocks, ``clear_row`` when it
-  leaves -- including its own split of manager blocks into kernel blocks;
-  ``commit_block_table`` copies the rows to the device tensor, and *that*
-  tensor is what every attention kernel (and the Mamba step) reads;
-- **slot mapping**: vLLM's Triton ``_compute_slot_mapping_kernel`` (via
-  ``compute_slot_mapping``) over the step's tokens, in vLLM's row order;
+- **the model runner's state update**: each step becomes a vLLM
+  ``SchedulerOutput`` (new requests with their whole tables; running ones
+  with their new blocks; resumed ones with their replacement tables;
+  finished and preempted ids) and vLLM's own
+  ``GPUModelRunner._update_states`` applies it to vLLM's ``InputBatch`` --
+  cached request states, rows assigned, freed and condensed, block-table rows
+  added, appended and replaced (``vllm/v1/worker/gpu_model_runner.py``,
+  ``gpu_input_batch.py``).  The model runner object itself needs a model and
+  a device, so ``_update_states`` runs on a small stand-in holding the state
+  it reads (:class:`_RunnerState`); the code that runs is vLLM's;
+- **block tables**: the ``InputBatch``'s ``MultiGroupBlockTable`` (with its
+  own split of manager blocks into kernel blocks); ``commit_block_table``
+  copies the rows to the device tensor, and *that* tensor, in vLLM's row
+  order, is what every attention kernel and the Mamba step read;
+- **positions and slot mapping**: each row's positions from the
+  ``InputBatch``'s computed-token counts, then vLLM's Triton
+  ``_compute_slot_mapping_kernel`` (via ``compute_slot_mapping``);
 - **cache writes**: vLLM's ``triton_reshape_and_cache_flash`` writes every
   scheduled token's K and V through that slot mapping (attention groups; an
   MLA group's latent is written by kvspec: vLLM's ``concat_and_cache_mla`` is
-  a CUDA op).
+  a CUDA op);
+- **Mamba state indices** (align mode): vLLM's ``preprocess_mamba``
+  (``vllm/v1/worker/mamba_utils.py``) decides which block each request's
+  running state is copied from and to, and ``mamba_get_block_table_tensor``
+  which block the kernel reads and writes.  The copy itself is kvspec's:
+  vLLM's ``batch_memcpy`` moves raw device pointers, which Triton's
+  interpreter cannot follow.
 
 kvspec's own tables (:class:`~kvspec.models.block_table.BlockTables`) are
 fed the same updates and stay the oracle: the ``vllm-block-table`` check
-compares vLLM's rows and slot mapping with them every step, and the other
-checks (exact-gather, slot-ownership, mamba-state) judge what vLLM's tables
-made the kernels read.  On a CPU, vLLM's Triton kernels run under Triton's
+compares, request by request, vLLM's row, its positions, its slot mapping
+and its Mamba state indices with kvspec's every step, and the other checks
+(exact-gather, slot-ownership, mamba-state) judge what vLLM's tables made the
+kernels read.  On a CPU, vLLM's Triton kernels run under Triton's
 interpreter (``TRITON_INTERPRET=1``, set before Triton is imported).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
@@ -67,55 +84,120 @@ def _on_cpu(device: torch.device) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _unpinned(device: torch.device) -> Iterator[None]:
+    """vLLM's ``InputBatch`` pins its host buffers when the platform says
+    it can; with no accelerator there is no pinned allocator, so on a CPU
+    they are plain host memory (what they hold is the same)."""
+    if device.type == "cuda":
+        yield
+        return
+    from vllm.v1.worker import gpu_input_batch
+
+    with mock.patch.object(gpu_input_batch, "PIN_MEMORY", False):
+        yield
+
+
+def _prompt_ids(request: Any) -> list[int]:
+    """The prompt as token ids for vLLM's batch (zeros for a prompt given as
+    embeddings: the block tables do not read tokens)."""
+    if request.prompt_token_ids is not None:
+        return list(request.prompt_token_ids)
+    return [0] * request.num_prompt_tokens
+
+
+class _RunnerState:
+    """What ``GPUModelRunner._update_states`` reads from the model runner,
+    for a runner with no model, no pipeline parallelism, no speculative
+    decoding config and synchronous scheduling: the persistent batch and the
+    cached request states are real vLLM objects; the rest are the settings
+    of such a runner."""
+
+    def __init__(self, input_batch: Any, device: torch.device):
+        self.input_batch = input_batch
+        self.device = device
+        self.requests: dict[str, Any] = {}  # vLLM's CachedRequestState per request id
+        self.num_prompt_logprobs: dict[str, int] = {}
+        self.encoder_cache: dict[str, Any] = {}
+        self.late_interaction_runner = SimpleNamespace(on_requests_finished=lambda ids: None,
+                                                       register_request=lambda *args: None)
+        self.speculative_config = None
+        self.is_pooling_model = False
+        self.uses_mrope = False
+        self.uses_xdrope_dim = 0
+        self.use_async_spec_decode = False
+        self.use_async_scheduling = False
+        self.zeroed: list[int] = []
+
+    def _zero_block_ids(self, block_ids: Any) -> None:
+        self.zeroed.extend(block_ids)  # the caches' zeroing is the engine's (it poisons fresh blocks itself)
+
+    def _may_reorder_batch(self, scheduler_output: Any) -> None:
+        """The attention backends' reordering: none for the kernels driven here."""
+
+
 class VllmWorker:
-    """vLLM's worker-side block tables, slot mapping and cache writes for one
-    engine (see the module docstring).  Rows are the engine's: a request
-    keeps the row kvspec's tables gave it."""
+    """vLLM's worker-side persistent batch, block tables, slot mapping,
+    cache writes and Mamba state indices for one engine (see the module
+    docstring).  Rows are vLLM's: :meth:`row_of` says where a request is."""
 
     def __init__(self, engine: Engine):
-        from vllm.v1.worker.block_table import MultiGroupBlockTable
-
         problem = vllm_worker_available()
         if problem is not None:
             raise RuntimeError(problem)
+        from vllm.v1.worker import gpu_input_batch
+
         self.engine = engine
         self.device = torch.device(engine.device)
         self.max_num_reqs = engine.max_num_reqs
         self.max_num_batched_tokens = 4 * engine.layout.max_model_len
-        self.table = MultiGroupBlockTable(
-            max_num_reqs=self.max_num_reqs, max_model_len=engine.layout.max_model_len,
-            max_num_batched_tokens=self.max_num_batched_tokens, pin_memory=False, device=self.device,
-            block_sizes=[g.block_size for g in engine.groups],
-            kernel_block_sizes=[g.kernel_block_size for g in engine.groups])
+        with _unpinned(self.device):
+            self.batch = gpu_input_batch.InputBatch(
+                max_num_reqs=self.max_num_reqs, max_model_len=engine.layout.max_model_len,
+                max_num_batched_tokens=self.max_num_batched_tokens, device=self.device, vocab_size=1 << 20,
+                block_sizes=[g.block_size for g in engine.groups],
+                kernel_block_sizes=[g.kernel_block_size for g in engine.groups])
+        self.runner = _RunnerState(self.batch, self.device)
+        self.table = self.batch.block_table
+        self.finished: set[str] = set()  # since the last step: the scheduler output's finished_req_ids
+        self.preempted: set[str] = set()  # ... and preempted_req_ids
+        self.mamba_state_idx: dict[str, int] = {}  # vLLM's model runner's, kept across steps
+        self.mamba_copies: dict[str, tuple[int, int]] = {}  # align mode: request -> state copied from, to
+        self.mamba_all: dict[tuple[int, str], tuple[int, int]] = {}  # all mode: (block size, request) -> read, last
+        self.positions: dict[str, list[int]] = {}  # request -> the positions vLLM computed this step
         self._slots: dict[int, tuple[int, int]] = {}  # row -> [start, end) in this step's slot mapping
         self._num_rows = 0
 
     # --- what the scheduler tells the worker --------------------------------------------------------------
 
-    def add(self, row: int, ids: Sequence[Sequence[int]]) -> None:
-        self.table.add_row(tuple(list(i) for i in ids), row)
-
-    def append(self, row: int, ids: Sequence[Sequence[int]] | None) -> None:
-        if ids is not None:
-            self.table.append_row(tuple(list(i) for i in ids), row)
-
-    def remove(self, row: int) -> None:
-        self.table.clear_row(row)
+    def leave(self, request_id: str, finished: bool) -> None:
+        """A request leaves the batch: finished, or preempted (it may resume)."""
+        (self.finished if finished else self.preempted).add(request_id)
 
     # --- a step --------------------------------------------------------------------------------------------
 
     def prepare(self, work: Sequence[Work]) -> None:
-        """Before the kernels run: copy the rows to the device tensor and
-        compute the slot mapping of every scheduled token, rows in order (an
-        unscheduled row gets no tokens), as vLLM's model runner does."""
-        rows = {self.engine.tables.row_of(w.request.request_id): w for w in work}
-        self._num_rows = max(rows, default=-1) + 1
-        lens = [0] * self._num_rows
-        for row, w in rows.items():
-            lens[row] = w.end - w.start
-        starts = [0, *itertools.accumulate(lens)]
-        self._slots = {row: (starts[row], starts[row + 1]) for row in rows}
-        positions = [p for row in sorted(rows) for p in range(rows[row].start, rows[row].end)]
+        """Before the kernels run: the step's scheduler output through vLLM's
+        ``_update_states``, the rows to the device tensor, the positions and
+        slot mapping of every scheduled token in vLLM's row order, and (align
+        mode) vLLM's Mamba state indices."""
+        from vllm.v1.worker import gpu_model_runner
+
+        output = self._scheduler_output(work)
+        with mock.patch.object(gpu_model_runner, "get_pp_group", return_value=SimpleNamespace(is_last_rank=True)):
+            gpu_model_runner.GPUModelRunner._update_states(self.runner, output)
+        self.finished, self.preempted = set(), set()
+        batch = self.batch
+        self._num_rows = batch.num_reqs
+        starts, positions, self.positions = [0], [], {}
+        for row, rid in enumerate(batch.req_ids[: self._num_rows]):
+            first = int(batch.num_computed_tokens_cpu[row])
+            mine = list(range(first, first + output.num_scheduled_tokens.get(rid, 0)))
+            self.positions[rid] = mine
+            positions += mine
+            starts.append(len(positions))
+        self._slots = {row: (starts[row], starts[row + 1]) for row in range(self._num_rows)}
+        self._query_start = starts
         if len(positions) > self.max_num_batched_tokens:
             raise ValueError(f"a step of {len(positions)} tokens; the worker was sized for "
                              f"{self.max_num_batched_tokens}")
@@ -124,6 +206,90 @@ class VllmWorker:
             self.table.compute_slot_mapping(self._num_rows, torch.tensor(starts, dtype=torch.int32,
                                                                          device=self.device),
                                             torch.tensor(positions, dtype=torch.int64, device=self.device))
+        self._mamba_indices(output)
+
+    def _scheduler_output(self, work: Sequence[Work]) -> Any:
+        """The step as vLLM's scheduler would send it to the worker."""
+        from vllm import SamplingParams
+        from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+        new, cached = [], []
+        for w in work:
+            rid = w.request.request_id
+            if rid not in self.runner.requests:
+                ids = self.engine.target.get_block_ids(rid)
+                new.append(NewRequestData(
+                    req_id=rid, prompt_token_ids=_prompt_ids(w.request), mm_features=[],
+                    sampling_params=SamplingParams(max_tokens=self.engine.layout.max_model_len), pooling_params=None,
+                    block_ids=tuple(list(i) for i in ids), num_computed_tokens=w.start, lora_request=None))
+            elif w.joins:  # resumed after a preemption: the whole table replaces the old one
+                cached.append((rid, tuple(list(i) for i in self.engine.target.get_block_ids(rid)), w.start, True))
+            else:
+                ids = None if w.new_block_ids is None else tuple(list(i) for i in w.new_block_ids)
+                cached.append((rid, ids, w.start, False))
+        cached_data = CachedRequestData(
+            req_ids=[c[0] for c in cached], resumed_req_ids={c[0] for c in cached if c[3]}, new_token_ids=[],
+            all_token_ids={}, new_block_ids=[c[1] for c in cached], num_computed_tokens=[c[2] for c in cached],
+            num_output_tokens=[len(self.runner.requests[c[0]].output_token_ids) for c in cached])
+        scheduled = {w.request.request_id: w.num_new for w in work}
+        return SchedulerOutput(
+            scheduled_new_reqs=new, scheduled_cached_reqs=cached_data, num_scheduled_tokens=scheduled,
+            total_num_scheduled_tokens=sum(scheduled.values()), scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={}, num_common_prefix_blocks=[0] * len(self.engine.groups),
+            finished_req_ids=set(self.finished), free_encoder_mm_hashes=[], preempted_req_ids=set(self.preempted))
+
+    def _mamba_indices(self, output: Any) -> None:
+        """Each Mamba group's state positions per request, from vLLM's code:
+        align mode -- where ``preprocess_mamba`` copies the running state
+        from and to (one call for every Mamba group, as the model runner
+        makes it); all mode -- the last computed and last scheduled token's
+        blocks, from the Mamba metadata builder's
+        ``_compute_prefix_caching_block_indices``."""
+        self.mamba_copies, self.mamba_all = {}, {}
+        modes = {g.mamba_mode for g in self.engine.groups if g.kind == "mamba"}
+        if "align" in modes:
+            self._align_copies(output)
+        if "all" in modes and self.positions:
+            self._all_indices()
+
+    def _align_copies(self, output: Any) -> None:
+        from vllm.v1.worker import mamba_utils
+
+        groups = [g.index for g in self.engine.groups if g.kind == "mamba" and g.mamba_mode == "align"]
+        copies: dict[str, tuple[int, int]] = {}
+
+        def collect(bufs, config, funcs, group_ids, src, dst, bias, req_state, context) -> None:
+            copies[req_state.req_id] = (src, dst)
+
+        spec = self.engine.layout.groups[groups[0]]
+        bufs = SimpleNamespace(mamba_group_ids=groups, offset=0, mamba_spec=SimpleNamespace(
+            block_size=spec.block_size, num_speculative_blocks=spec.num_speculative_blocks))
+        with mock.patch.object(mamba_utils, "collect_mamba_copy_meta", collect), \
+                mock.patch.object(mamba_utils, "do_mamba_copy_block", lambda bufs: None):
+            mamba_utils.preprocess_mamba(output, None, SimpleNamespace(enable_prefix_caching=True),
+                                         self.mamba_state_idx, self.batch, self.runner.requests, {}, (), bufs)
+        for rid in self.positions:
+            current = self.mamba_state_idx[rid]
+            self.mamba_copies[rid] = copies.get(rid, (current, current))
+
+    def _all_indices(self) -> None:
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+        from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder
+
+        rids = self.batch.req_ids[: self._num_rows]
+        seq_lens = torch.tensor([self.positions[rid][-1] + 1 if self.positions[rid] else 0 for rid in rids])
+        meta = SimpleNamespace(query_start_loc=torch.tensor(self._query_start), seq_lens=seq_lens,
+                               _num_computed_tokens_cache=None)
+        meta.compute_num_computed_tokens = lambda: CommonAttentionMetadata.compute_num_computed_tokens(meta)
+        for g in {g.block_size for g in self.engine.groups if g.kind == "mamba" and g.mamba_mode == "all"}:
+            computed, _, scheduled = BaseMambaAttentionMetadataBuilder._compute_prefix_caching_block_indices(
+                None, meta, g)
+            for i, rid in enumerate(rids):
+                self.mamba_all[(g, rid)] = (int(computed[i]), int(scheduled[i]))
+
+    def row_of(self, request_id: str) -> int:
+        """The request's row in vLLM's persistent batch this step."""
+        return self.batch.req_id_to_index[request_id]
 
     def block_table(self, group: int) -> torch.Tensor:
         """The device tensor the kernels read (rows 0..n-1 of this step)."""
@@ -135,6 +301,36 @@ class VllmWorker:
         table = self.table[group]
         n = int(table.num_blocks_per_row[row])
         return manager_block_ids(table.get_cpu_tensor()[row, :n].tolist(), table.blocks_per_kv_block)
+
+    def mamba_state(self, group: Group, request_id: str) -> tuple[int, int, int]:
+        """Where vLLM runs the request's Mamba step: the table position its
+        initial state is read from, the position the step's final state is
+        kept at, and the block the kernel writes that final state to.  Align
+        mode: the copy ``preprocess_mamba`` makes before the step, and the
+        block ``mamba_get_block_table_tensor`` gathers from the row; all
+        mode: the metadata builder's last computed and last scheduled
+        blocks, read from the row."""
+        row = self.row_of(request_id)
+        if group.mamba_mode == "all":
+            read, last = self.mamba_all[(group.block_size, request_id)]
+            table = self.row(group.index, row)
+            return read, last, table[last] if 0 <= last < len(table) else -1
+        from vllm.v1.attention.backends.utils import mamba_get_block_table_tensor
+
+        src, dst = self.mamba_copies[request_id]
+        seq_len = self.positions[request_id][-1] + 1
+        block = mamba_get_block_table_tensor(self.table[group.index].get_cpu_tensor()[row:row + 1],
+                                             torch.tensor([seq_len]), self._vllm_mamba_spec(group), "align")
+        return src, dst, int(block[0, 0])
+
+    def _vllm_mamba_spec(self, group: Group) -> Any:
+        """vLLM's ``MambaSpec`` for a group (its metadata code asks for one)."""
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        ours = self.engine.layout.groups[group.index]
+        return MambaSpec(block_size=ours.block_size, shapes=ours.shapes,
+                         dtypes=tuple(getattr(torch, d) if isinstance(d, str) else d for d in ours.dtypes),
+                         mamba_cache_mode=ours.mamba_cache_mode, num_speculative_blocks=ours.num_speculative_blocks)
 
     def slot_mapping(self, group: int, row: int) -> torch.Tensor:
         """The slots vLLM computed for ``row``'s tokens this step (int64)."""
@@ -155,26 +351,51 @@ class VllmWorker:
     # --- the oracle ------------------------------------------------------------------------------------------
 
     def compare(self, work: Sequence[Work], check: Any) -> None:
-        """vLLM's rows and slot mapping against kvspec's tables (the
-        ``vllm-block-table`` check); ``check(message)`` reports a difference."""
+        """vLLM's rows, positions, slot mapping and Mamba state indices
+        against kvspec's tables, request by request (the ``vllm-block-table``
+        check); ``check(message)`` reports the first difference."""
         ours_tables = self.engine.tables
-        rows = sorted(ours_tables.row_of(w.request.request_id) for w in work)
+        for w in work:
+            rid = w.request.request_id
+            if rid not in self.batch.req_id_to_index:
+                check(f"request {rid} is scheduled but not in vLLM's persistent batch")
+                return
+            if self.positions[rid] != list(range(w.start, w.end)):
+                check(f"request {rid}: vLLM's model runner computes positions {_span(self.positions[rid])}, the "
+                      f"scheduler scheduled {_span(range(w.start, w.end))}")
+                return
         for g, group in enumerate(self.engine.groups):
             ours, theirs = ours_tables[g], self.table[g]
-            for row in rows:
-                n = ours.num_blocks[row]
+            for w in work:
+                rid = w.request.request_id
+                mine, row = ours_tables.row_of(rid), self.row_of(rid)
+                n = ours.num_blocks[mine]
                 held = theirs.get_cpu_tensor()[row, :int(theirs.num_blocks_per_row[row])]
                 if int(theirs.num_blocks_per_row[row]) != n or not torch.equal(held.to(ours.tensor.device),
-                                                                              ours.tensor[row, :n]):
-                    check(f"group {g} row {row}: vLLM's table holds {held.tolist()}, kvspec's "
-                          f"{ours.tensor[row, :n].tolist()}")
+                                                                              ours.tensor[mine, :n]):
+                    check(f"group {g} request {rid}: vLLM's table row {row} holds {held.tolist()}, kvspec's "
+                          f"{ours.tensor[mine, :n].tolist()}")
                     return
-            if group.kind not in ("attention", "mla"):
-                continue
-            for w in work:
-                row = ours_tables.row_of(w.request.request_id)
-                want = ours.slot_mapping([row], [list(range(w.start, w.end))])
-                got = self.slot_mapping(g, row)
-                if not torch.equal(got, want):
-                    check(f"group {g} row {row}: vLLM's slot mapping {got.tolist()}, kvspec's {want.tolist()}")
-                    return
+                if group.kind in ("attention", "mla"):
+                    want = ours.slot_mapping([mine], [list(range(w.start, w.end))])
+                    got = self.slot_mapping(g, row)
+                    if not torch.equal(got, want):
+                        check(f"group {g} request {rid}: vLLM's slot mapping {got.tolist()}, kvspec's "
+                              f"{want.tolist()}")
+                        return
+                elif group.kind == "mamba" and group.mamba_mode in ("align", "all"):
+                    src, dst, block = self.mamba_state(group, rid)
+                    bs = group.block_size
+                    want_src, want_dst = (w.start - 1) // bs if w.start else -1, (w.end - 1) // bs
+                    table = self.row(g, row)
+                    if (src if w.start else -1, dst) != (want_src, want_dst) or \
+                            not 0 <= dst < len(table) or block != table[dst]:
+                        check(f"group {g} request {rid}: vLLM moves the Mamba state from position {src} to {dst} "
+                              f"and its kernel reads block {block}; the state after {w.start} tokens is at position "
+                              f"{want_src}, the step's final state belongs at {want_dst}")
+                        return
+
+
+def _span(positions: Any) -> str:
+    positions = list(positions)
+    return f"{positions[0]}..{positions[-1]}" if positions else "none"

@@ -77,18 +77,77 @@ def append_row_drops_a_block(monkeypatch):
     monkeypatch.setattr(block_table.BlockTable, "append_row", forgetful)
 
 
+def _rewrite(monkeypatch, owner, name: str, old: str, new: str) -> None:
+    """Plant a fault in the source of vLLM's function ``owner.name``: the
+    text ``old`` becomes ``new``, compiled in the function's own module."""
+    import inspect
+    import sys
+    import textwrap
+
+    function = inspect.unwrap(getattr(owner, name))
+    source = textwrap.dedent(inspect.getsource(function))
+    assert source.count(old) == 1, f"{name}: the planted line is not in vLLM's source"
+    module = sys.modules[function.__module__]
+    scope: dict = {}
+    exec(compile(source.replace(old, new), inspect.getsourcefile(function), "exec"), vars(module), scope)
+    monkeypatch.setattr(owner, name, scope[name])
+
+
+def resumed_row_not_replaced(monkeypatch):
+    """_update_states appends a resumed request's new table to its old one
+    instead of replacing it."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    _rewrite(monkeypatch, GPUModelRunner, "_update_states", "req_state.block_ids = new_block_ids",
+             "req_state.block_ids = tuple(old + new for old, new in zip(req_state.block_ids, new_block_ids))")
+
+
+def mamba_state_index_one_block_on(monkeypatch):
+    """preprocess_mamba keeps the running state one block past the step's last token."""
+    from vllm.v1.worker import mamba_utils
+
+    _rewrite(monkeypatch, mamba_utils, "preprocess_mamba", "curr_state_idx = num_blocks - 1 - num_speculative_blocks",
+             "curr_state_idx = num_blocks - num_speculative_blocks")
+
+
+def mamba_last_block_one_on(monkeypatch):
+    """The Mamba metadata builder (all mode) puts the last scheduled token one block further on."""
+    from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder
+
+    _rewrite(monkeypatch, BaseMambaAttentionMetadataBuilder, "_compute_prefix_caching_block_indices",
+             "cdiv(common_attn_metadata.seq_lens, mamba_block_size) - 1",
+             "cdiv(common_attn_metadata.seq_lens, mamba_block_size)")
+
+
+def mamba_kernel_block_one_back(monkeypatch):
+    """mamba_get_block_table_tensor points the kernel one block before the last token's."""
+    from vllm.v1.attention.backends import utils
+
+    _rewrite(monkeypatch, utils, "mamba_get_block_table_tensor", "(seq_lens - 1) // kv_cache_spec.block_size",
+             "(seq_lens - 1) // kv_cache_spec.block_size - 1")
+
+
 FAULTS = {
     slot_mapping_offset: {"vllm-block-table", "slot-ownership", "exact-gather"},
     cache_write_drops_a_token: {"exact-gather"},
     cache_write_misplaces_a_token: {"exact-gather"},
     append_row_drops_a_block: {"vllm-block-table", "exact-gather"},
+    resumed_row_not_replaced: {"vllm-block-table"},
+    mamba_state_index_one_block_on: {"vllm-block-table", "mamba-state"},
+    mamba_kernel_block_one_back: {"vllm-block-table", "mamba-state"},
+    mamba_last_block_one_on: {"vllm-block-table", "mamba-state"},
 }
+# Align mode's state copies run on the manager layout with an align-mode Mamba group; all mode's metadata on
+# Nemotron-H (vLLM's "all" for it).
+MODEL = {mamba_state_index_one_block_on: "full+mamba-align", mamba_kernel_block_one_back: "full+mamba-align",
+         mamba_last_block_one_on: "nemotron-h-8b"}
 
 
 @pytest.mark.parametrize("plant", FAULTS, ids=lambda f: f.__name__)
 def test_a_fault_in_vllms_worker_is_caught_by_default(plant, monkeypatch, capsys):
     plant(monkeypatch)
-    code = main(["kernels", "--target", "vllm", "--model", "llama-3-8b", "--examples", EXAMPLES, "--seed", "1"])
+    code = main(["kernels", "--target", "vllm", "--model", MODEL.get(plant, "llama-3-8b"), "--examples", EXAMPLES,
+                 "--seed", "1"])
     out = capsys.readouterr().out
     assert code == 1, out
     assert "worker=vllm" in out

@@ -33,7 +33,8 @@ VLLM_VERSION="0.25.1"
 # is fine and is what the rest of kvspec's tooling uses.)
 TORCH_SPEC="torch==2.13.0"
 
-# Import-time dependencies of vllm.v1.core.* and vllm.v1.request (the
+# Import-time dependencies of vllm.v1.core.*, vllm.v1.request and
+# vllm.v1.worker.gpu_model_runner (the
 # import chain goes through vllm.config, vllm.envs, the tokenizer and
 # structured-output modules, the multimodal registry and the OpenAI-protocol
 # types, hence the less obvious entries).
@@ -61,6 +62,9 @@ IMPORT_DEPS=(
     "prometheus_client>=0.18.0"
     "llguidance>=1.7.0,<1.8.0"
     "apache-tvm-ffi==0.1.9"
+    # vllm.v1.worker.gpu_model_runner (the kernel stage drives its _update_states
+    # and InputBatch) imports the attention layers, which import einops.
+    "einops"
 )
 # xgrammar's own dependency list pulls triton (and with it a CUDA stack);
 # vLLM only needs the package importable, so it goes in without its deps.
