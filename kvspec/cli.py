@@ -298,8 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     ker = sub.add_parser("kernels", help="run block tables through attention and Mamba kernels (the kernel stage)")
     ker.add_argument("--target", default="impl", help="impl, vllm, or module:factory (a manager target; default impl)")
     ker.add_argument("--model", action="append",
-                     help="an architecture of kvspec.models (llama-3-8b, gemma-3, ...), 'all' (default), or a "
-                     "manager conformance layout (repeatable)")
+                     help="an architecture of kvspec.models (llama-3-8b, gemma-3, ...), 'all' (default; with vLLM's "
+                     "worker, nemotron-h-8b at its real block sizes first: the kernel-block split), or a manager "
+                     "conformance layout (repeatable)")
     ker.add_argument("--scale", default="tiny",
                      help="tiny (2-token blocks: every boundary within 32 tokens), small (real block sizes and "
                      "windows, small layers) or gpu (real heads and head sizes, bf16); default tiny")

@@ -67,6 +67,11 @@ from kvspec.spec.layout import Layout
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
 KERNEL_BLOCK_ALIGNMENT = 16  # FlashAttention (and Triton, Flex): block sizes MultipleOf(16)
+# The kernel block sizes of vLLM 0.25.1's FlashInfer backend (off Blackwell): the attention backend whose
+# fixed sizes make vLLM split a larger manager block into kernel blocks (FlashAttention and Triton take any
+# multiple of 16, so they read a 1152-token block whole).  At the real block sizes the kernel stage reads
+# tables as vLLM does with FlashInfer: select_kernel_block_size over these.
+KERNEL_BLOCK_SIZES = (16, 32, 64)
 
 # Layer kinds, as they appear in an architecture's layer list.
 FULL, SLIDING, CHUNKED, MLA, MAMBA, CROSS = "full", "sliding", "chunked", "mla", "mamba", "cross"
@@ -390,7 +395,7 @@ class ModelSetup:
 
     name: str
     layout: Layout
-    kernel_block_size: int | None = None
+    kernel_block_sizes: tuple[int, ...] | None = None  # the backend's; None: kernels read manager blocks whole
     num_encoder_tokens: int = 0
     heads: int = 2
     sinks: bool = False
@@ -420,21 +425,21 @@ def setup(name: str, scale: str = "tiny", *, prefix_caching: bool | None = None,
     if scale == "tiny":
         max_model_len = max_model_len or 32
         config = tiny(full, max_model_len=max_model_len, num_blocks=num_blocks)
-        kernel_block_size, encoder = None, 6 if arch.num_encoder_tokens else 0
+        kernel_block_sizes, encoder = None, 6 if arch.num_encoder_tokens else 0
     elif scale == "small":
         max_model_len = max_model_len or min(arch.max_model_len, 16384)
         config = scaled(full, num_blocks=num_blocks or 64 * len(full.kv_cache_groups))
-        kernel_block_size, encoder = KERNEL_BLOCK_ALIGNMENT, arch.num_encoder_tokens
+        kernel_block_sizes, encoder = KERNEL_BLOCK_SIZES, arch.num_encoder_tokens
     else:
         max_model_len = max_model_len or min(arch.max_model_len, 16384)
         blocks = num_blocks or (2048 if arch.mamba is not None else 32768)
         config = scaled(full, num_blocks=blocks, dtype="bfloat16", small=False)
-        kernel_block_size, encoder = KERNEL_BLOCK_ALIGNMENT, arch.num_encoder_tokens
+        kernel_block_sizes, encoder = KERNEL_BLOCK_SIZES, arch.num_encoder_tokens
         heads = min(32, arch.num_heads) if arch.mla_latent else arch.num_heads
     layout = Layout(tuple(g.kv_cache_spec for g in config.kv_cache_groups), num_blocks=config.num_blocks,
                            max_model_len=max_model_len, enable_caching=prefix_caching)
     label = f"model:{arch.name}" + ("" if scale == "tiny" else f"@{scale}")
-    return ModelSetup(label, layout, kernel_block_size, encoder, heads=heads if scale == "gpu" else 2,
+    return ModelSetup(label, layout, kernel_block_sizes, encoder, heads=heads if scale == "gpu" else 2,
                       sinks=arch.sinks)
 
 

@@ -177,3 +177,17 @@ def mamba_state_position(num_tokens: int, block_size: int) -> int:
     """Where the state after ``num_tokens`` tokens lives in a Mamba row (-1:
     no tokens, no state)."""
     return cdiv(num_tokens, block_size) - 1
+
+
+def select_kernel_block_size(block_size: int, supported: Sequence[int] | None) -> int:
+    """The kernel block size an attention backend reads a manager block of
+    ``block_size`` tokens in: the block itself when the backend supports
+    its size, else the largest supported size that divides it (as vLLM's
+    ``select_common_block_size`` chooses among a backend's fixed sizes).
+    ``supported`` None: the block is read whole."""
+    if supported is None or block_size in supported:
+        return block_size
+    for size in sorted(supported, reverse=True):
+        if block_size % size == 0:
+            return size
+    raise ValueError(f"no kernel block size of {sorted(supported)} divides the block size {block_size}")

@@ -48,7 +48,7 @@ from kvspec.kv_cache_interface import (
     cdiv,
 )
 from kvspec.models import kernels as K
-from kvspec.models.block_table import NULL_BLOCK, BlockTables
+from kvspec.models.block_table import NULL_BLOCK, BlockTables, select_kernel_block_size
 from kvspec.models.content import AttentionContent, ContentIds, MambaContent, MLAContent
 from kvspec.request import LoRARequest, Request, RequestStatus
 from kvspec.spec.content import mamba_token_positions
@@ -113,16 +113,17 @@ class Group:
         return self.block_size // self.kernel_block_size
 
 
-def describe_groups(layout: Layout, *, kernel_block_size: int | None, heads: int, sinks: bool,
+def describe_groups(layout: Layout, *, kernel_block_sizes: Sequence[int] | None, heads: int, sinks: bool,
                     seed: int = 0) -> list[Group]:
-    """The runner's view of each group, with its test-model content."""
+    """The runner's view of each group, with its test-model content.
+    ``kernel_block_sizes``: the attention backend's (see
+    :func:`~kvspec.models.block_table.select_kernel_block_size`)."""
     groups = []
     for g, spec in enumerate(layout.groups):
         # Attention kernels may read a manager block as several kernel blocks; a Mamba state is one page,
         # never split (vLLM gives Mamba groups their manager block size as the kernel's).
-        split = kernel_block_size is not None and not isinstance(spec, MambaSpec) and \
-            spec.block_size % kernel_block_size == 0
-        kbs = kernel_block_size if split else spec.block_size
+        kbs = spec.block_size if isinstance(spec, MambaSpec) else \
+            select_kernel_block_size(spec.block_size, kernel_block_sizes)
         common = dict(index=g, block_size=spec.block_size, kernel_block_size=kbs)
         if isinstance(spec, MambaSpec):
             (_, conv_dim), (nh, hd, ds) = spec.shapes
@@ -254,13 +255,14 @@ class Engine:
 
     def __init__(self, layout: Layout, target_factory: Callable[..., ManagerTarget], *,
                  kernels: Sequence[str] = ("reference", "flex"), dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", kernel_block_size: int | None = None, heads: int = 2,
+                 device: str | torch.device = "cpu", kernel_block_sizes: Sequence[int] | None = None, heads: int = 2,
                  sinks: bool = False, num_encoder_tokens: int = 0, max_num_reqs: int = 16,
                  worker: str = "kvspec", skip_checks: Sequence[str] = (), seed: int = 0):
         self.layout = layout
         self.target = target_factory(*layout.target_args(enable_kv_cache_events=False))
         self.rules_layout = layout
-        self.groups = describe_groups(layout, kernel_block_size=kernel_block_size, heads=heads, sinks=sinks,
+        self.kernel_block_sizes = kernel_block_sizes
+        self.groups = describe_groups(layout, kernel_block_sizes=kernel_block_sizes, heads=heads, sinks=sinks,
                                       seed=seed)
         self.kernels = list(kernels)
         unknown = set(skip_checks) - set(CHECKS)
@@ -300,7 +302,7 @@ class Engine:
     @classmethod
     def from_setup(cls, setup: Any, target_factory: Callable[..., ManagerTarget], **options: Any) -> Engine:
         """An engine for a :class:`~kvspec.models.architectures.ModelSetup`."""
-        return cls(setup.layout, target_factory, kernel_block_size=setup.kernel_block_size, heads=setup.heads,
+        return cls(setup.layout, target_factory, kernel_block_sizes=setup.kernel_block_sizes, heads=setup.heads,
                    sinks=setup.sinks, num_encoder_tokens=setup.num_encoder_tokens, **options)
 
     def _fail(self, check: str, message: str) -> None:

@@ -151,12 +151,12 @@ class VllmWorker:
         self.device = torch.device(engine.device)
         self.max_num_reqs = engine.max_num_reqs
         self.max_num_batched_tokens = 4 * engine.layout.max_model_len
+        self.kernel_block_sizes = [self._kernel_block_size(g) for g in engine.groups]
         with _unpinned(self.device):
             self.batch = gpu_input_batch.InputBatch(
                 max_num_reqs=self.max_num_reqs, max_model_len=engine.layout.max_model_len,
                 max_num_batched_tokens=self.max_num_batched_tokens, device=self.device, vocab_size=1 << 20,
-                block_sizes=[g.block_size for g in engine.groups],
-                kernel_block_sizes=[g.kernel_block_size for g in engine.groups])
+                block_sizes=[g.block_size for g in engine.groups], kernel_block_sizes=self.kernel_block_sizes)
         self.runner = _RunnerState(self.batch, self.device)
         self.table = self.batch.block_table
         self.finished: set[str] = set()  # since the last step: the scheduler output's finished_req_ids
@@ -167,6 +167,20 @@ class VllmWorker:
         self.positions: dict[str, list[int]] = {}  # request -> the positions vLLM computed this step
         self._slots: dict[int, tuple[int, int]] = {}  # row -> [start, end) in this step's slot mapping
         self._num_rows = 0
+
+    def _kernel_block_size(self, group: Group) -> int:
+        """The kernel block size vLLM's model runner picks for a group:
+        ``select_common_block_size`` over the backend's supported sizes
+        (those the engine's setup names; a backend stand-in carries them:
+        FlashInfer's module needs the flashinfer package), Mamba groups
+        never split (as ``prepare_kernel_block_sizes`` does)."""
+        supported = self.engine.kernel_block_sizes
+        if group.kind == "mamba" or supported is None:
+            return group.block_size
+        from vllm.v1.worker.utils import select_common_block_size
+
+        backend = type("KernelBackend", (), {"get_supported_kernel_block_sizes": staticmethod(lambda: list(supported))})
+        return select_common_block_size(group.block_size, [backend])
 
     # --- what the scheduler tells the worker --------------------------------------------------------------
 
@@ -355,6 +369,11 @@ class VllmWorker:
         against kvspec's tables, request by request (the ``vllm-block-table``
         check); ``check(message)`` reports the first difference."""
         ours_tables = self.engine.tables
+        for group, size in zip(self.engine.groups, self.kernel_block_sizes, strict=True):
+            if size != group.kernel_block_size:
+                check(f"group {group.index}: vLLM's model runner reads {group.block_size}-token blocks as "
+                      f"{size}-token kernel blocks, kvspec as {group.kernel_block_size}")
+                return
         for w in work:
             rid = w.request.request_id
             if rid not in self.batch.req_id_to_index:

@@ -68,3 +68,14 @@ def test_mamba_state_position():
 
 def test_tables_are_int32():
     assert BlockTable(4, 1, 1).tensor.dtype == torch.int32
+
+
+def test_a_backend_reads_a_manager_block_whole_or_in_its_largest_dividing_size():
+    from kvspec.models.architectures import KERNEL_BLOCK_SIZES
+    from kvspec.models.block_table import select_kernel_block_size
+
+    assert select_kernel_block_size(1152, KERNEL_BLOCK_SIZES) == 64  # a hybrid's attention block, FlashInfer's sizes
+    assert select_kernel_block_size(16, KERNEL_BLOCK_SIZES) == 16
+    assert select_kernel_block_size(2, None) == 2  # no backend sizes: read whole
+    with pytest.raises(ValueError, match="no kernel block size of \\[16, 32, 64\\] divides the block size 24"):
+        select_kernel_block_size(24, KERNEL_BLOCK_SIZES)

@@ -93,6 +93,15 @@ def _rewrite(monkeypatch, owner, name: str, old: str, new: str) -> None:
     monkeypatch.setattr(owner, name, scope[name])
 
 
+def kernel_block_split_off_by_one(monkeypatch):
+    """map_to_kernel_blocks starts each manager block's kernel blocks one further on."""
+    from vllm.v1.worker import block_table
+
+    _rewrite(monkeypatch, block_table.BlockTable, "map_to_kernel_blocks",
+             "kv_manager_block_ids.reshape(-1, 1) * blocks_per_kv_block", "kv_manager_block_ids.reshape(-1, 1) * "
+             "blocks_per_kv_block + 1")
+
+
 def resumed_row_not_replaced(monkeypatch):
     """_update_states appends a resumed request's new table to its old one
     instead of replacing it."""
@@ -132,6 +141,7 @@ FAULTS = {
     cache_write_drops_a_token: {"exact-gather"},
     cache_write_misplaces_a_token: {"exact-gather"},
     append_row_drops_a_block: {"vllm-block-table", "exact-gather"},
+    kernel_block_split_off_by_one: {"vllm-block-table", "slot-ownership", "exact-gather"},
     resumed_row_not_replaced: {"vllm-block-table"},
     mamba_state_index_one_block_on: {"vllm-block-table", "mamba-state"},
     mamba_kernel_block_one_back: {"vllm-block-table", "mamba-state"},
@@ -139,14 +149,16 @@ FAULTS = {
 }
 # Align mode's state copies run on the manager layout with an align-mode Mamba group; all mode's metadata on
 # Nemotron-H (vLLM's "all" for it).
-MODEL = {mamba_state_index_one_block_on: "full+mamba-align", mamba_kernel_block_one_back: "full+mamba-align",
+MODEL = {kernel_block_split_off_by_one: "nemotron-h-8b@small",  # 1152-token blocks as 64-token kernel blocks
+         mamba_state_index_one_block_on: "full+mamba-align", mamba_kernel_block_one_back: "full+mamba-align",
          mamba_last_block_one_on: "nemotron-h-8b"}
 
 
 @pytest.mark.parametrize("plant", FAULTS, ids=lambda f: f.__name__)
 def test_a_fault_in_vllms_worker_is_caught_by_default(plant, monkeypatch, capsys):
     plant(monkeypatch)
-    code = main(["kernels", "--target", "vllm", "--model", MODEL.get(plant, "llama-3-8b"), "--examples", EXAMPLES,
+    model, _, scale = MODEL.get(plant, "llama-3-8b").partition("@")
+    code = main(["kernels", "--target", "vllm", "--model", model, "--scale", scale or "tiny", "--examples", EXAMPLES,
                  "--seed", "1"])
     out = capsys.readouterr().out
     assert code == 1, out
