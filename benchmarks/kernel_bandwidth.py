@@ -9,8 +9,11 @@ pool has churned; then a decode batch of the longest running requests is
 taken with its block tables.  The same context lengths laid out on
 consecutive blocks are the contiguous case.  Each table is timed with the
 decode kernel -- vLLM's ``unified_attention`` where vLLM is installed, else
-compiled ``flex_attention`` -- (CUDA events, median of repeats, interleaved),
-and the bandwidth is the K/V bytes the batch reads per second.
+compiled ``flex_attention`` -- on device-resident inputs, the kernel alone
+(CUDA events around each launch, median of repeats), and the bandwidth is
+the K/V bytes the batch reads per second.  ``--smoke`` runs short requests
+in a small pool, so its tables are fragmented too (their share of adjacent
+blocks is printed and recorded).
 
     python benchmarks/kernel_bandwidth.py --out results/       # on a GPU
     python benchmarks/kernel_bandwidth.py --smoke --out DIR     # a tiny CPU run (checks the script)
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -34,28 +38,32 @@ import torch
 
 from kvspec.hashing import get_request_block_hasher
 from kvspec.impl import KVCacheManager
-from kvspec.kv_cache_interface import FullAttentionSpec, cdiv
+from kvspec.kv_cache_interface import FullAttentionSpec
 from kvspec.models import kernels as K
 from kvspec.request import Request
 from kvspec.spec.layout import Layout
 
 
-def churn(num_blocks: int, block_size: int, steps: int, seed: int) -> tuple[list[list[int]], list[int]]:
+def churn(num_blocks: int, block_size: int, steps: int, seed: int, prompt: tuple[int, int] = (500, 2500),
+          system_len: int = 512) -> tuple[list[list[int]], list[int]]:
     """Run a serving loop; the block tables and context lengths of the
-    running requests at the end (longest first)."""
+    running requests at the end (longest first).  Prompts of ``prompt``
+    tokens, after the first 0, half or all ``system_len`` tokens of a shared
+    system prompt."""
     rng = random.Random(seed)
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=8, head_size=128, dtype="bfloat16")
     layout = Layout((spec,), num_blocks=num_blocks, max_model_len=4096)
     manager = KVCacheManager(layout.kv_cache_config(), layout.max_model_len, block_size, block_size)
     hasher = get_request_block_hasher(block_size)
-    system = [rng.randrange(1000) for _ in range(512)]
+    system = [rng.randrange(1000) for _ in range(system_len)]
     running: list[Request] = []
     for step in range(steps):
         if running and rng.random() < 0.3:
             done = running.pop(rng.randrange(len(running)))
             manager.free(done)
-        prompt = system[: rng.choice([0, 256, 512])] + [rng.randrange(1000) for _ in range(rng.randint(500, 2500))]
-        request = Request(f"r{step}", prompt, block_hasher=hasher)
+        tokens = system[: rng.choice([0, system_len // 2, system_len])] + \
+            [rng.randrange(1000) for _ in range(rng.randint(*prompt))]
+        request = Request(f"r{step}", tokens, block_hasher=hasher)
         blocks, hit = manager.get_computed_blocks(request)
         if manager.allocate_slots(request, request.num_tokens - hit, hit, blocks) is not None:
             request.num_computed_tokens = request.num_tokens
@@ -75,28 +83,33 @@ def adjacency(tables: list[list[int]]) -> float:
     return sum(b == a + 1 for a, b in pairs) / max(1, len(pairs))
 
 
-def decode_kernel():
+def decode_kernel(device: str):
+    """The decode kernel and how to prepare it: vLLM's ``unified_attention``
+    where vLLM is installed, else flex_attention (compiled on a GPU)."""
     if K.vllm_kernels_available() is None:
-        return "vllm unified_attention", K.vllm_unified_attention
-    flex = "flex_attention (compiled)" if torch.cuda.is_available() else "flex_attention (eager)"
-    return flex, K.flex_attention_paged
+        return "vllm unified_attention", K.prepare_vllm_unified_attention
+    if device == "cuda":
+        return "flex_attention (compiled)", lambda batch: K.prepare_flex_attention_paged(batch, compiled=True)
+    return "flex_attention (eager)", K.prepare_flex_attention_paged
 
 
-def time_kernel(kernel, batch, repeats: int, device: str) -> float:
-    """Median seconds per call."""
-    kernel(batch)
+def time_kernel(run, repeats: int, device: str) -> float:
+    """Median seconds per call of ``run`` -- the kernel alone: its inputs
+    are on the device and its output stays there (a prepared kernel).  On
+    a GPU, CUDA events around each launch."""
+    run()
     times = []
     for _ in range(repeats):
         if device == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            kernel(batch)
+            run()
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
         else:
             t = time.perf_counter()
-            kernel(batch)
+            run()
             times.append(time.perf_counter() - t)
     return statistics.median(times)
 
@@ -110,31 +123,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    if device == "cpu" and "triton" not in sys.modules:  # vLLM's kernel on a CPU: Triton's interpreter
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     if device == "cpu" and not args.smoke:
         print("no CUDA device: run on a GPU, or pass --smoke for a tiny CPU run", file=sys.stderr)
         return 2
-    num_blocks, steps, kv_heads, head, heads = (32768, 400, 8, 128, 32) if not args.smoke else (512, 40, 2, 16, 4)
     block_size, dtype = 16, (torch.bfloat16 if device == "cuda" else torch.float32)
-    tables, lens = churn(num_blocks, block_size, steps, args.seed)
+    if args.smoke:  # short requests in a small pool: as much churn, and fragmentation, at a CPU's size
+        num_blocks, kv_heads, head, heads = 256, 2, 16, 4
+        tables, lens = churn(num_blocks, block_size, 300, args.seed, prompt=(20, 120), system_len=32)
+    else:
+        num_blocks, kv_heads, head, heads = 32768, 8, 128, 32
+        tables, lens = churn(num_blocks, block_size, 400, args.seed)
     tables, lens = tables[: args.batch], lens[: args.batch]
-    if args.smoke:
-        lens = [min(n, 64) for n in lens]
-        tables = [t[: cdiv(n, block_size)] for t, n in zip(tables, lens, strict=True)]
     width = max(len(t) for t in tables)
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
-    key = torch.randn(num_blocks, block_size, kv_heads, head, generator=gen).to(device=device, dtype=dtype)
-    value = torch.randn(num_blocks, block_size, kv_heads, head, generator=gen).to(device=device, dtype=dtype)
     query = torch.randn(len(lens), heads, head, generator=gen)
     contiguous, next_block = [], 1
     for t in tables:
         contiguous.append(list(range(next_block, next_block + len(t))))
         next_block += len(t)
-    name, kernel = decode_kernel()
+    pages = max(num_blocks, next_block)  # the contiguous layout may need more pages than the pool had
+    key = torch.randn(pages, block_size, kv_heads, head, generator=gen).to(device=device, dtype=dtype)
+    value = torch.randn(pages, block_size, kv_heads, head, generator=gen).to(device=device, dtype=dtype)
+    name, prepare = decode_kernel(device)
     results = {}
     for label, rows in (("kvspec manager", tables), ("contiguous", contiguous)):
         table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32, device=device)
         batch = K.AttentionBatch(query, list(range(len(lens) + 1)), lens, table, key, value, block_size, head ** -0.5)
-        seconds = time_kernel(kernel, batch, args.repeats, device)
+        seconds = time_kernel(prepare(batch), args.repeats, device)
         kv_bytes = sum(lens) * kv_heads * head * 2 * key.element_size()
         results[label] = {"seconds": seconds, "bytes": kv_bytes, "GB/s": kv_bytes / seconds / 1e9,
                           "adjacent_blocks": adjacency(rows)}

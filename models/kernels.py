@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -170,13 +171,23 @@ def inverse_block_table(batch: AttentionBatch, blocks: torch.Tensor) -> torch.Te
 
 
 def flex_attention_paged(batch: AttentionBatch) -> torch.Tensor:
+    """See :func:`prepare_flex_attention_paged`: the same, run once, on the host."""
+    return prepare_flex_attention_paged(batch)().cpu()
+
+
+def prepare_flex_attention_paged(batch: AttentionBatch, compiled: bool = False) -> Callable[[], torch.Tensor]:
     """``torch.nn.attention.flex_attention`` with the physical cache as the
     key sequence and a block mask built from the tables: query ``i`` of
     request ``r`` sees slot ``s`` when the block of ``s`` sits in ``r``'s
     row at a position the mask allows (vLLM's FlexAttention backend pages
     this way).  Eager flex_attention computes every (query, slot) score, so
-    the key sequence is the blocks the batch's rows name, not the whole pool."""
+    the key sequence is the blocks the batch's rows name, not the whole pool.
+    The gather and the mask are built here; the call that is returned runs
+    the attention and nothing else (``compiled``: through ``torch.compile``,
+    as on a GPU)."""
     from torch.nn.attention.flex_attention import flex_attention
+
+    attend = torch.compile(flex_attention) if compiled else flex_attention
 
     blocks = used_blocks(batch)
     bs = batch.block_size
@@ -210,13 +221,18 @@ def flex_attention_paged(batch: AttentionBatch) -> torch.Tensor:
     mask = block_mask_from_dense(allowed, mask_mod)
     q = batch.query.float().to(device).transpose(0, 1)[None]
     k, v = keys.transpose(0, 1)[None], values.transpose(0, 1)[None]
-    with warnings.catch_warnings():  # eager on purpose: it runs on CPU, where compiling buys nothing here
-        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        out, lse = _flex_with_lse(flex_attention, q, k, v, mask, batch.scale, q.shape[1] != k.shape[1])
-    out, lse = out[0].transpose(0, 1), lse[0].transpose(0, 1)  # [tokens, heads, D], [tokens, heads]
-    if batch.sinks is not None:  # a sink is one more key with no value: rescale by Z / (Z + e^sink)
-        out = out * torch.sigmoid(lse - batch.sinks.float().to(device)[None, :])[..., None]
-    return out.cpu()
+    sinks = None if batch.sinks is None else batch.sinks.float().to(device)
+
+    def run() -> torch.Tensor:
+        with warnings.catch_warnings():  # eager by default: on a CPU, compiling buys nothing here
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            out, lse = _flex_with_lse(attend, q, k, v, mask, batch.scale, q.shape[1] != k.shape[1])
+        out, lse = out[0].transpose(0, 1), lse[0].transpose(0, 1)  # [tokens, heads, D], [tokens, heads]
+        if sinks is not None:  # a sink is one more key with no value: rescale by Z / (Z + e^sink)
+            out = out * torch.sigmoid(lse - sinks[None, :])[..., None]
+        return out
+
+    return run
 
 
 def block_mask_from_dense(allowed: torch.Tensor, mask_mod, block: int = 128) -> Any:
@@ -336,16 +352,23 @@ def chunks_as_requests(batch: AttentionBatch) -> AttentionBatch:
 
 def vllm_unified_attention(batch: AttentionBatch) -> torch.Tensor:
     """vLLM 0.25.1's ``unified_attention`` (Triton) over the batch."""
-    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-
     if batch.chunk is not None:  # the pieces keep every request's queries in order
         return vllm_unified_attention(chunks_as_requests(batch))
+    return prepare_vllm_unified_attention(batch)().float().cpu()
+
+
+def prepare_vllm_unified_attention(batch: AttentionBatch) -> Callable[[], torch.Tensor]:
+    """vLLM's ``unified_attention`` over ``batch`` with every input already
+    on the cache's device and the output allocated: the call that is
+    returned runs the kernel and nothing else (what a benchmark times)."""
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
     device = batch.key_cache.device
     q = batch.query.to(device=device, dtype=batch.key_cache.dtype).contiguous()
     out = torch.empty_like(q)
     qlens = [batch.query_start[r + 1] - batch.query_start[r] for r in range(batch.num_requests)]
     window = (batch.window - 1, 0) if batch.window is not None else (-1, -1)
-    unified_attention(
+    arguments = dict(
         q=q, k=batch.key_cache, v=batch.value_cache, out=out,
         cu_seqlens_q=torch.tensor(batch.query_start, dtype=torch.int32, device=device),
         max_seqlen_q=max(qlens), seqused_k=torch.tensor(batch.seq_lens, dtype=torch.int32, device=device),
@@ -353,7 +376,12 @@ def vllm_unified_attention(batch: AttentionBatch) -> torch.Tensor:
         block_table=batch.block_table.to(device), softcap=0, q_descale=None, k_descale=None, v_descale=None,
         sinks=None if batch.sinks is None else batch.sinks.to(device=device, dtype=torch.float32),
     )
-    return out.float().cpu()
+
+    def run() -> torch.Tensor:
+        unified_attention(**arguments)
+        return out
+
+    return run
 
 
 def vllm_mla_decode(batch: AttentionBatch, latent: int) -> torch.Tensor:

@@ -66,13 +66,16 @@ CHECKS = {
     "kernel-output": "each kernel's output is within tolerance of the reference",
     "mamba-state": "the state block a Mamba step reads holds the state of exactly the request's computed tokens",
     "mamba-output": "the Mamba layer's outputs equal a from-scratch scan of the request's tokens, within tolerance",
-    "vllm-block-table": "with vLLM's worker: its block table (MultiGroupBlockTable) holds the rows kvspec's "
-                        "tables hold, and its slot mapping puts every token where kvspec's does",
+    "vllm-block-table": "with vLLM's worker: every scheduled request is in vLLM's persistent batch, its row holds "
+                        "the blocks kvspec's tables hold at kvspec's kernel block size, its positions are the ones "
+                        "scheduled, its slot mapping puts every token where kvspec's does and its Mamba state "
+                        "moves where kvspec's model says",
 }
 
 WORKERS = {
     "kvspec": "kvspec's model of vLLM's worker: its own block tables, slot mapping and cache writes",
-    "vllm": "vLLM's own: MultiGroupBlockTable, its Triton slot mapping and triton_reshape_and_cache_flash "
+    "vllm": "vLLM's own: _update_states over its InputBatch, its block tables, Triton slot mapping, "
+            "triton_reshape_and_cache_flash and Mamba state indices "
             "(kvspec's tables stay the oracle)",
 }
 

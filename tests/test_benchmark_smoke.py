@@ -84,6 +84,9 @@ def test_kernel_bandwidth_smoke(tmp_path: Path) -> None:
     for label in ("kvspec manager", "contiguous"):
         assert _is_rate(record["results"][label]["GB/s"])
     assert _is_rate(record["fragmented_over_contiguous"]) and "fragmented / contiguous" in proc.stdout
+    # The smoke's tables come from a churning pool: fragmented, unlike the contiguous case it is compared with.
+    assert record["results"]["kvspec manager"]["adjacent_blocks"] < 0.5
+    assert record["results"]["contiguous"]["adjacent_blocks"] == 1.0
 
 
 def test_manager_bench_quick(tmp_path: Path) -> None:
@@ -103,3 +106,14 @@ def test_manager_bench_quick(tmp_path: Path) -> None:
         assert name in proc.stdout
     assert result["workloads"]["serve full"]["hit_tokens"] > 0  # the shared system prompt is hit
     assert 0 < result["timer_overhead_ns"] < 1000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "tpu"], "--device takes cuda or cpu"),
+    (["--device", "cpu"], "only the dry run makes sense: add --smoke"),
+    (["--frobnicate"], "unknown option --frobnicate"),
+])
+def test_the_gpu_stage_script_refuses_what_it_cannot_run_in_one_line(args, message, tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(ROOT / "tools" / "gpu_stage.sh"), *args, "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
