@@ -361,11 +361,23 @@ def prepare_vllm_unified_attention(batch: AttentionBatch) -> Callable[[], torch.
     """vLLM's ``unified_attention`` over ``batch`` with every input already
     on the cache's device and the output allocated: the call that is
     returned runs the kernel and nothing else (what a benchmark times)."""
+    from vllm.v1.attention.backends.triton_attn import MIN_LAUNCH_GRID_SIZE_2D, NUM_PAR_SOFTMAX_SEGMENTS
     from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
     device = batch.key_cache.device
     q = batch.query.to(device=device, dtype=batch.key_cache.dtype).contiguous()
     out = torch.empty_like(q)
+    # The segmented-softmax buffers vLLM's Triton backend allocates: with them, a decode-only batch of at
+    # most `threshold` sequences takes the kernel's 3D (parallel segments) path, as in production.
+    threshold = MIN_LAUNCH_GRID_SIZE_2D // batch.key_cache.shape[2]
+    heads, padded = q.shape[1], 1 << (q.shape[2] - 1).bit_length()
+    segments = dict(
+        seq_threshold_3D=threshold, num_par_softmax_segments=NUM_PAR_SOFTMAX_SEGMENTS,
+        softmax_segm_output=torch.empty(threshold, heads, NUM_PAR_SOFTMAX_SEGMENTS, padded, dtype=torch.float32,
+                                        device=device),
+        softmax_segm_max=torch.empty(threshold, heads, NUM_PAR_SOFTMAX_SEGMENTS, dtype=torch.float32, device=device),
+        softmax_segm_expsum=torch.empty(threshold, heads, NUM_PAR_SOFTMAX_SEGMENTS, dtype=torch.float32,
+                                        device=device))
     qlens = [batch.query_start[r + 1] - batch.query_start[r] for r in range(batch.num_requests)]
     window = (batch.window - 1, 0) if batch.window is not None else (-1, -1)
     arguments = dict(
@@ -374,7 +386,7 @@ def prepare_vllm_unified_attention(batch: AttentionBatch) -> Callable[[], torch.
         max_seqlen_q=max(qlens), seqused_k=torch.tensor(batch.seq_lens, dtype=torch.int32, device=device),
         max_seqlen_k=max(batch.seq_lens), softmax_scale=batch.scale, causal=batch.causal, window_size=window,
         block_table=batch.block_table.to(device), softcap=0, q_descale=None, k_descale=None, v_descale=None,
-        sinks=None if batch.sinks is None else batch.sinks.to(device=device, dtype=torch.float32),
+        sinks=None if batch.sinks is None else batch.sinks.to(device=device, dtype=torch.float32), **segments,
     )
 
     def run() -> torch.Tensor:

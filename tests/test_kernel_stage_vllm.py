@@ -78,3 +78,40 @@ def test_vllm_kernels_at_real_shapes(name):
     e = Engine.from_setup(sized_for(name, "small", length), vllm_manager, kernels=VLLM_KERNELS, worker="vllm")
     long_request_scenario(e, length, chunk, shared)
     assert e.events["kernel vllm"] > 0 and e.checks_run["vllm-block-table"] > 0
+
+
+def test_decode_batches_take_unified_attentions_3d_path_and_a_fault_there_is_caught(monkeypatch):
+    """vLLM's Triton backend hands unified_attention its segmented-softmax
+    buffers, so small decode batches run the 3D (parallel segments) path;
+    the stage does the same.  A reduction of the segments that loses the
+    first one's softmax mass is a kernel-output failure."""
+    from unittest import mock
+
+    import vllm.v1.attention.ops.triton_unified_attention as ops
+
+    from kvspec.conformance.machines.kernel import run_stage
+
+    calls, original = [], ops.reduce_segments
+
+    class Counting:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return original[grid]
+
+    factory = vllm_manager
+    with mock.patch.object(ops, "reduce_segments", Counting()):
+        result = run_stage(model_setup("llama-3-8b"), factory, kernel_settings("quick", examples=3),
+                           kernels=VLLM_KERNELS)
+    assert result.passed and calls, "no decode batch took the 3D path"
+
+    class DropsFirstSegment:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                kwargs["segm_expsum_ptr"][..., 0] = 0  # the first segment's softmax mass is lost
+                return original[grid](*args, **kwargs)
+            return launch
+
+    with mock.patch.object(ops, "reduce_segments", DropsFirstSegment()):
+        broken = run_stage(model_setup("llama-3-8b"), factory, kernel_settings("quick", examples=6),
+                           kernels=VLLM_KERNELS)
+    assert not broken.passed and "kernel-output" in str(broken.failure)
