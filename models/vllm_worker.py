@@ -65,9 +65,11 @@ def vllm_worker_available() -> str | None:
     environment problem, never the target's failure)."""
     try:
         import triton  # noqa: F401
+        from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder  # noqa: F401
         from vllm.v1.attention.ops.triton_reshape_and_cache_flash import triton_reshape_and_cache_flash  # noqa: F401
+        from vllm.v1.worker import gpu_input_batch, gpu_model_runner, mamba_utils  # noqa: F401
         from vllm.v1.worker.block_table import MultiGroupBlockTable  # noqa: F401
-    except Exception as error:  # ImportError, or vLLM's Triton probe refusing
+    except Exception as error:  # ImportError (einops, say), or vLLM's Triton probe refusing
         return f"vLLM's worker modules do not import ({type(error).__name__}: {error})"
     return triton_cannot_run()
 
