@@ -2,7 +2,8 @@
 model setups chosen, each searched by the kernel machine
 (:mod:`kvspec.conformance.machines.kernel`).
 
-:func:`run_kernel_stage` takes :class:`KernelOptions` and returns one
+:func:`plan_kernel_stage` checks :class:`KernelOptions` and returns a
+:class:`KernelPlan`, whose ``run`` returns one
 ``(setup, StageResult)`` per model, telling ``on_result`` as each finishes.
 A bad option, or a kernel or worker this environment cannot run, raises
 :class:`~kvspec.conformance.runner.SetupError` before anything runs.
@@ -67,11 +68,6 @@ class KernelPlan:
             if on_result:
                 on_result(s, result)
         return results
-
-
-def run_kernel_stage(options: KernelOptions, on_result: Callable[[Any, Any], None] | None = None) -> list[tuple]:
-    """:func:`plan_kernel_stage`, then its run."""
-    return plan_kernel_stage(options).run(on_result)
 
 
 def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
