@@ -55,6 +55,7 @@ import torch
 
 from kvspec.models.block_table import manager_block_ids
 from kvspec.models.kernels import triton_cannot_run
+from kvspec.spec.content import mamba_token_positions
 
 if TYPE_CHECKING:
     from kvspec.models.runner import Engine, Group, Work
@@ -406,8 +407,9 @@ class VllmWorker:
                         return
                 elif group.kind == "mamba" and group.mamba_mode in ("align", "all"):
                     src, dst, block = self.mamba_state(group, rid)
-                    bs = group.block_size
-                    want_src, want_dst = (w.start - 1) // bs if w.start else -1, (w.end - 1) // bs
+                    # kvspec's model of where the step reads and keeps the state (the engine's own rule).
+                    want_src = self.engine.mamba_read_position(group, w)
+                    want_dst = mamba_token_positions(self.engine.rules_layout.views[g], w.start, w.end)[-1]
                     table = self.row(g, row)
                     if (src if w.start else -1, dst) != (want_src, want_dst) or \
                             not 0 <= dst < len(table) or block != table[dst]:
