@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory for kernel-bandwidth.json / .png")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)")
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, help="requests in the decode batch (default 64; 8 with --smoke)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -132,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     block_size, dtype = 16, (torch.bfloat16 if device == "cuda" else torch.float32)
     if args.smoke:  # short requests in a small pool: as much churn, and fragmentation, at a CPU's size
         num_blocks, kv_heads, head, heads = 256, 2, 16, 4
-        tables, lens = churn(num_blocks, block_size, 300, args.seed, prompt=(20, 120), system_len=32)
+        tables, lens = churn(num_blocks, block_size, 300, args.seed, prompt=(10, 40), system_len=16)
     else:
         num_blocks, kv_heads, head, heads = 32768, 8, 128, 32
         tables, lens = churn(num_blocks, block_size, 400, args.seed)
-    tables, lens = tables[: args.batch], lens[: args.batch]
+    batch_size = args.batch or (8 if args.smoke else 64)
+    tables, lens = tables[:batch_size], lens[:batch_size]
     width = max(len(t) for t in tables)
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     query = torch.randn(len(lens), heads, head, generator=gen)

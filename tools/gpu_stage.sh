@@ -87,7 +87,7 @@ print('\n'.join(lines))"
 if [[ $smoke == 1 ]]; then
     step gpu-tests "$py" -m pytest -q -p no:cacheprovider --collect-only tests/test_kernel_stage_gpu.py
     shape=(--device cpu --dtype float32 --scale tiny --model llama-3-8b --model nemotron-h-8b --examples 2 --seed 1)
-    bandwidth=(--smoke --repeats 3)
+    bandwidth=(--smoke --repeats 1)
 else
     step gpu-tests env KVSPEC_DEVICE=cuda "$py" -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_stage_gpu.py
     shape=(--device cuda --dtype bfloat16 --scale gpu)
