@@ -192,7 +192,7 @@ def kernels_command(args: argparse.Namespace) -> int:
     """The kernel stage: a target's block tables through real kernels."""
     from kvspec.conformance.kernel_stage import KernelOptions, plan_kernel_stage
 
-    options = KernelOptions(target=args.target, models=args.model or ["all"], scale=args.scale,
+    options = KernelOptions(target=args.target, models=args.model or ["all"], scale=args.scale, layers=args.layers,
                             kernels=[k.strip() for k in args.kernels.split(",") if k.strip()], device=args.device,
                             dtype=args.dtype, profile=args.profile, examples=args.examples, seed=args.seed,
                             worker=args.worker)
@@ -211,6 +211,7 @@ def kernels_command(args: argparse.Namespace) -> int:
                 print(f"      {line}")
 
     print(f"kvspec kernels: target={options.target} worker={options.chosen_worker()} scale={options.scale} "
+          f"layers={options.layers} "
           f"kernels={','.join(options.kernels)} device={options.device} dtype={options.dtype} "
           f"profile={options.profile}")
     print(f"{'layout':<28} {'steps':>7} {'checks':>8} {'seconds':>8}  result", flush=True)
@@ -304,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     ker.add_argument("--scale", default="tiny",
                      help="tiny (2-token blocks: every boundary within 32 tokens), small (real block sizes and "
                      "windows, small layers) or gpu (real heads and head sizes, bf16); default tiny")
+    ker.add_argument("--layers", type=int, default=2,
+                     help="layers per group, each with its own K/V or state behind the group's one block table, laid "
+                     "out as the worker plans the KV-cache tensors (default 2)")
     ker.add_argument("--kernels", default="reference,flex",
                      help="comma-separated: reference, flex, vllm (vLLM's Triton kernels; default reference,flex)")
     ker.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

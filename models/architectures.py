@@ -391,7 +391,9 @@ class ModelSetup:
     """A layout as the manager machines and the kernel stage take it: the
     groups, pool and limits; the attention kernel's block size where the
     manager's blocks are larger; the encoder length; query heads per KV
-    head; whether attention has sinks."""
+    head; whether attention has sinks; the layers of each group the kernel
+    stage runs (each with its own K/V or state behind the group's one block
+    table)."""
 
     name: str
     layout: Layout
@@ -399,13 +401,22 @@ class ModelSetup:
     num_encoder_tokens: int = 0
     heads: int = 2
     sinks: bool = False
+    layers: tuple[tuple[str, ...], ...] | None = None  # per group; None: one layer each
 
 
 SCALES = ("tiny", "small", "gpu")
+LAYERS = 2  # layers per group the kernel stage runs by default: enough for two to share a table, not a page
+
+
+def layer_names(layout: Layout, layers: int) -> tuple[tuple[str, ...], ...]:
+    """``layers`` layer names for each group of a layout whose layers have
+    no names of their own (layer ``i`` of every group, as vLLM interleaves them)."""
+    return tuple(tuple(f"layers.{i * len(layout.groups) + g}" for i in range(layers))
+                 for g in range(len(layout.groups)))
 
 
 def setup(name: str, scale: str = "tiny", *, prefix_caching: bool | None = None, num_blocks: int | None = None,
-          max_model_len: int | None = None) -> ModelSetup:
+          max_model_len: int | None = None, layers: int = LAYERS) -> ModelSetup:
     """Model ``name`` at ``scale``: ``"tiny"`` (:func:`tiny`: blocks of 2
     tokens, windows of a few blocks, 32-token requests -- what the
     conformance machines search) or ``"small"`` (:func:`scaled`: the real
@@ -415,10 +426,13 @@ def setup(name: str, scale: str = "tiny", *, prefix_caching: bool | None = None,
     ``prefix_caching`` to choose.  ``"gpu"``: the model's own KV heads and
     head sizes in bf16, real block sizes and windows, tens of thousands of
     blocks (Mamba hybrids: two thousand, their states are megabytes), up to
-    32 query heads."""
+    32 query heads.  Each group keeps its first ``layers`` layers (fewer
+    where the model's group has fewer)."""
     arch = architecture(name)
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose one of {SCALES}")
+    if layers < 1:
+        raise ValueError(f"layers={layers}: a group runs at least one layer")
     if prefix_caching is None:
         prefix_caching = arch.prefix_caching or arch.mamba is not None
     full = kv_cache_config(arch, num_blocks=1, prefix_caching=prefix_caching)
@@ -440,14 +454,17 @@ def setup(name: str, scale: str = "tiny", *, prefix_caching: bool | None = None,
                            max_model_len=max_model_len, enable_caching=prefix_caching)
     label = f"model:{arch.name}" + ("" if scale == "tiny" else f"@{scale}")
     return ModelSetup(label, layout, kernel_block_sizes, encoder, heads=heads if scale == "gpu" else 2,
-                      sinks=arch.sinks)
+                      sinks=arch.sinks, layers=tuple(tuple(g.layer_names[:layers]) for g in full.kv_cache_groups))
 
 
-def setup_from_layout(name: str, layout: Layout, *, num_encoder_tokens: int = 6) -> ModelSetup:
+def setup_from_layout(name: str, layout: Layout, *, num_encoder_tokens: int = 6, layers: int = LAYERS) -> ModelSetup:
     """Any manager layout (say one of the conformance machines') with small
-    layers, ready for the kernel stage."""
+    layers, ``layers`` per group, ready for the kernel stage."""
+    if layers < 1:
+        raise ValueError(f"layers={layers}: a group runs at least one layer")
     small = replace(layout, groups=tuple(_small_spec(g, "float32") for g in layout.groups))
-    return ModelSetup(name, small, num_encoder_tokens=num_encoder_tokens if layout.has_cross_attention else 0)
+    return ModelSetup(name, small, num_encoder_tokens=num_encoder_tokens if layout.has_cross_attention else 0,
+                      layers=layer_names(layout, layers))
 
 
 def model_layout_names() -> list[str]:

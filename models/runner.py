@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -42,20 +42,25 @@ from kvspec.hashing import get_request_block_hasher
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
+    KVCacheGroupSpec,
     MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
     cdiv,
 )
 from kvspec.models import kernels as K
+from kvspec.models.architectures import layer_names
 from kvspec.models.block_table import NULL_BLOCK, BlockTables, select_kernel_block_size
 from kvspec.models.content import AttentionContent, ContentIds, MambaContent, MLAContent
+from kvspec.models.grouping import kv_cache_config_from_groups
 from kvspec.request import LoRARequest, Request, RequestStatus
 from kvspec.spec.content import mamba_token_positions
 from kvspec.spec.interface import ManagerTarget
 from kvspec.spec.layout import Layout
 
 CHECKS = {
+    "cache-layout": "every layer has memory of its own: the KV-cache tensors bind each layer to exactly one tensor "
+                    "of at least num_blocks pages, and no tensor holds two layers of one group",
     "table-coherence": "the worker's block-table row holds what the manager's table holds, except blocks the "
                        "manager has since released",
     "slot-ownership": "every slot a step writes lies in a block the request holds at that position",
@@ -109,7 +114,8 @@ class Group:
     window: int | None = None
     chunk: int | None = None
     mamba_mode: str | None = None
-    content: Any = None
+    layers: tuple[str, ...] = ()  # the group's layers (each its own K/V, or state, behind one block table)
+    contents: list[Any] = field(default_factory=list)  # the test model of each layer
 
     @property
     def blocks_per_block(self) -> int:
@@ -117,52 +123,100 @@ class Group:
 
 
 def describe_groups(layout: Layout, *, kernel_block_sizes: Sequence[int] | None, heads: int, sinks: bool,
-                    seed: int = 0) -> list[Group]:
-    """The runner's view of each group, with its test-model content.
+                    layers: Sequence[Sequence[str]] | None = None, seed: int = 0) -> list[Group]:
+    """The runner's view of each group, with the test model of each of its
+    ``layers`` (names per group; default: one layer each).
     ``kernel_block_sizes``: the attention backend's (see
     :func:`~kvspec.models.block_table.select_kernel_block_size`)."""
+    layers = layers if layers is not None else layer_names(layout, 1)
+    if len(layers) != len(layout.groups) or not all(layers):
+        raise ValueError(f"layer names for {len(layers)} groups (some empty?); the layout has "
+                         f"{len(layout.groups)} groups")
     groups = []
     for g, spec in enumerate(layout.groups):
         # Attention kernels may read a manager block as several kernel blocks; a Mamba state is one page,
         # never split (vLLM gives Mamba groups their manager block size as the kernel's).
         kbs = spec.block_size if isinstance(spec, MambaSpec) else \
             select_kernel_block_size(spec.block_size, kernel_block_sizes)
-        common = dict(index=g, block_size=spec.block_size, kernel_block_size=kbs)
+        common = dict(index=g, block_size=spec.block_size, kernel_block_size=kbs, layers=tuple(layers[g]))
+        seeds = [seed + 100 * g + 1000 * i for i in range(len(layers[g]))]  # layer 0: the one-layer stage's
         if isinstance(spec, MambaSpec):
             (_, conv_dim), (nh, hd, ds) = spec.shapes
             num_groups = (conv_dim - nh * hd) // (2 * ds)
             groups.append(Group(kind="mamba", mamba_mode=spec.mamba_cache_mode,
-                                content=MambaContent(nh, hd, num_groups, ds, seed + 100 * g), **common))
+                                contents=[MambaContent(nh, hd, num_groups, ds, s) for s in seeds], **common))
         elif isinstance(spec, MLAAttentionSpec):
             rope = spec.head_size // 9  # DeepSeek's 512 + 64
-            groups.append(Group(kind="mla", content=MLAContent(heads, spec.head_size - rope, rope, seed + 100 * g),
-                                **common))
+            groups.append(Group(kind="mla", contents=[MLAContent(heads, spec.head_size - rope, rope, s)
+                                                      for s in seeds], **common))
         else:
             kind = "cross" if isinstance(spec, CrossAttentionSpec) else "attention"
             groups.append(Group(
                 kind=kind, window=getattr(spec, "sliding_window", None) if isinstance(spec, SlidingWindowSpec)
                 else None, chunk=spec.attention_chunk_size if isinstance(spec, ChunkedLocalAttentionSpec) else None,
-                content=AttentionContent(heads, spec.num_kv_heads, spec.head_size, seed + 100 * g), **common))
+                contents=[AttentionContent(heads, spec.num_kv_heads, spec.head_size, s) for s in seeds], **common))
     if sinks:
         gen = torch.Generator().manual_seed(seed + 7)
         for group in groups:
             if group.kind == "attention":
-                group.content.sinks = torch.randint(-64, 64, (heads,), generator=gen).float() / 32
+                for content in group.contents:
+                    content.sinks = torch.randint(-64, 64, (heads,), generator=gen).float() / 32
     return groups
 
 
 class PagedCache:
-    """One buffer of ``num_blocks`` pages shared by every group (block-major,
-    as vLLM lays out hybrid models): per group, views of the same memory."""
+    """The KV cache as vLLM lays out a hybrid model: one buffer of
+    ``num_blocks`` pages (block-major) per KV-cache tensor of the plan, each
+    tensor shared by one layer of every group (vLLM's
+    ``get_kv_cache_config_from_groups``; kvspec's model of it,
+    :func:`~kvspec.models.grouping.kv_cache_config_from_groups`, unless a
+    plan is given) -- so groups draw blocks from one pool and a block two
+    groups hold at once is corrupted, while the layers of one group never
+    share memory.  ``views[g][i]``: layer ``i`` of group ``g``'s tensors
+    over its buffer.  :meth:`plan_problems` says what is wrong with a plan."""
 
     def __init__(self, groups: Sequence[Group], layout: Layout, num_blocks: int,
-                 dtype: torch.dtype, device: str | torch.device):
-        self.groups, self.layout, self.dtype = groups, layout, dtype
+                 dtype: torch.dtype, device: str | torch.device, plan: Callable[[int], Any] | None = None):
+        self.groups, self.layout, self.dtype, self.num_blocks = groups, layout, dtype, num_blocks
         natural = [self._page_elems(g) for g in groups]
         multiple = math.lcm(*(g.blocks_per_block for g in groups)) if groups else 1
         self.page = cdiv(max(natural, default=1), multiple) * multiple
-        self.buffer = torch.full((num_blocks, self.page), float("nan"), dtype=dtype, device=device)
-        self.views = [self._views(g) for g in groups]
+        self.page_bytes = self.page * torch.empty((), dtype=dtype).element_size()
+        self.tensors = list((plan or self.kvspec_plan)(self.page_bytes))
+        self.problems = self.plan_problems()
+        self.buffers = [torch.full((num_blocks, self.page), float("nan"), dtype=dtype, device=device)
+                        for _ in self.tensors]
+        tensor_of = {name: i for i, t in reversed(list(enumerate(self.tensors))) for name in t.shared_by}
+        spare = torch.full((num_blocks, self.page), float("nan"), dtype=dtype, device=device)  # an unbound layer's
+        self.views = [[self._views(g, self.buffers[tensor_of[name]] if name in tensor_of else spare)
+                       for name in g.layers] for g in groups]
+
+    def kvspec_plan(self, page_bytes: int) -> list[Any]:
+        """kvspec's plan: one tensor per layer index, shared by that layer of
+        every group, its pages padded to ``page_bytes`` or to the largest
+        spec's page (the stage keeps a Mamba page's state and tag only)."""
+        page = max(page_bytes, *(self._spec(g).page_size_bytes for g in self.groups))
+        specs = [KVCacheGroupSpec(list(g.layers), replace(self._spec(g), page_size_padded=page)) for g in self.groups]
+        return kv_cache_config_from_groups(specs, num_blocks=self.num_blocks).kv_cache_tensors
+
+    def plan_problems(self) -> list[str]:
+        """What breaks the ``cache-layout`` rule in this plan."""
+        problems, seen = [], Counter(name for t in self.tensors for name in t.shared_by)
+        for g in self.groups:
+            for name in g.layers:
+                if seen[name] != 1:
+                    problems.append(f"layer {name} (group {g.index}) is bound to {seen[name]} tensors")
+        group_of = {name: g.index for g in self.groups for name in g.layers}
+        for i, t in enumerate(self.tensors):
+            groups = Counter(group_of.get(name) for name in t.shared_by)
+            shared = [g for g, n in groups.items() if n > 1 and g is not None]
+            if shared:
+                problems.append(f"tensor {i} holds {groups[shared[0]]} layers of group {shared[0]} "
+                                f"({', '.join(n for n in t.shared_by if group_of.get(n) == shared[0])})")
+            if t.size < self.page_bytes * self.num_blocks:
+                problems.append(f"tensor {i} has {t.size} bytes, not the {self.num_blocks} pages of "
+                                f"{self.page_bytes} bytes its layers index")
+        return problems
 
     def _spec(self, g: Group) -> Any:
         return self.layout.groups[g.index]
@@ -176,8 +230,8 @@ class PagedCache:
             return g.block_size * spec.head_size
         return 2 * g.block_size * spec.num_kv_heads * spec.head_size
 
-    def _views(self, g: Group) -> dict[str, torch.Tensor]:
-        spec, buf, nb = self._spec(g), self.buffer, self.buffer.shape[0]
+    def _views(self, g: Group, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        spec, nb = self._spec(g), buf.shape[0]
         if g.kind == "mamba":
             (_, _), (nh, hd, ds) = spec.shapes
             state = buf.as_strided((nb, nh, hd, ds), (self.page, hd * ds, ds, 1))
@@ -195,8 +249,22 @@ class PagedCache:
         return {"key": key, "value": value}
 
     def poison(self, blocks: Sequence[int]) -> None:
-        if blocks:
-            self.buffer[torch.tensor(sorted(blocks), dtype=torch.long)] = float("nan")
+        poison_blocks(self.groups, self.views, blocks)
+
+
+def poison_blocks(groups: Sequence[Group], views: Sequence[Sequence[dict[str, torch.Tensor]]],
+                  blocks: Sequence[int]) -> None:
+    """NaN into every layer's pages of ``blocks``, through each layer's views
+    (whoever laid the memory out)."""
+    if not blocks:
+        return
+    ids = torch.tensor(sorted(blocks), dtype=torch.long)
+    for group, layers in zip(groups, views, strict=True):
+        k = group.blocks_per_block
+        kernel_ids = (ids[:, None] * k + torch.arange(k)).flatten()
+        for tensors in layers:
+            for tensor in tensors.values():
+                tensor[(ids if group.kind == "mamba" else kernel_ids).to(tensor.device)] = float("nan")
 
 
 def tag_values(content_id: int) -> list[float]:
@@ -260,21 +328,22 @@ class Engine:
                  kernels: Sequence[str] = ("reference", "flex"), dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", kernel_block_sizes: Sequence[int] | None = None, heads: int = 2,
                  sinks: bool = False, num_encoder_tokens: int = 0, max_num_reqs: int = 16,
-                 worker: str = "kvspec", skip_checks: Sequence[str] = (), seed: int = 0):
+                 worker: str = "kvspec", skip_checks: Sequence[str] = (), layers: Sequence[Sequence[str]] | None = None,
+                 seed: int = 0):
         self.layout = layout
         self.target = target_factory(*layout.target_args(enable_kv_cache_events=False))
         self.rules_layout = layout
         self.kernel_block_sizes = kernel_block_sizes
         self.groups = describe_groups(layout, kernel_block_sizes=kernel_block_sizes, heads=heads, sinks=sinks,
-                                      seed=seed)
+                                      layers=layers, seed=seed)
         self.kernels = list(kernels)
         unknown = set(skip_checks) - set(CHECKS)
         if unknown:
             raise ValueError(f"unknown checks {sorted(unknown)}; the checks are {sorted(CHECKS)}")
         self.skip_checks = frozenset(skip_checks)
+        self.checks_run: dict[str, int] = dict.fromkeys(CHECKS, 0)
         self.dtype, self.device = dtype, device
         self.num_encoder_tokens = num_encoder_tokens if layout.has_cross_attention else 0
-        self.cache = PagedCache(self.groups, layout, layout.num_blocks, dtype, device)
         self.max_num_reqs = max_num_reqs
         self.tables = BlockTables([g.block_size for g in self.groups], max_num_reqs,
                                   max(layout.max_model_len, self.num_encoder_tokens),
@@ -286,17 +355,22 @@ class Engine:
             from kvspec.models.vllm_worker import VllmWorker
 
             self.worker = VllmWorker(self)  # the kernels read vLLM's; self.tables stays the oracle
+        # The caches: one tensor per layer index as vLLM's worker plans them, or kvspec's model of that plan.
+        self.cache = PagedCache(self.groups, layout, layout.num_blocks, dtype, device,
+                                plan=self.worker.cache_plan if self.worker else None)
+        if self.cache.problems:
+            self._fail("cache-layout", "; ".join(self.cache.problems[:3]))
+        self.checks_run["cache-layout"] = 1
         self.hasher = get_request_block_hasher(layout.hash_block_size)
         self.requests: dict[str, Request] = {}
         self.contents: dict[str, ContentIds] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self._scans: dict[tuple[str, int], tuple[int, torch.Tensor | None]] = {}  # the Mamba reference's place
+        self._scans: dict[tuple[str, int, int], tuple[int, torch.Tensor | None]] = {}  # the Mamba reference's place
         self.loading: dict[str, tuple[int, int, int]] = {}  # async connector loads: id -> start, end, steps left
         self.work: list[Work] = []
         self.in_batch: set[str] = set()  # requests with a worker row
         self.steps = 0
-        self.checks_run: dict[str, int] = dict.fromkeys(CHECKS, 0)
         self.events: Counter[str] = Counter()  # what the schedule did: hit tokens, preemptions, ...
         self.log: list[str] = []
         self._next_id = 0
@@ -305,6 +379,7 @@ class Engine:
     @classmethod
     def from_setup(cls, setup: Any, target_factory: Callable[..., ManagerTarget], **options: Any) -> Engine:
         """An engine for a :class:`~kvspec.models.architectures.ModelSetup`."""
+        options.setdefault("layers", setup.layers)
         return cls(setup.layout, target_factory, kernel_block_sizes=setup.kernel_block_sizes, heads=setup.heads,
                    sinks=setup.sinks, num_encoder_tokens=setup.num_encoder_tokens, **options)
 
@@ -519,6 +594,8 @@ class Engine:
                      f"to slot {slot} in block {block}; the manager holds {owner} at position {i}")
 
     def _write_kv(self, group: Group, request: Request, positions: Sequence[int], ids: Sequence[int]) -> None:
+        """Every layer of the group writes the K/V of ``positions`` through
+        the one slot mapping."""
         if not positions:
             return
         # Cross attention's slots are kvspec's (vLLM maps encoder positions elsewhere): its rows are kvspec's too.
@@ -526,18 +603,18 @@ class Engine:
         slots = self.slot_mapping(group, self.tables.row_of(rid) if group.kind == "cross" else self.row_of(rid),
                                   positions)
         self._check_owned(group, request, positions, slots)
-        views = self.cache.views[group.index]
-        if self.worker and group.kind != "mla":  # vLLM's concat_and_cache_mla is a CUDA op: MLA is written below
-            self.worker.write_kv(group, group.content.k(ids, self.dtype, self.device),
-                                 group.content.v(ids, self.dtype, self.device), views["key"], views["value"], slots)
-            return
         bs = group.kernel_block_size
-        blocks, offsets = slots // bs, slots % bs
-        if group.kind == "mla":
-            views["key"][blocks, offsets, 0] = group.content.kv(ids, self.dtype, self.device)
-        else:
-            views["key"][blocks, offsets] = group.content.k(ids, self.dtype, self.device)
-            views["value"][blocks, offsets] = group.content.v(ids, self.dtype, self.device)
+        for content, views in zip(group.contents, self.cache.views[group.index], strict=True):
+            if self.worker and group.kind != "mla":  # vLLM's concat_and_cache_mla is a CUDA op: MLA's is ours
+                self.worker.write_kv(group, content.k(ids, self.dtype, self.device),
+                                     content.v(ids, self.dtype, self.device), views["key"], views["value"], slots)
+                continue
+            blocks, offsets = slots // bs, slots % bs
+            if group.kind == "mla":
+                views["key"][blocks, offsets, 0] = content.kv(ids, self.dtype, self.device)
+            else:
+                views["key"][blocks, offsets] = content.k(ids, self.dtype, self.device)
+                views["value"][blocks, offsets] = content.v(ids, self.dtype, self.device)
 
     def _write_external(self, request: Request, start: int, end: int) -> None:
         """A connector writes the K/V of tokens ``[start, end)`` straight into
@@ -555,37 +632,40 @@ class Engine:
                 k = group.blocks_per_block
                 kb = block * k + (p % group.block_size) // group.kernel_block_size
                 off = p % group.kernel_block_size
-                views = self.cache.views[group.index]
-                if group.kind == "mla":
-                    views["key"][kb, off, 0] = group.content.kv([ids[p]], self.dtype, self.device)[0]
-                else:
-                    views["key"][kb, off] = group.content.k([ids[p]], self.dtype, self.device)[0]
-                    views["value"][kb, off] = group.content.v([ids[p]], self.dtype, self.device)[0]
+                for content, views in zip(group.contents, self.cache.views[group.index], strict=True):
+                    if group.kind == "mla":
+                        views["key"][kb, off, 0] = content.kv([ids[p]], self.dtype, self.device)[0]
+                    else:
+                        views["key"][kb, off] = content.k([ids[p]], self.dtype, self.device)[0]
+                        views["value"][kb, off] = content.v([ids[p]], self.dtype, self.device)[0]
 
-    def _attention_batch(self, group: Group, work: list[Work]) -> tuple[K.AttentionBatch, list[list[int]]]:
+    def _attention_batch(self, group: Group, layer: int, work: list[Work]) -> tuple[K.AttentionBatch, list[list[int]]]:
+        content = group.contents[layer]
         queries, starts, lens, rows, all_ids = [], [0], [], [], []
         cross = group.kind == "cross"
         for w in work:
             ids = self._tokens(w)
             all_ids.append(ids)
             q_ids = ids[w.start:w.end]
-            queries.append(group.content.q(q_ids, torch.float32))
+            queries.append(content.q(q_ids, torch.float32))
             starts.append(starts[-1] + len(q_ids))
             lens.append(self.num_encoder_tokens if cross else w.end)
             rows.append(self.row_of(w.request.request_id))
         tensor = self.worker.block_table(group.index) if self.worker else self.tables[group.index].tensor
         table = tensor[torch.tensor(rows, device=tensor.device)]
-        views = self.cache.views[group.index]
+        views = self.cache.views[group.index][layer]
         spec = self.layout.groups[group.index]
         head = spec.head_size
-        value = views["key"][..., : group.content.latent] if group.kind == "mla" else views["value"]
+        value = views["key"][..., : content.latent] if group.kind == "mla" else views["value"]
         batch = K.AttentionBatch(
             query=torch.cat(queries), query_start=starts, seq_lens=lens, block_table=table,
             key_cache=views["key"], value_cache=value, block_size=group.kernel_block_size, scale=head ** -0.5,
-            window=group.window, chunk=group.chunk, causal=not cross, sinks=getattr(group.content, "sinks", None))
+            window=group.window, chunk=group.chunk, causal=not cross, sinks=getattr(content, "sinks", None))
         return batch, all_ids
 
     def _run_attention(self, group: Group) -> dict[str, torch.Tensor]:
+        """Writes, then each layer's attention and checks; each kernel's
+        outputs stacked over the layers."""
         work = [w for w in self.work if w.num_new > 0]
         if not work:
             return {}
@@ -597,63 +677,71 @@ class Engine:
                 continue
             ids = self._tokens(w)
             self._write_kv(group, w.request, list(range(w.start, w.end)), ids[w.start:w.end])
-        batch, all_ids = self._attention_batch(group, work)
-        self._check_gather(group, batch, work, all_ids)
+        per_layer = [self._attend(group, layer, work) for layer in range(len(group.layers))]
+        return {name: torch.stack([outputs[name] for outputs in per_layer]) for name in per_layer[0]}
+
+    def _attend(self, group: Group, layer: int, work: list[Work]) -> dict[str, torch.Tensor]:
+        where = f"group {group.index} layer {group.layers[layer]}"
+        batch, all_ids = self._attention_batch(group, layer, work)
+        self._check_gather(group, layer, batch, work, all_ids)
         outputs = {"reference": K.reference_attention(batch)}
-        truth = self._ground_truth(group, batch, work, all_ids)
+        truth = self._ground_truth(group, layer, batch, work, all_ids)
         self.checks_run["reference-vs-truth"] += 1
         if not torch.equal(outputs["reference"], truth):
-            self._fail("reference-vs-truth", f"group {group.index}: attention over the cache differs from attention "
+            self._fail("reference-vs-truth", f"{where}: attention over the cache differs from attention "
                  f"with no cache by {K.max_error(outputs['reference'], truth):.3g}")
         for name in self.kernels:
             if name == "reference":
                 continue
-            out = run_kernel(name, group, batch)
+            out = run_kernel(name, group, layer, batch)
             if out is None:
                 continue
             outputs[name] = out
             self.checks_run["kernel-output"] += 1
             self.events[f"kernel {name}"] += 1
             if not K.close(out, outputs["reference"], self.dtype):
-                self._fail("kernel-output", f"group {group.index} ({group.kind}): kernel {name} differs from the "
+                self._fail("kernel-output", f"{where} ({group.kind}): kernel {name} differs from the "
                      f"reference by {K.max_error(out, outputs['reference']):.3g}")
         return outputs
 
-    def _expected_kv(self, group: Group, ids: list[int], positions: torch.Tensor, w: Work) -> tuple[torch.Tensor, ...]:
+    def _expected_kv(self, group: Group, layer: int, ids: list[int], positions: torch.Tensor,
+                     w: Work) -> tuple[torch.Tensor, ...]:
+        content = group.contents[layer]
         if group.kind == "cross":
             enc = self.contents[w.request.request_id].encoder_ids(self.num_encoder_tokens)
             sel = [enc[p] for p in positions.tolist()]
         else:
             sel = [ids[p] for p in positions.tolist()]
         if group.kind == "mla":
-            kv = group.content.kv(sel, self.dtype)[:, None, :]
-            return kv, kv[..., : group.content.latent]
-        return group.content.k(sel, self.dtype), group.content.v(sel, self.dtype)
+            kv = content.kv(sel, self.dtype)[:, None, :]
+            return kv, kv[..., : content.latent]
+        return content.k(sel, self.dtype), content.v(sel, self.dtype)
 
-    def _check_gather(self, group: Group, batch: K.AttentionBatch, work: list[Work], all_ids: list[list[int]]) -> None:
+    def _check_gather(self, group: Group, layer: int, batch: K.AttentionBatch, work: list[Work],
+                      all_ids: list[list[int]]) -> None:
         for r, w in enumerate(work):
             self.checks_run["exact-gather"] += 1
             positions = K.key_positions(batch, r)
             row = batch.block_table[r]
             got_k = K.gather(batch.key_cache, row, positions, batch.block_size).cpu()
             got_v = K.gather(batch.value_cache, row, positions, batch.block_size).cpu()
-            want_k, want_v = self._expected_kv(group, all_ids[r], positions, w)
+            want_k, want_v = self._expected_kv(group, layer, all_ids[r], positions, w)
             for name, got, want in (("key", got_k, want_k), ("value", got_v, want_v)):
                 if not torch.equal(got, want):
                     bad = int(positions[(got != want).flatten(1).any(1)][0])
                     block = int(row[bad // batch.block_size])
                     what = "poison (NaN): never written, or released" if bool(torch.isnan(
                         got[(positions == bad).nonzero()[0, 0]]).any()) else "another token's K/V"
-                    self._fail("exact-gather", f"request {w.request.request_id} group {group.index}: the {name} of "
-                         f"token {bad} read from block {block} is {what}")
+                    self._fail("exact-gather", f"request {w.request.request_id} group {group.index} layer "
+                               f"{group.layers[layer]}: the {name} of token {bad} read from block {block} is {what}")
 
-    def _ground_truth(self, group: Group, batch: K.AttentionBatch, work: list[Work],
+    def _ground_truth(self, group: Group, layer: int, batch: K.AttentionBatch, work: list[Work],
                       all_ids: list[list[int]]) -> torch.Tensor:
         outs = []
         for r, w in enumerate(work):
             q = batch.query[batch.query_start[r]:batch.query_start[r + 1]]
             q_pos, k_pos = batch.query_positions(r), K.key_positions(batch, r)
-            k, v = (t.to(batch.key_cache.device) for t in self._expected_kv(group, all_ids[r], k_pos, w))
+            k, v = (t.to(batch.key_cache.device) for t in self._expected_kv(group, layer, all_ids[r], k_pos, w))
             outs.append(K.dense_attention(q, k, v, q_pos, k_pos, scale=batch.scale, lowest=batch.lowest_key(q_pos),
                                           causal=batch.causal, sinks=batch.sinks))
         return torch.cat(outs)
@@ -665,9 +753,10 @@ class Engine:
         return cdiv(w.start, group.block_size) - 1
 
     def _run_mamba(self, group: Group) -> torch.Tensor:
+        """Where each request's state is read and written (one table for the
+        group), then every layer's step over its own states; the outputs
+        stacked over the layers."""
         work = [w for w in self.work if w.num_new > 0]
-        views = self.cache.views[group.index]
-        state, tag = views["state"], views["tag"]
         gl = self.rules_layout.views[group.index]
         plans = []
         for w in work:
@@ -675,30 +764,34 @@ class Engine:
                 raise ValueError("the kernel stage runs Mamba groups without speculative drafts")
             r = self.row_of(w.request.request_id)
             row = self.worker.row(group.index, r) if self.worker else self.tables[group.index].row(r)
-            ids = self._tokens(w)
             dst = [row[p] for p in mamba_token_positions(gl, w.start, w.end)]
-            vllm_indices = self.worker is not None and group.mamba_mode in ("align", "all")
-            if vllm_indices:  # vLLM's own state indices (the vllm-block-table check compared them with kvspec's)
+            read = self.mamba_read_position(group, w)
+            if self.worker is not None and group.mamba_mode in ("align", "all"):
+                # vLLM's own state indices (the vllm-block-table check compared them with kvspec's)
                 read, _, block = self.worker.mamba_state(group, w.request.request_id)
                 dst = [block] * w.num_new if group.mamba_mode == "align" else [*dst[:-1], block]
+            src = dst[0] if w.start == 0 else row[read] if 0 <= read < len(row) else NULL_BLOCK
+            plans.append((w, self._tokens(w), read, src, dst))
+        outs = [self._mamba_layer(group, layer, plans) for layer in range(len(group.layers))]
+        return torch.stack(outs) if outs and outs[0].numel() else torch.zeros(0)
+
+    def _mamba_layer(self, group: Group, layer: int, plans: list) -> torch.Tensor:
+        views = self.cache.views[group.index][layer]
+        state, tag = views["state"], views["tag"]
+        where = f"group {group.index} layer {group.layers[layer]}"
+        for w, ids, read, src, _ in plans:
             if w.start == 0:
-                src = dst[0]
                 state[src] = 0
-            else:
-                self.checks_run["mamba-state"] += 1
-                if not vllm_indices:
-                    read = self.mamba_read_position(group, w)
-                src = row[read] if 0 <= read < len(row) else NULL_BLOCK
-                have, want = read_tag(tag[src]), ids[w.start - 1] & STATE_ID_MASK
-                if have != want:
-                    what = "poison: never written, or released" if have is None else "another sequence's state"
-                    self._fail("mamba-state", f"request {w.request.request_id} group {group.index}: the state read "
-                               f"from block {src} (position {read}) is {what}, not the state after its {w.start} "
-                               "tokens")
-            plans.append((w, ids, src, dst))
-        c = group.content
+                continue
+            self.checks_run["mamba-state"] += 1
+            have, want = read_tag(tag[src]), ids[w.start - 1] & STATE_ID_MASK
+            if have != want:
+                what = "poison: never written, or released" if have is None else "another sequence's state"
+                self._fail("mamba-state", f"request {w.request.request_id} {where}: the state read from block "
+                           f"{src} (position {read}) is {what}, not the state after its {w.start} tokens")
+        c = group.contents[layer]
         outs: list[torch.Tensor] = []
-        for w, ids, src, dst in plans:  # tokens in order; each token reads the last one's block
+        for w, ids, _, src, dst in plans:  # tokens in order; each token reads the last one's block
             toks = ids[w.start:w.end]
             x, dt, B, C = c.x(toks), c.dt(toks), c.B(toks), c.C(toks)
             hd = x.shape[-1]
@@ -712,19 +805,20 @@ class Engine:
                 tag[block] = torch.tensor(tag_values(ids[w.start + i] & STATE_ID_MASK), dtype=tag.dtype)
                 prev = block
             out = torch.cat(y)
-            self._check_mamba_output(group, w, ids, out)
+            self._check_mamba_output(group, layer, w, ids, out)
             outs.append(out)
         return torch.cat(outs) if outs else torch.zeros(0)
 
-    def _reference_scan(self, group: Group, rid: str, ids: list[int], start: int, end: int) -> torch.Tensor:
+    def _reference_scan(self, group: Group, layer: int, rid: str, ids: list[int], start: int,
+                        end: int) -> torch.Tensor:
         """The from-scratch scan's outputs for tokens ``[start, end)`` of a
         request.  The scan's state after the last tokens checked is kept, so
         the next step continues it instead of re-scanning the whole prefix
         (bitwise the same: see :func:`~kvspec.models.kernels.scan_from`); a
         request that starts over (preempted, or a hit ahead of the kept state)
         is scanned from its first token again."""
-        c = group.content
-        kept_at, state = self._scans.get((rid, group.index), (0, None))
+        c = group.contents[layer]
+        kept_at, state = self._scans.get((rid, group.index, layer), (0, None))
         if kept_at > start:
             kept_at, state = 0, None
         toks = ids[kept_at:end]
@@ -733,15 +827,16 @@ class Engine:
         out, state = K.scan_from(state, x, c.dt(toks)[..., None].expand(-1, -1, hd),
                                  c.A[:, None, None].expand(-1, hd, c.B.a.shape[-1]), c.B(toks), c.C(toks),
                                  c.D[:, None].expand(-1, hd), c.dt_bias[:, None].expand(-1, hd))
-        self._scans[(rid, group.index)] = (end, state)
+        self._scans[(rid, group.index, layer)] = (end, state)
         return out[start - kept_at:]
 
-    def _check_mamba_output(self, group: Group, w: Work, ids: list[int], out: torch.Tensor) -> None:
+    def _check_mamba_output(self, group: Group, layer: int, w: Work, ids: list[int], out: torch.Tensor) -> None:
         self.checks_run["mamba-output"] += 1
-        truth = self._reference_scan(group, w.request.request_id, ids, w.start, w.end)
+        truth = self._reference_scan(group, layer, w.request.request_id, ids, w.start, w.end)
         if not K.close(out, truth, self.dtype):
-            self._fail("mamba-output", f"request {w.request.request_id} group {group.index}: outputs of tokens "
-                 f"[{w.start}, {w.end}) differ from a from-scratch scan by {K.max_error(out, truth):.3g}")
+            self._fail("mamba-output", f"request {w.request.request_id} group {group.index} layer "
+                       f"{group.layers[layer]}: outputs of tokens [{w.start}, {w.end}) differ from a from-scratch "
+                       f"scan by {K.max_error(out, truth):.3g}")
 
     # --- after the step ----------------------------------------------------------------------------------
 
@@ -765,15 +860,15 @@ class Engine:
         self.work = []
 
 
-def run_kernel(name: str, group: Group, batch: K.AttentionBatch) -> torch.Tensor | None:
-    """Kernel ``name`` over an attention group's batch; None where it does not apply."""
+def run_kernel(name: str, group: Group, layer: int, batch: K.AttentionBatch) -> torch.Tensor | None:
+    """Kernel ``name`` over an attention layer's batch; None where it does not apply."""
     if name == "flex":
         return K.flex_attention_paged(batch)
     if name == "vllm":
         if group.kind == "mla":
             if batch.query.shape[0] != batch.num_requests:
                 return None  # vLLM's MLA decode kernel takes decodes only
-            return K.vllm_mla_decode(batch, group.content.latent)
+            return K.vllm_mla_decode(batch, group.contents[layer].latent)
         return K.vllm_unified_attention(batch)
     raise ValueError(f"unknown kernel {name!r}; choose from reference, flex, vllm")
 

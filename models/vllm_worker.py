@@ -16,6 +16,10 @@ worker's jobs to vLLM's code:
   ``gpu_input_batch.py``).  The model runner object itself needs a model and
   a device, so ``_update_states`` runs on a small stand-in holding the state
   it reads (:class:`_RunnerState`); the code that runs is vLLM's;
+- **the KV-cache tensors**: vLLM's ``get_kv_cache_config_from_groups``
+  plans which layers share which tensor (one layer of every group each) and
+  its size; the engine lays its buffers out by that plan, and the
+  ``cache-layout`` check holds it to every layer having memory of its own;
 - **block tables**: the ``InputBatch``'s ``MultiGroupBlockTable`` (with its
   own split of manager blocks into kernel blocks); ``commit_block_table``
   copies the rows to the device tensor, and *that* tensor, in vLLM's row
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 from unittest import mock
@@ -55,6 +60,7 @@ import torch
 
 from kvspec.models.block_table import manager_block_ids
 from kvspec.models.kernels import triton_cannot_run
+from kvspec.models.vllm_specs import to_vllm_spec
 from kvspec.spec.content import mamba_token_positions
 
 if TYPE_CHECKING:
@@ -184,6 +190,24 @@ class VllmWorker:
 
         backend = type("KernelBackend", (), {"get_supported_kernel_block_sizes": staticmethod(lambda: list(supported))})
         return select_common_block_size(group.block_size, [backend])
+
+    def cache_plan(self, page_bytes: int) -> list[Any]:
+        """vLLM's plan of the KV-cache tensors -- which layers share which
+        tensor, and its size -- from vLLM's ``get_kv_cache_config_from_groups``
+        over the engine's groups and layers (vLLM's specs, their pages padded
+        to one size as vLLM pads hybrid models' pages), for the engine's pool."""
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
+        from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+
+        groups = self.engine.groups
+        specs = [self.engine.layout.groups[g.index] for g in groups]
+        page = max(page_bytes, *(to_vllm_spec(s).page_size_bytes for s in specs))
+        vllm_groups = [KVCacheGroupSpec(layer_names=list(g.layers),
+                                        kv_cache_spec=to_vllm_spec(replace(s, page_size_padded=page)))
+                       for g, s in zip(groups, specs, strict=True)]
+        settings = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks_override=None), kv_transfer_config=None)
+        memory = page * self.engine.layout.num_blocks * max(len(g.layers) for g in groups)
+        return get_kv_cache_config_from_groups(settings, vllm_groups, memory).kv_cache_tensors
 
     # --- what the scheduler tells the worker --------------------------------------------------------------
 

@@ -129,6 +129,24 @@ class WritesNextBlock(Engine):
         return super().slot_mapping(group, row, positions) + group.kernel_block_size
 
 
+class LayersShareMemory(Engine):
+    """The model runner binds every layer of a group to its first layer's
+    memory (the tensor plan is right; the binding is not)."""
+
+    kinds = ("attention", "mla", "cross", "mamba")
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cache.views = [[layers[0]] * len(layers) if group.kind in self.kinds else layers
+                            for group, layers in zip(self.groups, self.cache.views, strict=True)]
+
+
+class MambaLayersShareMemory(LayersShareMemory):
+    """The same, for Mamba groups only."""
+
+    kinds = ("mamba",)
+
+
 # --- the faults, their schedules and the checks that must catch them ------------------------------------------
 
 
@@ -274,6 +292,10 @@ FAULTS = [
           engine=WritesNextBlock),
     Fault("same-step hit on a Mamba state not yet written", "nemotron-h-8b", "mamba-state", same_step_mamba_hit,
           target=MambaSameStepHit),
+    Fault("two layers of a group share memory", "llama-3-8b", "exact-gather", swapped_entries,
+          engine=LayersShareMemory),
+    Fault("two Mamba layers of a group share memory", "nemotron-h-8b", "mamba-output", wrong_state,
+          engine=MambaLayersShareMemory),
     Fault("hit on blocks a connector has not loaded yet", "llama-3-8b", "exact-gather", hit_before_load,
           target=CachesBeforeLoad),
 ]

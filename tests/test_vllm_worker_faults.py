@@ -136,6 +136,24 @@ def mamba_kernel_block_one_back(monkeypatch):
              "(seq_lens - 1) // kv_cache_spec.block_size - 1")
 
 
+def layers_share_a_tensor(monkeypatch):
+    """get_kv_cache_config_from_groups binds every tensor to each group's first layer."""
+    from vllm.v1.core import kv_cache_utils
+
+    _rewrite(monkeypatch, kv_cache_utils, "get_kv_cache_config_from_groups",
+             "shared_by.append(kv_cache_groups[j].layer_names[i])",
+             "shared_by.append(kv_cache_groups[j].layer_names[0])")
+
+
+def tensors_one_page_short(monkeypatch):
+    """get_kv_cache_config_from_groups sizes each tensor one page short of the pool."""
+    from vllm.v1.core import kv_cache_utils
+
+    _rewrite(monkeypatch, kv_cache_utils, "get_kv_cache_config_from_groups",
+             "KVCacheTensor(size=page_size * num_blocks, shared_by=shared_by)",
+             "KVCacheTensor(size=page_size * (num_blocks - 1), shared_by=shared_by)")
+
+
 FAULTS = {
     slot_mapping_offset: {"vllm-block-table", "slot-ownership", "exact-gather"},
     cache_write_drops_a_token: {"exact-gather"},
@@ -146,12 +164,14 @@ FAULTS = {
     mamba_state_index_one_block_on: {"vllm-block-table", "mamba-state"},
     mamba_kernel_block_one_back: {"vllm-block-table", "mamba-state"},
     mamba_last_block_one_on: {"vllm-block-table", "mamba-state"},
+    layers_share_a_tensor: {"cache-layout"},
+    tensors_one_page_short: {"cache-layout"},
 }
 # Align mode's state copies run on the manager layout with an align-mode Mamba group; all mode's metadata on
 # Nemotron-H (vLLM's "all" for it).
 MODEL = {kernel_block_split_off_by_one: "nemotron-h-8b@small",  # 1152-token blocks as 64-token kernel blocks
          mamba_state_index_one_block_on: "full+mamba-align", mamba_kernel_block_one_back: "full+mamba-align",
-         mamba_last_block_one_on: "nemotron-h-8b"}
+         mamba_last_block_one_on: "nemotron-h-8b", layers_share_a_tensor: "nemotron-h-8b"}
 
 
 @pytest.mark.parametrize("plant", FAULTS, ids=lambda f: f.__name__)

@@ -33,6 +33,7 @@ class KernelOptions:
     target: str = "impl"
     models: list[str] = field(default_factory=lambda: ["all"])  # architectures, "all" or manager layouts
     scale: str = "tiny"
+    layers: int = 2  # per group: each with its own K/V or state behind the group's block table
     kernels: list[str] = field(default_factory=lambda: ["reference", "flex"])
     device: str = "cpu"
     dtype: str = "float32"
@@ -93,6 +94,8 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
         raise SetupError(f"--examples must be positive, got {o.examples}")
     if o.scale not in SCALES:
         raise SetupError(f"unknown scale {o.scale!r}; choose one of {SCALES}")
+    if o.layers < 1:
+        raise SetupError(f"--layers must be at least 1 (layers per group), got {o.layers}")
     if set(o.kernels) - set(KERNELS) or "reference" not in o.kernels:
         raise SetupError(f"--kernels takes reference (always), flex and vllm; got {','.join(o.kernels)!r}")
     if worker not in WORKERS:
@@ -114,18 +117,18 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
     setups = []
     for name in o.models or ["all"]:
         if name == "all":
-            setups += [setup(n, o.scale) for n in ARCHITECTURES]
+            setups += [setup(n, o.scale, layers=o.layers) for n in ARCHITECTURES]
         elif name.removeprefix("model:") in ARCHITECTURES:
-            setups.append(setup(name.removeprefix("model:"), o.scale))
+            setups.append(setup(name.removeprefix("model:"), o.scale, layers=o.layers))
         elif name in MANAGER_LAYOUTS:
-            setups.append(setup_from_layout(name, MANAGER_LAYOUTS[name]))
+            setups.append(setup_from_layout(name, MANAGER_LAYOUTS[name], layers=o.layers))
         else:
             raise SetupError(f"no model or layout named {name!r}: use one of {sorted(ARCHITECTURES)}, all, "
                              f"or a manager layout ({', '.join(MANAGER_LAYOUTS)})")
     if o.models == ["all"] and worker == "vllm" and o.scale == "tiny":
         # First, a hybrid at its real block sizes: 1152-token attention blocks that vLLM's model runner reads as
         # FlashInfer's 64-token kernel blocks -- the kernel-block split the tiny scale never reaches.
-        setups.insert(0, setup(SPLIT_MODEL, "small"))
+        setups.insert(0, setup(SPLIT_MODEL, "small", layers=o.layers))
     factory = resolve_target(o.target, "manager")
     quiet_loggers()
     warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)  # Triton's interpreter, masked lanes
