@@ -29,14 +29,15 @@ RULES: dict[str, str] = {
     ),
     "hash-map-consistency": (
         "The hash table and each block's own key agree; no block carries two keys; a block taken from the "
-        "free queue for reuse loses its key first; the events, replayed, give the table."
+        "free queue for reuse loses its key first; the events, replayed, give the table, and each stored event "
+        "names its blocks' parent, tokens, adapter and extra keys as the request that filled them."
     ),
     "content-soundness": (
         "A block holds what its key names -- the tokens of the whole prefix and the extra keys (LoRA, "
         "multimodal inputs, cache salt, prompt embeddings) -- and every token a request counts as computed "
         "holds its own KV (or, for a state-space group, the state after it, read only once the step that "
         "writes it is over); a block is released only once "
-        "no future query reads it."
+        "no future query reads it, and no later than the first allocation after which none does."
     ),
     "tenant-isolation": (
         "Requests with different cache salts or LoRA adapters never share a block."

@@ -363,32 +363,8 @@ class SpecBlockPool:
             s.table.setdefault(key, []).append(block_ids[i])
         if s.events_enabled:
             s.events.append(
-                self._stored_event(request, block_ids, hashes, new, chosen, block_size, group_id)
+                stored_event(request, hashes, new, chosen, block_size, group_id)
             )
-
-    def _stored_event(self, request, block_ids, hashes, new, chosen, block_size, group_id):
-        """The ``Stored`` event vLLM emits for one caching call."""
-        first, end = new[0], new[-1] + 1
-        extra_keys = []
-        mm_idx = 0
-        for i in new:
-            if i not in chosen:
-                continue
-            keys, mm_idx = generate_block_hash_extra_keys(
-                request, i * block_size, (i + 1) * block_size, mm_idx
-            )
-            extra_keys.append(event_extra_keys(keys))
-        lora = getattr(request, "lora_request", None)
-        return Stored(
-            group=group_id,
-            block_hashes=tuple(maybe_convert_block_hash(hashes[i]) for i in chosen),
-            parent_block_hash=None if first == 0 else maybe_convert_block_hash(hashes[first - 1]),
-            token_ids=tuple(request.all_token_ids[first * block_size : end * block_size]),
-            block_size=block_size,
-            lora_id=getattr(lora, "adapter_id", None) if lora else None,
-            lora_name=getattr(lora, "name", None) if lora else None,
-            extra_keys=tuple(extra_keys) if extra_keys else None,
-        )
 
     # -- eviction and reset ---------------------------------------------------
 
@@ -443,3 +419,33 @@ class SpecBlockPool:
             key_of=dict(s.key_of),
             table={k: tuple(v) for k, v in s.table.items()},
         )
+
+
+def stored_event(request: Any, hashes: Any, new: list[int], chosen: list[int], block_size: int,
+                 group_id: int) -> Stored:
+    """The ``Stored`` event for one caching call: ``request``'s blocks
+    ``new`` (consecutive) of group ``group_id`` became cache hits, those at
+    ``chosen`` with a hash (null or masked blocks have none).  It names the
+    hash of the block before the first (the parent; ``None`` from the
+    request's first block), the tokens of the whole range, the LoRA adapter
+    and each hashed block's extra keys -- what a consumer of the events needs
+    to rebuild the prefix tree."""
+    first, end = new[0], new[-1] + 1
+    extra_keys = []
+    mm_idx = 0
+    for i in new:
+        if i not in chosen:
+            continue
+        keys, mm_idx = generate_block_hash_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
+        extra_keys.append(event_extra_keys(keys))
+    lora = getattr(request, "lora_request", None)
+    return Stored(
+        group=group_id,
+        block_hashes=tuple(maybe_convert_block_hash(hashes[i]) for i in chosen),
+        parent_block_hash=None if first == 0 else maybe_convert_block_hash(hashes[first - 1]),
+        token_ids=tuple(request.all_token_ids[first * block_size : end * block_size]),
+        block_size=block_size,
+        lora_id=getattr(lora, "adapter_id", None) if lora else None,
+        lora_name=getattr(lora, "name", None) if lora else None,
+        extra_keys=tuple(extra_keys) if extra_keys else None,
+    )

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvspec.hashing import make_block_hash_with_group_id
+from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id, maybe_convert_block_hash
 from kvspec.kv_cache_interface import AttentionKind
 from kvspec.spec import rules as pool_rules
 from kvspec.spec.content import (
@@ -47,9 +47,10 @@ from kvspec.spec.content import (
     out_of_window,
     tenant,
 )
-from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot
+from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot, Stored
 from kvspec.spec.layout import GroupView, Layout
 from kvspec.spec.oracle import group_can_serve, oracle_hit_length
+from kvspec.spec.pool import stored_event
 from kvspec.spec.rules import Violation
 
 # --- what the caller knows -----------------------------------------------------------------------
@@ -81,6 +82,7 @@ class ManagerStep:
     error: BaseException | None = None
     expected_pulled: int | None = None
     computed_before: int | None = None  # the request's num_computed_tokens at the call
+    events: tuple[Any, ...] = ()  # the KV events the operation emitted, where the caller collected them
 
 
 def _computed_at_call(step: ManagerStep) -> int:
@@ -387,6 +389,46 @@ def hit_within_tenant(step: ManagerStep, ctx: RequestContext) -> list[str]:
 # --- step rules: allocation and release -------------------------------------------------------------------------
 
 
+@step_rule("hash-map-consistency")
+def stored_events_describe_their_blocks(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """Each ``Stored`` event an operation emits describes blocks of one
+    request as the request filled them: its parent is the hash of the block
+    before the first (none from the request's first block), its tokens are
+    the range's, its LoRA adapter and each block's extra keys the request's
+    (:func:`~kvspec.spec.pool.stored_event`) -- so a consumer of the events,
+    a KV-aware router, rebuilds the prefix tree the pool holds."""
+    if ctx.layout is None:
+        return []
+    problems = []
+    for event in step.events:
+        if isinstance(event, Stored) and not any(_describes(event, r, ctx.layout) for r in ctx.requests.values()):
+            problems.append(f"a Stored event of group {event.group} ({len(event.block_hashes)} hashes, parent "
+                            f"{event.parent_block_hash!r}, {len(event.token_ids)} tokens) describes no request's "
+                            "blocks as the request filled them (parent, tokens, LoRA or extra keys)")
+    return problems
+
+
+def _describes(event: Stored, request: Any, layout: Layout) -> bool:
+    """Whether ``event`` is the one caching ``request``'s blocks would emit."""
+    size = event.block_size
+    if not 0 <= event.group < len(layout.views) or size != layout.views[event.group].block_size or \
+            not event.token_ids or len(event.token_ids) % size:
+        return False
+    hashes = block_hashes_for_size(request.block_hashes, layout.hash_block_size, size)
+    names = [maybe_convert_block_hash(h) for h in hashes]
+    first = 0
+    if event.parent_block_hash is not None:
+        if event.parent_block_hash not in names:
+            return False
+        first = names.index(event.parent_block_hash) + 1
+    end = first + len(event.token_ids) // size
+    if end > len(names):
+        return False
+    stored = set(event.block_hashes)
+    chosen = [i for i in range(first, end) if names[i] in stored]
+    return stored_event(request, hashes, list(range(first, end)), chosen, size, event.group) == event
+
+
 def _released(step: ManagerStep, rid: str, num_groups: int, layout: Layout | None) -> int:
     """How many blocks a request's operation released: blocks whose every
     reference left the request's slots (a Mamba align group's speculative
@@ -484,6 +526,34 @@ def released_out_of_window(step: ManagerStep, ctx: RequestContext) -> list[str]:
                      for i, b in enumerate(bt)
                      if b != NULL and i < len(at) and at[i] == NULL and b not in kept and i not in gone]
     return problems
+
+
+@step_rule("content-soundness")
+def released_in_time(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """A block is released no later than the accepted ``allocate_slots``
+    after which no query reads it: afterwards, every position of the
+    request's table *as the call found it* that :func:`out_of_window` names
+    for its ``num_computed_tokens + num_new_computed_tokens +
+    num_external_computed_tokens`` tokens (a window's or chunk's past, a
+    superseded Mamba state, R-SWA's gap) holds the null block.  A block held
+    longer is a leak no error reveals: capacity the pool could give to
+    others, until the request ends.  Blocks the call itself adds -- a prefix
+    hit taken whole, as R-SWA's is -- are released by the next call.  (A
+    bound, not an order: they may go earlier, at ``remove_skipped_blocks``.)"""
+    if step.op != "allocate_slots" or step.error is not None or step.result is None or ctx.layout is None:
+        return []
+    request = step.args["request"]
+    rid, prompt = request.request_id, getattr(request, "num_prompt_tokens", None)
+    counts = (_computed_at_call(step), step.args.get("num_new_computed_tokens", 0),
+              step.args.get("num_external_computed_tokens", 0))
+    computed = sum(c for c in counts if type(c) is int)
+    groups = ctx.layout.views
+    found = _tables_of(step.before, rid, len(groups))
+    return [f"after allocate_slots {rid} still holds block {table[i]} (group {g}, position {i}), which no query "
+            f"of its {computed} tokens reads"
+            for g, table in enumerate(_tables_of(step.after, rid, len(groups)))
+            for i in out_of_window(groups[g], computed, prompt) if i < min(len(table), len(found[g]))
+            and table[i] != NULL]
 
 
 @step_rule("allocation-accounting")

@@ -32,7 +32,7 @@ def test_the_catalogue():
                    "eviction of a block in use", "wrong free order", "hybrid fixed point", "EAGLE drop missing",
                    "window arithmetic off by one", "hash chain missing an extra key",
                    "refused allocation that changes state", "Mamba same-step hit", "reset leaving hashes",
-                   "connector block accounting"):
+                   "connector block accounting", "late release", "wrong KV-event contents"):
         assert wanted in classes, wanted
     assert all(m.what and m.bug_class for m in MUTANTS)
 
@@ -66,6 +66,9 @@ def killed_at_l1(mutant: str, scope: str, layout: str, examples: int = 300) -> s
 @pytest.mark.parametrize("mutant, scope, layout, rule", [
     ("hit-first-group-only", "pool", "two-groups", "hash-map-consistency"),  # a lookup answers from the table
     ("free-skips-last", "manager", "full", "ref-conservation"),
+    ("window-released-late", "manager", "full+swa", "content-soundness"),  # released in time
+    ("event-parent-cut", "manager", "full", "hash-map-consistency"),  # a stored event names its parent
+    ("event-tokens-shifted", "manager", "full", "hash-map-consistency"),  # ... and its tokens
 ])
 def test_rules_kill_mutants_at_l1(mutant, scope, layout, rule):
     assert rule in killed_at_l1(mutant, scope, layout)

@@ -581,7 +581,8 @@ def test_block_size_coherence_catches_a_group_counting_in_hash_blocks(broken):
 
 def test_every_rule_has_a_predicate():
     catalogue = {"ref-conservation", "no-aliasing", "content-soundness", "tenant-isolation", "no-eviction-in-use",
-                 "hit-soundness", "hit-optimality", "allocation-accounting", "free-order", "block-size-coherence"}
+                 "hit-soundness", "hit-optimality", "allocation-accounting", "free-order", "block-size-coherence",
+                 "hash-map-consistency"}
     assert catalogue == set(REQUEST_STATE_RULES) | set(REQUEST_STEP_RULES)
 
 
@@ -823,3 +824,39 @@ def test_the_model_keeps_every_rule_and_the_oracle_agrees(name):
         total_hits += hits
     if LAYOUTS[name].get("caching", True) and LAYOUTS[name].get("hits", True):
         assert total_hits > 0  # the runs do exercise the hit search
+
+
+# --- KV-event contents (hash-map-consistency) --------------------------------------------------------------
+
+
+def _event_step(events, layout, requests):
+    from kvspec.spec.request_rules import ManagerStep, stored_events_describe_their_blocks
+
+    snap = SpecKVCacheManager(*layout.target_args()).snapshot()
+    step = ManagerStep("allocate_slots", {}, snap, snap, events=tuple(events))
+    return stored_events_describe_their_blocks(step, RequestContext(layout=layout, requests=requests))
+
+
+def test_a_stored_event_must_describe_its_request_blocks():
+    """A router rebuilds the prefix tree from BlockStored events: the event
+    of a continuation names its parent, the range's tokens and the request's
+    adapter -- an event with the chain cut, the tokens shifted or another
+    adapter describes no request's blocks."""
+    from kvspec.request import LoRARequest
+    from kvspec.spec.pool import stored_event
+
+    layout = Layout((full(2), full(4)), given_hash_block_size=2)
+    hasher = get_request_block_hasher(2)
+    a = Request("a", [1, 0, 1, 1, 0, 0, 1, 0, 1], lora_request=LoRARequest("adapter-a", 7), block_hasher=hasher)
+    requests = {"a": a}
+    for group, size in ((0, 2), (1, 4)):
+        hashes = a.block_hashes if size == 2 else [a.block_hashes[i] for i in (1, 3)]
+        first = stored_event(a, hashes, [0], [0], size, group)
+        later = stored_event(a, hashes, [1], [1], size, group)
+        assert later.parent_block_hash is not None
+        assert _event_step([first, later], layout, requests) == []
+        for bent in (replace(later, parent_block_hash=None), replace(later, parent_block_hash=later.block_hashes[0]),
+                     replace(later, token_ids=(*later.token_ids[1:], 0)), replace(later, lora_name="adapter-b"),
+                     replace(first, group=1 - group)):
+            problems = _event_step([bent], layout, requests)
+            assert problems and "describes no request's blocks" in problems[0], bent

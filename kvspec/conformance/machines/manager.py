@@ -18,6 +18,7 @@ must hold after every operation.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -108,6 +109,7 @@ def manager_machine(
             self.cover(op, step.result, step.error, step.after.pool, *self.depth(op, step.result, kwargs))
             events = self.target.take_events()
             self.mirror.apply(events)
+            step = replace(step, events=tuple(events))
             spec_outcome = self.in_lockstep(op, args, kwargs)  # before the model runner moves the request on
             if step.error is None and on_success is not None and step.result is not None:
                 on_success(step.result)

@@ -424,6 +424,37 @@ def _evict_keeps_table(f: Family) -> list[Patch]:
     return [wrap(f.BlockPool, "evict_blocks", make)]
 
 
+def _stored_events_bent(bend: Callable[[Any], None]) -> Callable[[Family], list[Patch]]:
+    """A pool whose ``BlockStored`` events ``bend`` changes before anyone reads them."""
+    def patches(f: Family) -> list[Patch]:
+        def make(take):
+            def take_events(self):
+                events = take(self)
+                for event in events:
+                    if type(event).__name__ == "BlockStored":
+                        bend(event)
+                return events
+            return take_events
+        return [wrap(f.BlockPool, "take_events", make)]
+    return patches
+
+
+def _cut_parent(event: Any) -> None:
+    event.parent_block_hash = None
+
+
+def _shift_tokens(event: Any) -> None:
+    event.token_ids = [*list(event.token_ids)[1:], 0]
+
+
+def _released_late(f: Family) -> list[Patch]:
+    def make(skipped):
+        def get_num_skipped_tokens(self, num_computed_tokens):
+            return max(0, skipped(self, num_computed_tokens) - self.block_size)
+        return get_num_skipped_tokens
+    return [wrap(c, "get_num_skipped_tokens", make) for c in _managers_with(f, "get_num_skipped_tokens")]
+
+
 def _lookahead_ignored(f: Family) -> list[Patch]:
     return [wrap(f.KVCacheManager, "allocate_slots", _with("num_lookahead_tokens", lambda _, __: 0))]
 
@@ -575,6 +606,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("skipped-block-still-listed", "freed block still in use",
            "dropping out-of-window blocks frees the last one but leaves it in the table",
            _skipped_blocks_kept_null),
+    Mutant("window-released-late", "late release (a leak)",
+           "blocks leave the window one block late: a sliding window, chunk or Mamba state is held a block longer "
+           "than any query reads it",
+           _released_late),
+    Mutant("event-parent-cut", "wrong KV-event contents",
+           "BlockStored events name no parent: a router roots every continuation at the top of its prefix tree",
+           _stored_events_bent(_cut_parent)),
+    Mutant("event-tokens-shifted", "wrong KV-event contents",
+           "BlockStored events carry their tokens shifted by one: a router indexes prefixes nobody computed",
+           _stored_events_bent(_shift_tokens)),
     Mutant("hash-drops-salt", "hash chain missing an extra key",
            "vLLM's block hasher leaves out the cache salt: tenants share prefixes",
            _hash_drops_salt, families=VLLM_ONLY),
