@@ -25,7 +25,8 @@ RULES: dict[str, str] = {
     ),
     "no-aliasing": (
         "A physical block sits in at most one (request, group) slot, unless it is shared through a taken "
-        "cache hit of identical content."
+        "cache hit of identical content; the common prefix reported for cascade attention is one every request "
+        "holding a table shares."
     ),
     "hash-map-consistency": (
         "The hash table and each block's own key agree; no block carries two keys; a block taken from the "

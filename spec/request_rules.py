@@ -528,6 +528,33 @@ def released_out_of_window(step: ManagerStep, ctx: RequestContext) -> list[str]:
     return problems
 
 
+@step_rule("no-aliasing")
+def common_prefix_is_shared(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """``get_num_common_prefix_blocks(r)`` -- the prefix cascade attention
+    computes once for the whole batch -- never claims more than is shared:
+    per group, at most the number of leading blocks of ``r``'s table that
+    every request holding a table holds at the same positions.  An
+    over-count makes cascade attention read one request's K/V as every
+    request's prefix; fewer is allowed (vLLM answers 0 for windowed and Mamba
+    groups, and counts requests whose tables are empty)."""
+    if step.op != "get_num_common_prefix_blocks" or step.error is not None or step.result is None:
+        return []
+    rid = step.args.get("running_request_id")
+    tables = step.after.tables
+    mine = tables.get(rid)
+    problems = []
+    for g, claimed in enumerate(step.result):
+        shared = 0
+        for i, b in enumerate(mine[g] if mine is not None and g < len(mine) else ()):
+            if b == NULL or any(i >= len(t[g]) or t[g][i] != b for t in tables.values() if g < len(t)):
+                break
+            shared += 1
+        if claimed > shared:
+            problems.append(f"get_num_common_prefix_blocks({rid}) claims {claimed} common blocks in group {g}; "
+                            f"every request's table shares {shared}")
+    return problems
+
+
 @step_rule("content-soundness")
 def released_in_time(step: ManagerStep, ctx: RequestContext) -> list[str]:
     """A block is released no later than the accepted ``allocate_slots``

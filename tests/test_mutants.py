@@ -32,7 +32,8 @@ def test_the_catalogue():
                    "eviction of a block in use", "wrong free order", "hybrid fixed point", "EAGLE drop missing",
                    "window arithmetic off by one", "hash chain missing an extra key",
                    "refused allocation that changes state", "Mamba same-step hit", "reset leaving hashes",
-                   "connector block accounting", "late release", "wrong KV-event contents"):
+                   "connector block accounting", "late release", "wrong KV-event contents",
+                   "cascade prefix over-count"):
         assert wanted in classes, wanted
     assert all(m.what and m.bug_class for m in MUTANTS)
 
@@ -69,6 +70,7 @@ def killed_at_l1(mutant: str, scope: str, layout: str, examples: int = 300) -> s
     ("window-released-late", "manager", "full+swa", "content-soundness"),  # released in time
     ("event-parent-cut", "manager", "full", "hash-map-consistency"),  # a stored event names its parent
     ("event-tokens-shifted", "manager", "full", "hash-map-consistency"),  # ... and its tokens
+    ("common-prefix-one-more", "manager", "full", "no-aliasing"),  # cascade attention's prefix is shared
 ])
 def test_rules_kill_mutants_at_l1(mutant, scope, layout, rule):
     assert rule in killed_at_l1(mutant, scope, layout)

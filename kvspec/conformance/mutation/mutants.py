@@ -455,6 +455,16 @@ def _released_late(f: Family) -> list[Patch]:
     return [wrap(c, "get_num_skipped_tokens", make) for c in _managers_with(f, "get_num_skipped_tokens")]
 
 
+def _common_prefix_one_more(f: Family) -> list[Patch]:
+    def make(count):
+        def get_num_common_prefix_blocks(self, running_request_id):
+            n = count(self, running_request_id)
+            return n + 1 if n > 0 else n
+        return get_num_common_prefix_blocks
+    return [wrap(c, "get_num_common_prefix_blocks", make) for c in _managers_with(f, "get_num_common_prefix_blocks")
+            if c.__name__ == "FullAttentionManager"]
+
+
 def _lookahead_ignored(f: Family) -> list[Patch]:
     return [wrap(f.KVCacheManager, "allocate_slots", _with("num_lookahead_tokens", lambda _, __: 0))]
 
@@ -610,6 +620,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "blocks leave the window one block late: a sliding window, chunk or Mamba state is held a block longer "
            "than any query reads it",
            _released_late),
+    Mutant("common-prefix-one-more", "cascade prefix over-count",
+           "full attention's common prefix counts one block past what every request shares: cascade attention "
+           "reads one request's K/V as the whole batch's prefix",
+           _common_prefix_one_more),
     Mutant("event-parent-cut", "wrong KV-event contents",
            "BlockStored events name no parent: a router roots every continuation at the top of its prefix tree",
            _stored_events_bent(_cut_parent)),
