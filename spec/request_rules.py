@@ -555,6 +555,22 @@ def common_prefix_is_shared(step: ManagerStep, ctx: RequestContext) -> list[str]
     return problems
 
 
+@step_rule("allocation-accounting")
+def usage_is_the_ledger(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """``get_usage()`` -- what the scheduler and the metrics report as the KV
+    cache's fill -- is the share of usable blocks (all but the null block)
+    that are not free: ``1 - free / (num_blocks - 1)``."""
+    if step.op != "get_usage" or step.error is not None or step.result is None:
+        return []
+    pool = step.after.pool
+    usable = pool.num_blocks - 1
+    ledger = 0.0 if usable == 0 else 1.0 - len(pool.free) / usable
+    if abs(step.result - ledger) > 1e-9:
+        return [f"get_usage() reports {step.result!r}; {len(pool.free)} of {usable} usable blocks are free "
+                f"(usage {ledger!r})"]
+    return []
+
+
 @step_rule("content-soundness")
 def released_in_time(step: ManagerStep, ctx: RequestContext) -> list[str]:
     """A block is released no later than the accepted ``allocate_slots``

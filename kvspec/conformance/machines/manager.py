@@ -156,6 +156,8 @@ def manager_machine(
                 # requests whose tables are empty (a documented departure, spec/manager.py), so equal answers
                 # are not the contract -- sound ones are.  (No draw: saved traces replay unchanged.)
                 self.apply("get_num_common_prefix_blocks", self.running[0].request_id, lockstep=False)
+            if hasattr(self.target, "get_usage"):  # the fill the scheduler logs and exports (optional in a target)
+                self.apply("get_usage", lockstep=False)
             for _ in range(data.draw(st.integers(1, 3), label="actions")):
                 actions = ["arrive", "arrive_embedded"] if len(self.waiting) + len(self.running) < 6 else []
                 actions += ["admit"] * bool(self.waiting) + ["step", "step", "preempt"] * bool(self.running)

@@ -465,6 +465,14 @@ def _common_prefix_one_more(f: Family) -> list[Patch]:
             if c.__name__ == "FullAttentionManager"]
 
 
+def _usage_counts_null(f: Family) -> list[Patch]:
+    def make(usage):
+        def get_usage(self):
+            return usage(self) * (self.num_gpu_blocks - 1) / self.num_gpu_blocks  # over every block, null included
+        return get_usage
+    return [wrap(f.BlockPool, "get_usage", make)]
+
+
 def _lookahead_ignored(f: Family) -> list[Patch]:
     return [wrap(f.KVCacheManager, "allocate_slots", _with("num_lookahead_tokens", lambda _, __: 0))]
 
@@ -624,6 +632,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "full attention's common prefix counts one block past what every request shares: cascade attention "
            "reads one request's K/V as the whole batch's prefix",
            _common_prefix_one_more),
+    Mutant("usage-counts-null", "usage off the ledger",
+           "the usage is computed over every block, the null block included: the pool never reads as full",
+           _usage_counts_null),
     Mutant("event-parent-cut", "wrong KV-event contents",
            "BlockStored events name no parent: a router roots every continuation at the top of its prefix tree",
            _stored_events_bent(_cut_parent)),
