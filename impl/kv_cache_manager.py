@@ -347,6 +347,10 @@ class KVCacheManager:
         coordinator = self.coordinator
         request_id = request.request_id
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        if num_local_computed + num_external_computed_tokens + num_new_tokens > self.max_model_len:
+            raise RuleError("allocation-accounting", f"request {request_id} would compute "
+                            f"{num_local_computed + num_external_computed_tokens + num_new_tokens} tokens, past "
+                            f"max_model_len {self.max_model_len}")
         total_computed = min(num_local_computed + num_external_computed_tokens, self.max_model_len)
         watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _ADMISSION_STATUSES else 0
         num_free = self.block_pool.get_num_free_blocks()
@@ -390,7 +394,9 @@ class KVCacheManager:
         if self.enable_caching and not delay_cache_blocks:
             # Only committed tokens: drafts beyond num_tokens may be rejected.
             coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
-        self._steady[request_id] = coordinator.steady_limits(request_id, total_computed, num_prompt_tokens)
+        slots, full, skip = coordinator.steady_limits(request_id, total_computed, num_prompt_tokens)
+        # Never past max_model_len on the fast path either (a block may hold slots beyond it).
+        self._steady[request_id] = (min(slots, self.max_model_len), full, skip)
         return self.create_kv_cache_blocks(new_blocks)
 
     def _full_sequence_fits(

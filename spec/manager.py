@@ -408,6 +408,11 @@ class SpecKVCacheManager:
            blocks of ``min(total computed + new, request.num_tokens)`` tokens
            (never unverified draft tokens).
 
+        Requires (else a ``RuleError``, nothing changed): counts that are
+        ints, ``num_new_tokens`` or external tokens, hits the request may take,
+        and no token computed past ``max_model_len`` (computed + external +
+        new; lookahead slots are capped instead).
+
         Guarantees: the new blocks, or ``None`` (refused) with nothing
         changed but step 2's release.  (vLLM compatibility, a departure: vLLM's estimate misses the blocks a
         Mamba align group takes for external tokens; should the pool run out
@@ -435,6 +440,10 @@ class SpecKVCacheManager:
 
         coordinator = self.coordinator
         local = request.num_computed_tokens + num_new_computed_tokens
+        if local + num_external_computed_tokens + num_new_tokens > self.max_model_len:
+            raise RuleError("allocation-accounting", f"request {rid} would compute "
+                            f"{local + num_external_computed_tokens + num_new_tokens} tokens, past max_model_len "
+                            f"{self.max_model_len}")
         total = min(local + num_external_computed_tokens, self.max_model_len)
         watermark = 0
         if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):

@@ -65,6 +65,10 @@ class RequestContext:
     shadow: Shadow | None = None
     pins: Mapping[int, int] = field(default_factory=dict)
     computed: Mapping[str, int] = field(default_factory=dict)  # request -> tokens it counts as computed
+    # Blocks a connector's failed load left unfilled: under the recompute policy they stay cached and shared by
+    # design (the first holder recomputes them, the others wait), so the rules on what cached and shared blocks
+    # hold skip them -- never the rule on what a step reads (computed_content_sound).
+    unfilled: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,7 @@ def no_aliasing(snap: ManagerSnapshot, ctx: RequestContext) -> list[str]:
             problems.append(f"block {b} appears twice in one request's tables: {places}")
         if len({(g, i) for _, g, i in places}) > 1:
             problems.append(f"block {b} is held at different groups/positions: {places}")
-        elif ctx.shadow is not None and ctx.requests:
+        elif ctx.shadow is not None and ctx.requests and b not in ctx.unfilled:
             for rid, g, i in places:
                 if rid in ctx.requests:
                     for p in ctx.shadow.holds(g, b, ctx.requests[rid], i):
@@ -198,7 +202,7 @@ def cached_content_sound(snap: ManagerSnapshot, ctx: RequestContext) -> list[str
                 names.setdefault(make_block_hash_with_group_id(h, g), (request, g, i))
     problems = []
     for b, key in snap.pool.key_of.items():
-        if key in names:
+        if key in names and b not in ctx.unfilled:
             request, g, i = names[key]
             problems += [f"cached block {b} (group {g}, position {i}): {p}" for p in ctx.shadow.holds(g, b, request, i)]
     return problems

@@ -196,3 +196,37 @@ def test_impl_set_block_hash_twice_is_refused():
     with pytest.raises(RuleError, match="already carries a hash"):
         block.set_block_hash(b"j" * 36)
     assert block.block_hash == b"k" * 36
+
+
+# --- computing past max_model_len: refused before anything changes ---------------------------------------
+
+
+def _manager_targets():
+    from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+    from kvspec.conformance.targets.manager import ImplManagerTarget
+    from kvspec.conformance.targets.spec_manager import SpecManagerTarget
+
+    return [(name, layout, target) for name, layout in MANAGER_LAYOUTS.items()
+            for target in (ImplManagerTarget, SpecManagerTarget)]
+
+
+@pytest.mark.parametrize("name, layout, target", _manager_targets(),
+                         ids=lambda v: v if isinstance(v, str) else getattr(v, "__name__", ""))
+def test_computing_past_max_model_len_is_refused_with_nothing_changed(name, layout, target):
+    """A request asks to compute past max_model_len -- fresh, or with
+    tokens computed and blocks held: a RuleError naming max_model_len, the
+    state exactly as it was (impl once changed state first, then failed)."""
+    manager = target(*layout.target_args())
+    hasher = get_request_block_hasher(layout.hash_block_size)
+    limit = layout.max_model_len
+    running = Request("a", [1, 0, 1, 1], block_hasher=hasher)
+    manager.get_computed_blocks(running)
+    assert manager.allocate_slots(running, 4) is not None
+    running.num_computed_tokens = 4
+    running.append_output_token_ids([0] * limit)
+    fresh = Request("b", [1] * (limit + 1), block_hasher=hasher)
+    before = manager.snapshot()
+    for request, n in ((running, limit - 3), (running, limit), (fresh, limit + 1)):
+        with pytest.raises(RuleError, match="past max_model_len"):
+            manager.allocate_slots(request, n)
+        assert manager.snapshot() == before
