@@ -64,3 +64,27 @@ def test_hash_mutants_reach_vllms_hasher():
     with applied(MUTANTS_BY_NAME["hash-drops-salt"], Family("vllm")):
         mirrored = target._request(Request("c", [1, 2, 3, 4], cache_salt="tenant-b"))
     assert list(mirrored.block_hashes) == list(plain.block_hashes)
+
+
+def test_the_multimodal_mutant_reaches_vllms_hasher():
+    """An image straddling a block boundary keys both blocks in vLLM's own
+    hasher; the mutant keys only the block where it starts: the first
+    block's hash is unchanged, the second's is not (so it differs from the
+    hash kvspec's content model names, which the rules compare)."""
+    from kvspec.conformance.runner import manager_layout
+    from kvspec.conformance.vllm.targets import VllmManagerTarget
+    from kvspec.request import MultiModalFeatureSpec, PlaceholderRange, Request
+
+    layout = manager_layout("full")
+    target = VllmManagerTarget(*layout.target_args())
+    size = layout.hash_block_size
+    tokens = [1] + [9] * (2 * size - 1)  # an image from position 1 to the end of the second block
+
+    def hashes(rid):
+        return list(target._request(Request(rid, tokens, mm_features=[
+            MultiModalFeatureSpec("image-a", PlaceholderRange(1, 2 * size - 1))])).block_hashes)
+
+    right = hashes("a")
+    with applied(MUTANTS_BY_NAME["mm-key-where-it-starts"], Family("vllm")):
+        bent = hashes("b")
+    assert bent[0] == right[0] and bent[1] != right[1]

@@ -29,7 +29,7 @@ from kvspec.conformance.machines.observe import observe
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_request_block_hasher
 from kvspec.kv_cache_interface import AttentionKind
-from kvspec.request import LoRARequest, Request, RequestStatus
+from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
 from kvspec.spec.content import Shadow
 from kvspec.spec.interface import ManagerTarget
 from kvspec.spec.layout import Layout
@@ -40,10 +40,13 @@ from kvspec.testing import embedding_rows
 ENCODER_TOKENS = 6
 
 
-SWARM_INPUTS = {"arrive_embedded": "embedded", "preempt": "preempt", "finish": "finish"}
+MM_PLACEHOLDER = 9  # the token id every image's positions carry (its content is the image's identifier)
+SWARM_INPUTS = {"arrive_embedded": "embedded", "arrive_multimodal": "multimodal", "preempt": "preempt",
+                "finish": "finish"}
 """Scheduler actions a swarm batch may leave out, by the name of the input."""
 
-SWARM_OPTIONS = ("embedded", "preempt", "finish", "evict", "drop", "reset", "bad", "connector", "tenants")
+SWARM_OPTIONS = ("embedded", "multimodal", "preempt", "finish", "evict", "drop", "reset", "bad", "connector",
+                 "tenants")
 """The optional inputs of the manager machine that swarm testing switches
 off, a random subset per batch of examples (Groce et al., "Swarm testing",
 ISSTA 2012): leaving some out lets the others go deeper -- no preemption and
@@ -159,7 +162,8 @@ def manager_machine(
             if hasattr(self.target, "get_usage"):  # the fill the scheduler logs and exports (optional in a target)
                 self.apply("get_usage", lockstep=False)
             for _ in range(data.draw(st.integers(1, 3), label="actions")):
-                actions = ["arrive", "arrive_embedded"] if len(self.waiting) + len(self.running) < 6 else []
+                arrivals = ["arrive", "arrive_embedded", "arrive_multimodal"]
+                actions = arrivals if len(self.waiting) + len(self.running) < 6 else []
                 actions += ["admit"] * bool(self.waiting) + ["step", "step", "preempt"] * bool(self.running)
                 actions += ["finish"] * bool(self.waiting or self.running)
                 actions = [a for a in actions if not self.off(SWARM_INPUTS.get(a, a))] or ["step"] * bool(self.running)
@@ -210,6 +214,31 @@ def manager_machine(
             self.next_id += 1
             request = Request(f"r{self.next_id}", None, prompt_embeds=embedding_rows(source, length),
                               block_hasher=self.hasher)
+            self.requests[request.request_id] = request
+            self.waiting.append(request)
+            self.admit(data, request)
+
+        def arrive_multimodal(self, data: st.DataObject) -> None:
+            """A request arrives with images in its prompt: one to three
+            items, each a run of the same placeholder token named by one of
+            two identifiers -- starting anywhere, so items straddle block
+            boundaries, end on them, or share a block.  Requests with the same
+            placeholders and other images hold other content."""
+            length = data.draw(st.integers(2, layout.max_model_len // 2), label="multimodal prompt length")
+            tokens = data.draw(st.lists(st.integers(0, 1), min_size=length, max_size=length), label="prompt")
+            features, at = [], 0
+            for _ in range(data.draw(st.integers(1, 3), label="items")):
+                if at >= length:
+                    break
+                start = at + data.draw(st.integers(0, min(2 * layout.hash_block_size, length - at - 1)),
+                                       label="gap")
+                size = data.draw(st.integers(1, min(3 * layout.hash_block_size, length - start)), label="item size")
+                image = data.draw(one_of(("image-a", "image-b")), label="image")
+                tokens[start:start + size] = [MM_PLACEHOLDER] * size
+                features.append(MultiModalFeatureSpec(image, PlaceholderRange(start, size)))
+                at = start + size
+            self.next_id += 1
+            request = Request(f"r{self.next_id}", tokens, mm_features=features, block_hasher=self.hasher)
             self.requests[request.request_id] = request
             self.waiting.append(request)
             self.admit(data, request)

@@ -524,6 +524,15 @@ def _hash_drops_lora(f: Family) -> list[Patch]:
     return [wrap(f.module("kv_cache_utils"), "_gen_lora_extra_hash_keys", make)]
 
 
+def _mm_key_where_it_starts(f: Family) -> list[Patch]:
+    def make(mm_keys):
+        def mutated(request, start_token_idx, end_token_idx, start_mm_idx):
+            keys, next_idx = mm_keys(request, start_token_idx, end_token_idx, start_mm_idx)
+            return [k for k in keys if k[1] >= 0], next_idx  # an item that began in an earlier block: not keyed
+        return mutated
+    return [wrap(f.module("kv_cache_utils"), "_gen_mm_extra_hash_keys", make)]
+
+
 VLLM_ONLY = ("vllm",)
 L2_POLICY = "free order is a policy rule (L2): any order is safe"
 IMPL_RECHECKS = ("impl: allocate_slots re-checks the exact count before it takes a block (blocks_beyond_estimate), "
@@ -644,6 +653,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("hash-drops-salt", "hash chain missing an extra key",
            "vLLM's block hasher leaves out the cache salt: tenants share prefixes",
            _hash_drops_salt, families=VLLM_ONLY),
+    Mutant("mm-key-where-it-starts", "hash chain missing an extra key",
+           "vLLM's block hasher keys an image only in the block where it starts: the blocks an image straddles "
+           "into are shared with any prompt of the same placeholders",
+           _mm_key_where_it_starts, families=VLLM_ONLY),
     Mutant("hash-drops-lora", "hash chain missing an extra key",
            "vLLM's block hasher leaves out the LoRA adapter: adapters share prefixes",
            _hash_drops_lora, families=VLLM_ONLY),
