@@ -187,9 +187,9 @@ class PagedCache:
         self.buffers = [torch.full((num_blocks, self.page), float("nan"), dtype=dtype, device=device)
                         for _ in self.tensors]
         tensor_of = {name: i for i, t in reversed(list(enumerate(self.tensors))) for name in t.shared_by}
-        spare = torch.full((num_blocks, self.page), float("nan"), dtype=dtype, device=device)  # an unbound layer's
-        self.views = [[self._views(g, self.buffers[tensor_of[name]] if name in tensor_of else spare)
-                       for name in g.layers] for g in groups]
+        if any(name not in tensor_of for g in groups for name in g.layers):  # a broken plan: cache-layout says so
+            self.buffers.append(torch.full((num_blocks, self.page), float("nan"), dtype=dtype, device=device))
+        self.views = [[self._views(g, self.buffers[tensor_of.get(name, -1)]) for name in g.layers] for g in groups]
 
     def kvspec_plan(self, page_bytes: int) -> list[Any]:
         """kvspec's plan: one tensor per layer index, shared by that layer of
