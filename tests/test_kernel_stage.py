@@ -116,14 +116,16 @@ REAL_SHAPES = {
 }
 
 
-def sized_for(name: str, scale: str, length: int):
-    """Model ``name`` at ``scale`` with a pool that holds two requests of ``length`` tokens."""
+def sized_for(name: str, scale: str, length: int, layers: int = 1):
+    """Model ``name`` at ``scale`` with a pool that holds two requests of
+    ``length`` tokens; one layer per group (long requests at real block
+    sizes -- the random schedules run several layers)."""
     shape = model_setup(name, scale)
     per_request = sum(cdiv(shape.num_encoder_tokens if isinstance(g, CrossAttentionSpec) else length + 8,
                            g.block_size) for g in shape.layout.groups)
     return model_setup(name, scale,
                        num_blocks=max(2 * per_request + 8, shape.layout.num_blocks if scale == "gpu" else 0),
-                       max_model_len=length + 16)
+                       max_model_len=length + 16, layers=layers)
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
