@@ -249,22 +249,11 @@ class PagedCache:
         return {"key": key, "value": value}
 
     def poison(self, blocks: Sequence[int]) -> None:
-        poison_blocks(self.groups, self.views, blocks)
-
-
-def poison_blocks(groups: Sequence[Group], views: Sequence[Sequence[dict[str, torch.Tensor]]],
-                  blocks: Sequence[int]) -> None:
-    """NaN into every layer's pages of ``blocks``, through each layer's views
-    (whoever laid the memory out)."""
-    if not blocks:
-        return
-    ids = torch.tensor(sorted(blocks), dtype=torch.long)
-    for group, layers in zip(groups, views, strict=True):
-        k = group.blocks_per_block
-        kernel_ids = (ids[:, None] * k + torch.arange(k)).flatten()
-        for tensors in layers:
-            for tensor in tensors.values():
-                tensor[(ids if group.kind == "mamba" else kernel_ids).to(tensor.device)] = float("nan")
+        """NaN into ``blocks``' pages of every buffer (each buffer is block-major, whoever planned it)."""
+        if blocks:
+            ids = torch.tensor(sorted(blocks), dtype=torch.long)
+            for buffer in self.buffers:
+                buffer[ids] = float("nan")
 
 
 def tag_values(content_id: int) -> list[float]:
