@@ -97,6 +97,16 @@ def _computed_at_call(step: ManagerStep) -> int:
     return getattr(step.args.get("request"), "num_computed_tokens", 0)
 
 
+def _computed_after_call(step: ManagerStep) -> int:
+    """The tokens an ``allocate_slots`` counts as computed once it is done:
+    ``num_computed_tokens + num_new_computed_tokens +
+    num_external_computed_tokens`` (counts that are not ints left out: the
+    call refuses them)."""
+    counts = (_computed_at_call(step), step.args.get("num_new_computed_tokens", 0),
+              step.args.get("num_external_computed_tokens", 0))
+    return sum(c for c in counts if type(c) is int)
+
+
 # --- registries ----------------------------------------------------------------------------------------
 
 StateRule = Callable[[ManagerSnapshot, RequestContext], list[str]]
@@ -483,9 +493,7 @@ def _refused_release_problems(step: ManagerStep, layout: Layout | None) -> list[
     changed = [(g, i, b, a) for g in range(n) for i, (b, a) in enumerate(zip(bt[g], at[g], strict=True)) if a != b]
     problems = [f"put block {a} at group {g}, position {i} (was {b})" for g, i, b, a in changed if a != NULL]
     if layout is not None:
-        counts = (_computed_at_call(step), step.args.get("num_new_computed_tokens", 0),
-                  step.args.get("num_external_computed_tokens", 0))
-        computed = sum(c for c in counts if type(c) is int)
+        computed = _computed_after_call(step)
         prompt = getattr(request, "num_prompt_tokens", None)
         gone = [out_of_window(group, computed, prompt) for group in layout.views]
         problems += [f"released block {b} (group {g}, position {i}) inside the attention window"
@@ -512,9 +520,7 @@ def released_out_of_window(step: ManagerStep, ctx: RequestContext) -> list[str]:
     if step.op == "allocate_slots" and step.result is not None:
         request = step.args["request"]
         rid, prompt = request.request_id, getattr(request, "num_prompt_tokens", None)
-        counts = (_computed_at_call(step), step.args.get("num_new_computed_tokens", 0),
-                  step.args.get("num_external_computed_tokens", 0))
-        computed = sum(c for c in counts if type(c) is int)
+        computed = _computed_after_call(step)
     elif step.op == "remove_skipped_blocks":
         rid, computed = step.args["request_id"], step.args["total_computed_tokens"]
         prompt = step.args.get("num_prompt_tokens")
@@ -591,9 +597,7 @@ def released_in_time(step: ManagerStep, ctx: RequestContext) -> list[str]:
         return []
     request = step.args["request"]
     rid, prompt = request.request_id, getattr(request, "num_prompt_tokens", None)
-    counts = (_computed_at_call(step), step.args.get("num_new_computed_tokens", 0),
-              step.args.get("num_external_computed_tokens", 0))
-    computed = sum(c for c in counts if type(c) is int)
+    computed = _computed_after_call(step)
     groups = ctx.layout.views
     found = _tables_of(step.before, rid, len(groups))
     return [f"after allocate_slots {rid} still holds block {table[i]} (group {g}, position {i}), which no query "
