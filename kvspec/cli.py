@@ -37,8 +37,8 @@ from kvspec.conformance.gate import (
 )
 from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.runner import (
+    BLOCK_SCOPES,
     LEVELS,
-    SCOPES,
     SetupError,
     layout_names,
     machine_for,
@@ -234,8 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("conform", help="check a target against the specification")
     run.add_argument("--target", default="impl", help="impl, spec, vllm, or module:factory (default impl)")
     run.add_argument(
-        "--scope", default="all", choices=["pool", "manager", "all"],
-        help="pool: the block pool alone; manager: the KVCacheManager with a scheduler (default all)",
+        "--scope", default="all", choices=["pool", "manager", "scheduler", "all"],
+        help="pool: the block pool alone; manager: the KVCacheManager driven as a scheduler drives it; "
+        "scheduler: vLLM's own scheduler over the target (vllm, or impl through the drop-in; needs vLLM); "
+        "all: each of them the target has (default)",
     )
     run.add_argument(
         "--level", default="L3", choices=sorted(LEVELS),
@@ -244,8 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--layout", action="append",
         help=f"pool: {', '.join(layout_names('pool'))}; manager: {', '.join(layout_names('manager'))}; "
+        f"scheduler: {', '.join(layout_names('scheduler'))}; "
         f"real models (manager): {', '.join(model_layout_names())}, or 'models' for all of them "
-        "(repeatable; default: every pool and manager layout, not the models)",
+        "(repeatable; default: every layout of the scopes run, not the models)",
     )
     run.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="Hypothesis profile (default ci)")
     size = run.add_mutually_exclusive_group()
@@ -381,7 +384,7 @@ def vectors_check(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if not root.exists():
         raise UsageError(f"no such vectors directory or file: {root}")
-    factories = targets_for(args.target, list(SCOPES) if args.scope == "all" else [args.scope])
+    factories = targets_for(args.target, list(BLOCK_SCOPES) if args.scope == "all" else [args.scope])
     known = frozenset(f.id for f in known_findings(args.target)) if args.known_findings else frozenset()
     quiet_loggers()
 

@@ -29,8 +29,16 @@ from typing import Any
 import pytest
 
 from kvspec.conformance.findings import inputs_to_avoid, known_findings
-from kvspec.conformance.runner import SCOPES, Search, SetupError, layout_names, machine_for, run_layout
-from kvspec.conformance.settings import PROFILES, manager_settings
+from kvspec.conformance.runner import (
+    SCOPES,
+    Search,
+    SetupError,
+    layout_names,
+    machine_for,
+    run_layout,
+    scopes_for,
+)
+from kvspec.conformance.settings import PROFILES, scope_settings
 from kvspec.conformance.trace import trace_file_name
 from kvspec.spec.catalogue import LEVELS
 
@@ -40,7 +48,8 @@ OPTIONS = {"target": None, "scope": "all", "level": "L3", "profile": "ci", "trac
 def pytest_addoption(parser: Any) -> None:
     group = parser.getgroup("kvspec", "kvspec conformance (kvspec.pytest_plugin.conformance_suite)")
     group.addoption("--kvspec-target", help="the target a conformance_suite() without one checks (module:factory)")
-    group.addoption("--kvspec-scope", choices=["pool", "manager", "all"], help="pool, manager or all (default all)")
+    group.addoption("--kvspec-scope", choices=[*SCOPES, "all"],
+                    help="pool, manager, scheduler or all (default all: the scopes the target has)")
     group.addoption("--kvspec-level", choices=sorted(LEVELS), help="L1, L2 or L3 (default L3)")
     group.addoption("--kvspec-profile", choices=sorted(PROFILES), help="Hypothesis profile of the search (default ci)")
     group.addoption("--kvspec-trace-dir", help="where failing runs are saved (default kvspec-traces)")
@@ -80,12 +89,16 @@ def conformance_suite(target: str | None = None, *, scope: str | None = None, le
         name = _option(config, "target", target)
         if not name:
             pytest.skip("no target: give conformance_suite(target) or --kvspec-target module:factory")
+        if chosen == "all" and kvspec_scope not in scopes_for(name):
+            pytest.skip(f"target {name} has no {kvspec_scope} scope (vLLM's scheduler: targets vllm, or impl "
+                        "where vLLM is installed)")
         chosen_level, chosen_profile = _option(config, "level", level), _option(config, "profile", profile)
-        avoid = inputs_to_avoid(name) if known_findings_avoided else frozenset()
+        scopes = (kvspec_scope,)
+        avoid = inputs_to_avoid(name, scopes) if known_findings_avoided else frozenset()
         if f"layout:{kvspec_layout}" in avoid:
-            ids = ", ".join(f.id for f in known_findings(name) if f.avoid == f"layout:{kvspec_layout}")
+            ids = ", ".join(f.id for f in known_findings(name, scopes) if f.avoid == f"layout:{kvspec_layout}")
             pytest.skip(f"steered around known finding {ids}")
-        settings = PROFILES[chosen_profile] if kvspec_scope == "pool" else manager_settings(chosen_profile)
+        settings = scope_settings(kvspec_scope, chosen_profile)
         try:
             machine = machine_for(kvspec_scope, kvspec_layout, name, chosen_level, avoid)
         except SetupError as error:

@@ -25,7 +25,7 @@ def test_every_vllm_mutant_applies_and_comes_off():
     family = Family("vllm")
     names = ("BlockPool", "SingleTypeKVCacheManager", "FullAttentionManager", "SlidingWindowManager",
              "ChunkedLocalAttentionManager", "MambaManager", "CrossAttentionManager", "KVCacheCoordinator",
-             "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator", "KVCacheManager")
+             "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator", "KVCacheManager", "Scheduler")
     pristine = {n: dict(vars(getattr(family, n))) for n in names}
     hasher = family.module("kv_cache_utils")
     utils = dict(vars(hasher))

@@ -16,7 +16,9 @@ from kvspec.conformance.machines.scheduler import (  # noqa: E402
     SchedulerHarness,
     search,
 )
-from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS, replay  # noqa: E402
+from kvspec.conformance.trace import Trace  # noqa: E402
+from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS
+from kvspec.conformance.vllm.scheduler_findings import replay as replay_finding  # noqa: E402
 
 
 @pytest.fixture
@@ -60,12 +62,12 @@ def test_the_read_rule_catches_a_computed_count_no_block_backs():
 
 @pytest.mark.parametrize("finding_id", ["S1", "S1-align", "S2"])
 def test_scheduler_findings_reproduce_on_vllm(finding_id):
-    status, detail = replay(SCHEDULER_FINDINGS[finding_id])
+    status, detail = replay_finding(SCHEDULER_FINDINGS[finding_id])
     assert status == "reproduces" and detail.startswith("content-soundness"), detail
 
 
 def test_s3_a_hybrid_load_failure_crashes_vllm_0_25_1():
-    status, detail = replay(SCHEDULER_FINDINGS["S3"])
+    status, detail = replay_finding(SCHEDULER_FINDINGS["S3"])
     assert status == "raises" and "too many values to unpack" in detail, detail
 
 
@@ -98,7 +100,7 @@ def test_kvspec_under_vllms_scheduler_inherits_the_schedulers_own_bugs(on_kvspec
     """S1 and S2 live in vLLM's scheduler, not its block manager: under the
     drop-in they reproduce all the same."""
     for finding_id in ("S1", "S1-align", "S2"):
-        status, detail = replay(SCHEDULER_FINDINGS[finding_id])
+        status, detail = replay_finding(SCHEDULER_FINDINGS[finding_id])
         assert status == "reproduces", (finding_id, detail)
 
 
@@ -126,3 +128,77 @@ def test_drafts_need_an_eagle_layout_and_no_mamba():
 
 def test_the_eagle_layout_is_clean_with_drafts():
     assert search(SCHEDULER_LAYOUTS["full+swa-eagle"], ("none", "sync", "async"), 60) is None
+
+
+# --- the scheduler scope in the gate ---------------------------------------------------------------
+
+from kvspec.cli import main  # noqa: E402
+from kvspec.conformance.gate import GateOptions, run_gate  # noqa: E402
+from kvspec.conformance.machines.scheduler import SchedulerHarness as _Harness  # noqa: E402
+from kvspec.conformance.mutation.mutants import MUTANTS_BY_NAME, Family, applied  # noqa: E402
+from kvspec.conformance.runner import machine_for, replay, scopes_for  # noqa: E402
+
+
+def _gate(tmp_path, **options):
+    options = dict(target="vllm", scope="scheduler", level="L1", seed=1, trace_dir=str(tmp_path)) | options
+    return run_gate(GateOptions(**options))
+
+
+def test_scope_all_includes_the_scheduler_where_the_target_runs_under_one():
+    assert scopes_for("vllm") == ["pool", "manager", "scheduler"]
+    assert scopes_for("impl") == ["pool", "manager", "scheduler"]  # vLLM is installed: the drop-in
+    assert scopes_for("spec") == ["pool", "manager"]
+
+
+def test_the_gate_steers_around_the_schedulers_known_findings_and_vllm_conforms(tmp_path):
+    report = _gate(tmp_path, examples=8, known_findings=True)
+    assert [r.layout for r in report.results] == list(SCHEDULER_LAYOUTS)
+    assert all(r.conforms for r in report.results), [r.details for r in report.results]
+    assert {"S1", "S1-align", "S2", "S3"} <= {line.split(":")[0] for line in report.steered_around}
+
+
+def test_unsteered_the_gate_finds_the_schedulers_bugs_and_labels_them(tmp_path):
+    report = _gate(tmp_path, layouts=["full+mamba-all"], examples=60)
+    (result,) = report.results
+    assert not result.conforms and result.known_finding and result.known_finding.split(":")[0] in {"S1", "S3"}
+    trace = Trace.load(result.trace_file)
+    assert trace.scope == "scheduler" and trace.target == "vllm"
+    assert not replay(trace, "vllm", "L1").conforms  # the saved run replays to the same failure
+
+
+def test_a_fault_planted_in_vllms_scheduler_is_caught_at_scheduler_scope(tmp_path):
+    with applied(MUTANTS_BY_NAME["rollback-one-block-short"], Family("vllm")):
+        report = _gate(tmp_path, layouts=["full"], budget=40, known_findings=True, fail_fast=True)
+    (result,) = report.results
+    assert not result.conforms and result.known_finding is None, result.details
+    assert "content-soundness" in result.rules
+    assert replay(Trace.load(result.trace_file), "vllm", "L1").conforms  # the mutant is off: vLLM holds
+
+
+def test_the_impl_target_runs_under_vllms_scheduler_through_the_drop_in_and_removes_it():
+    from kvspec import impl
+
+    machine = machine_for("scheduler", "full", "impl", "L1")()
+    try:
+        assert dropin.installed()
+        assert isinstance(machine.harness.scheduler.kv_cache_manager, impl.KVCacheManager)
+    finally:
+        machine.teardown()
+    assert not dropin.installed()
+
+
+def test_a_fault_in_kvspecs_harness_is_a_usage_error_not_the_targets_failure(monkeypatch, capsys):
+    def broken(self, *args, **kwargs):
+        raise KeyError("planted")
+
+    monkeypatch.setattr(_Harness, "_check", broken)  # runs after every step
+    code = main(["conform", "--target", "vllm", "--scope", "scheduler", "--layout", "full", "--examples", "3",
+                 "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "kvspec's scheduler harness raised KeyError" in err[0] and "not in the target" in err[0]
+
+
+def test_the_scheduler_scope_takes_vllm_or_impl_only(capsys):
+    assert main(["conform", "--target", "spec", "--scope", "scheduler"]) == 2
+    assert "scheduler scope runs vLLM's scheduler" in capsys.readouterr().err

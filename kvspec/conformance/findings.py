@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvspec.conformance.machines.scheduler import AVOIDABLE as SCHEDULER_AVOIDABLE
+
 FINDINGS_DIR = Path(__file__).resolve().parents[2] / "docs" / "findings"
 
 AVOIDABLE: dict[str, str] = {
@@ -29,6 +31,7 @@ AVOIDABLE: dict[str, str] = {
     "bad-input:bad_hash": "pool: get_cached_block with a str for a hash",
     "bad-input:no_tokens": "manager: allocate_slots with no tokens at all",
     "mamba-align-external": "manager: external (connector) tokens where a Mamba group caches in align mode",
+    **SCHEDULER_AVOIDABLE,
     "layout:NAME": "the layout NAME altogether (a finding the layout's configuration itself triggers)",
 }
 """The inputs a machine can be told not to send (``--avoid``), and what each is."""
@@ -95,13 +98,21 @@ def is_avoidable(name: str, layouts: list[str]) -> bool:
     return name in AVOIDABLE and name != "layout:NAME"
 
 
-def known_findings(target: str) -> tuple[Finding, ...]:
-    return tuple(f for f in FINDINGS if f.target == target)
+def known_findings(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "manager")) -> tuple[Finding, ...]:
+    """``target``'s known findings at ``scopes``: at scheduler scope, those
+    of vLLM's scheduler (kvspec.conformance.vllm.scheduler_findings), which
+    every block manager under it inherits."""
+    found = tuple(f for f in FINDINGS if f.target == target and f.scope in scopes)
+    if "scheduler" in scopes:
+        from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS
+
+        found += tuple(SCHEDULER_FINDINGS.values())
+    return found
 
 
-def inputs_to_avoid(target: str) -> frozenset[str]:
+def inputs_to_avoid(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "manager")) -> frozenset[str]:
     """The machine knobs that steer around ``target``'s known findings."""
-    return frozenset(f.avoid for f in known_findings(target) if f.avoid)
+    return frozenset(f.avoid for f in known_findings(target, scopes) if f.avoid)
 
 
 def matching_finding(target: str, scope: str, layout: str, trace: object) -> Finding | None:
@@ -110,15 +121,35 @@ def matching_finding(target: str, scope: str, layout: str, trace: object) -> Fin
     A label for reports, not a verdict: the run is still a failure."""
     if trace is None or not getattr(trace, "steps", None):
         return None
+    if scope == "scheduler":
+        return _matching_scheduler_finding(layout, trace)
     step = (trace.failure or {}).get("step") or len(trace.steps)
     failing = trace.steps[min(step, len(trace.steps)) - 1]
     values = set(map(str, failing.args.values())) | {str(v) for _, v in failing.draws}
     labels = {label for label, _ in failing.draws}
-    for finding in known_findings(target):
+    for finding in known_findings(target, (scope,)):
         if finding.avoid.startswith("layout:") and finding.avoid == f"layout:{layout}":
             return finding
         if finding.avoid.startswith("bad-input:") and finding.scope == scope and finding.avoid.split(":")[1] in values:
             return finding
         if finding.avoid == "mamba-align-external" and "mamba" in layout and "external blocks" in labels:
             return finding
+    return None
+
+
+def _matching_scheduler_finding(layout: str, trace: object) -> Finding | None:
+    """The scheduler finding a failing scheduler-scope run looks like: a
+    failing load anywhere in it (S3 where the layout has several groups,
+    S2 where a request is aborted), or a connector on a Mamba layout (S1)."""
+    from kvspec.conformance.machines.scheduler import SCHEDULER_LAYOUTS
+    from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS
+
+    loads = {str(value) for step in trace.steps for label, value in step.draws if label == "load"}
+    if loads & {"sync-fail", "async-fail"}:
+        if layout in SCHEDULER_LAYOUTS and len(SCHEDULER_LAYOUTS[layout].groups) > 1:
+            return SCHEDULER_FINDINGS["S3"]
+        if any(step.rule == "abort" and step.draws for step in trace.steps):
+            return SCHEDULER_FINDINGS["S2"]
+    if "mamba" in layout and "scheduler:mamba-connector" not in trace.avoid:
+        return SCHEDULER_FINDINGS["S1-align" if "align" in layout else "S1"]
     return None

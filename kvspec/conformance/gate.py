@@ -53,8 +53,9 @@ from kvspec.conformance.runner import (
     quiet_loggers,
     rules_checked,
     run_layout,
+    scopes_for,
 )
-from kvspec.conformance.settings import PROFILES, manager_settings
+from kvspec.conformance.settings import PROFILES, scope_settings
 from kvspec.conformance.trace import Trace, trace_file_name
 
 BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
@@ -71,7 +72,7 @@ class GateOptions:
     """One gate run; the fields are ``kvspec conform``'s options."""
 
     target: str = "impl"  # impl, spec, vllm or module:factory
-    scope: str = "all"  # pool, manager or all
+    scope: str = "all"  # pool, manager, scheduler or all (the scheduler where the target has one: scopes_for)
     level: str = "L3"
     layouts: list[str] | None = None  # None: every built-in layout; "models" stands for every model layout
     profile: str = "ci"
@@ -132,14 +133,14 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     listener = listener or Listener()
     plan = make_plan(options)
     quiet_loggers()
-    steered = known_findings(options.target) if options.known_findings else ()
+    scopes = list(dict.fromkeys(scope for scope, _ in plan))
+    steered = known_findings(options.target, scopes) if options.known_findings else ()
     avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(options.avoid)
     deadline = options.started + options.budget if options.budget else None
-    scopes = list(dict.fromkeys(scope for scope, _ in plan))
     report = RunReport(options.target, options.level, options.profile, seed=options.seed,
                        steered_around=[f"{f.id}: {f.title}" for f in steered],
                        checked={scope: rules_checked(scope, options.level) for scope in scopes},
-                       command=options.command, versions=versions(options.target))
+                       command=options.command, versions=versions(options.target, scopes))
     listener.begin(options, steered, avoid)
     run = _Run(options, avoid, deadline, report, listener)
     todo = []
@@ -179,9 +180,9 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
     if options.scope not in (*SCOPES, "all"):
         raise SetupError(f"no scope {options.scope!r}; choose one of {', '.join(SCOPES)} or all")
     for name in options.avoid:
-        if not is_avoidable(name, layout_names("pool") + layout_names("manager") + model_layout_names()):
+        if not is_avoidable(name, [n for scope in SCOPES for n in layout_names(scope)] + model_layout_names()):
             raise SetupError(f"--avoid {name!r}: not an input the machines know; choose from {sorted(AVOIDABLE)}")
-    scopes = list(SCOPES) if options.scope == "all" else [options.scope]
+    scopes = scopes_for(options.target) if options.scope == "all" else [options.scope]
     plan = [(scope, name) for scope in scopes for name in _layouts(scope, options.layouts)]
     unknown = [name for name in options.layouts or [] if name != "models" and all(n != name for _, n in plan)]
     if unknown or not plan:
@@ -206,13 +207,13 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def versions(target: str) -> dict[str, str]:
+def versions(target: str, scopes: list[str] = ()) -> dict[str, str]:
     """What a report needs to be reproduced: kvspec's version, the target's
-    (vLLM's, when it is the target), Python's, Hypothesis's."""
+    (vLLM's, when it is the target or its scheduler runs), Python's, Hypothesis's."""
     import hypothesis
 
     found = {"kvspec": __version__}
-    if target == "vllm":
+    if target == "vllm" or "scheduler" in scopes:
         import vllm
 
         found["vLLM"] = vllm.__version__
@@ -231,11 +232,8 @@ def _layouts(scope: str, wanted: list[str] | None) -> list[str]:
 
 
 def _profiles(name: str) -> dict[str, object]:
-    """Each scope's Hypothesis settings for the profile ``name``.  Built in
-    each process that searches: a settings object does not survive pickling
-    to a worker (its "not set" markers come back as other objects, and
-    Hypothesis then takes ``database`` for a database)."""
-    return {"pool": PROFILES[name], "manager": manager_settings(name)}
+    """Each scope's Hypothesis settings for the profile ``name``."""
+    return {scope: scope_settings(scope, name) for scope in SCOPES}
 
 
 class _Run:
@@ -414,6 +412,8 @@ def _search_in_parallel(run: _Run, todo: list[tuple[str, str]]) -> None:
                 keys = pending.pop(future)
                 try:
                     results = future.result()
+                except SetupError:  # kvspec's harness failed in the worker: a usage/environment error
+                    raise
                 except Exception as error:  # the worker died (a crash in native code) or could not pickle
                     results = [LayoutResult(scope, name, 0, 0.0, False,
                                             details=[f"the worker searching this layout died: {error!r}"])

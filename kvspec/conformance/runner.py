@@ -34,11 +34,15 @@ from kvspec.conformance.machines.machinery import (
     BudgetSpent,
     CheckingMachine,
     ConformanceError,
+    HarnessError,
+    HarnessFault,
+    SetupError,
     in_final_replay,
     stopped_on,
 )
 from kvspec.conformance.machines.manager import manager_machine
 from kvspec.conformance.machines.pool import LAYOUTS, pool_machine
+from kvspec.conformance.machines.scheduler import SCHEDULER_LAYOUTS, scheduler_machine
 from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget
@@ -48,32 +52,61 @@ from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget
 from kvspec.spec.catalogue import LEVELS
 from kvspec.spec.layout import Layout
 
-SCOPES = ("pool", "manager")
+SCOPES = ("pool", "manager", "scheduler")
+BLOCK_SCOPES = ("pool", "manager")
+"""The scopes every target has (and the conformance vectors cover): the
+block manager called directly.  The scheduler scope drives vLLM's own
+scheduler, over vLLM's block manager or kvspec's (the drop-in)."""
+SCHEDULER_TARGETS = ("vllm", "impl")
+
+
+def scopes_for(target: str) -> list[str]:
+    """The scopes ``--scope all`` runs for ``target``: the block-manager
+    scopes, and the scheduler scope where the target runs under a scheduler
+    -- vLLM, or kvspec's implementation where vLLM is installed (the drop-in)."""
+    if target == "vllm" or (target == "impl" and vllm_importable()):
+        return list(SCOPES)
+    return list(BLOCK_SCOPES)
+
+
+def vllm_importable() -> bool:
+    """Whether vLLM's scheduler imports here (without importing it when it is absent)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        import vllm.v1.core.sched.scheduler  # noqa: F401
+    except Exception:
+        return False
+    return True
 
 
 def rules_checked(scope: str, level: str) -> list[str]:
     """The rules a machine checks at ``scope`` and ``level``, by name
     (``spec-equivalence`` stands for the lockstep comparison, ``clean-refusal``
-    for "a refusal raises ValueError/TypeError and nothing else")."""
+    for "a refusal raises ValueError/TypeError and nothing else").  At
+    scheduler scope every state rule is checked after every engine step,
+    with what each step reads (content-soundness) and the slots of what it
+    schedules (allocation-accounting); nothing runs in lockstep."""
     from kvspec.spec import request_rules, rules
 
     if scope == "pool":
         names = set(rules.STATE_RULES) | set(rules.STEP_RULES) | {"content-soundness"}
-    else:
+    elif scope == "manager":
         names = set(request_rules.REQUEST_STATE_RULES) | set(request_rules.REQUEST_STEP_RULES)
         names.add("hash-map-consistency")  # the events must replay to the pool's table
+    else:
+        names = set(request_rules.REQUEST_STATE_RULES) | set(rules.STATE_RULES)
+        return sorted((names | {"content-soundness", "allocation-accounting"}) - LEVELS[level])
     names -= LEVELS[level]
     return sorted(names) + ["clean-refusal"] + (["spec-equivalence"] if level == "L3" else [])
-
-
-class SetupError(Exception):
-    """The run cannot start: a target, layout or file that is not usable."""
 
 
 # --- targets -------------------------------------------------------------------------------
 
 
-def require_vllm() -> None:
+def require_vllm(who: str = "the vllm target") -> None:
     """vLLM must import, and its hash chains must share kvspec's root: both
     derive it from ``PYTHONHASHSEED``; unset, it is set to ``0`` here (only
     the chains' root depends on it, not Python's own ``hash``)."""
@@ -81,7 +114,7 @@ def require_vllm() -> None:
         import vllm.v1.core.block_pool  # noqa: F401
     except Exception as error:  # ImportError, or a broken install
         raise SetupError(
-            f"the vllm target needs vLLM 0.25.1 importable in this Python ({type(error).__name__}: {error}); "
+            f"{who} needs vLLM 0.25.1 importable in this Python ({type(error).__name__}: {error}); "
             "install it with tools/install_vllm.sh and run kvspec from that environment"
         ) from None
     import vllm
@@ -173,10 +206,22 @@ def _build(factory: Callable[..., Any], scope: str) -> Any:
         return error
 
 
+def check_scheduler_target(name: str) -> str:
+    """At scheduler scope the target is the block manager under vLLM's
+    scheduler: ``vllm`` (its own) or ``impl`` (kvspec's, the drop-in)."""
+    if name not in SCHEDULER_TARGETS:
+        raise SetupError(f"the scheduler scope runs vLLM's scheduler over vLLM's block manager (--target vllm) or "
+                         f"kvspec's (--target impl, the drop-in); it has no target {name!r}")
+    require_vllm("the scheduler scope (vLLM's own scheduler)")
+    return name
+
+
 def check_target(name: str, scope: str) -> Callable[..., Any]:
     """The target's factory (:func:`resolve_target`), built once before a
     run: a factory that raises, returns nothing or builds the other scope's
     kind of target stops the run before it starts, with one line that says so."""
+    if scope == "scheduler":
+        return check_scheduler_target(name)
     factory = resolve_target(name, scope)
     if name in TARGETS[scope]:
         return factory
@@ -199,7 +244,7 @@ def check_target(name: str, scope: str) -> Callable[..., Any]:
 
 def layout_names(scope: str) -> list[str]:
     """The layouts a scope runs by default (the model layouts are chosen by name)."""
-    return list(LAYOUTS if scope == "pool" else MANAGER_LAYOUTS)
+    return list({"pool": LAYOUTS, "manager": MANAGER_LAYOUTS, "scheduler": SCHEDULER_LAYOUTS}[scope])
 
 
 def model_layout_names() -> list[str]:
@@ -239,8 +284,15 @@ def machine_for(
     if not is_layout(scope, layout):
         extra = f" or {', '.join(model_layout_names())}" if scope == "manager" else ""
         raise SetupError(f"no {scope} layout named {layout!r}: use one of {layout_names(scope)}{extra}")
-    factory = resolve_target(target, scope) if isinstance(target, str) else target
     lockstep, ignore = level == "L3", LEVELS[level]
+    if scope == "scheduler":
+        if not isinstance(target, str):
+            raise SetupError("the scheduler scope takes a target by name: vllm or impl")
+        machine = scheduler_machine(SCHEDULER_LAYOUTS[layout], target=check_scheduler_target(target),
+                                    ignore_rules=ignore, avoid=avoid)
+        machine.layout_name = layout
+        return machine
+    factory = resolve_target(target, scope) if isinstance(target, str) else target
     if scope == "pool":
         machine = pool_machine(factory, LAYOUTS[layout], lockstep=lockstep, ignore_rules=ignore, avoid=avoid)
     else:
@@ -327,6 +379,8 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
         elif machine.best_failure is not None:  # time ran out while shrinking: report the smallest run so far
             machine.last_trace, failure = machine.best_failure
             shrinking.stopped = True
+    except HarnessFault as fault:  # kvspec's own harness raised: a usage/environment error, not the target's
+        raise HarnessError(str(fault)) from None
     except ConformanceError as error:
         failure = error
     except Exception as error:  # the target (or the machine) raised where no refusal was possible

@@ -60,6 +60,16 @@ def kernel_settings(name: str | None = None, *, examples: int | None = None) -> 
                     suppress_health_check=list(HealthCheck))
 
 
+# The scheduler machine: an example is up to 40 engine steps of vLLM's scheduler (a few ms each).
+SCHEDULER_EXAMPLES = {"ci": 60, "long": 600, "quick": 10}
+
+
+def scheduler_settings(name: str | None = None) -> settings:
+    """The profile ``name`` sized for the scheduler machine."""
+    name = name or os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    return settings(load_profile(name), max_examples=SCHEDULER_EXAMPLES[name], stateful_step_count=40)
+
+
 def manager_settings(name: str | None = None) -> settings:
     """The profile ``name`` sized for the request-level machine."""
     name = name or os.environ.get("HYPOTHESIS_PROFILE", "ci")
@@ -73,3 +83,13 @@ def load_profile(name: str | None = None) -> settings:
         raise ValueError(f"unknown Hypothesis profile {name!r}; choose one of {sorted(PROFILES)}")
     settings.load_profile(name)
     return PROFILES[name]
+
+
+def scope_settings(scope: str, name: str | None = None) -> settings:
+    """The profile ``name`` sized for the machine of ``scope``.  Built in
+    each process that searches: a settings object does not survive pickling
+    to a worker (its "not set" markers come back as other objects, and
+    Hypothesis then takes ``database`` for a database)."""
+    if scope == "pool":
+        return load_profile(name)
+    return manager_settings(name) if scope == "manager" else scheduler_settings(name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +20,36 @@ from kvspec.conformance.trace import Trace, clip
 from kvspec.request import Request
 from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot
 from kvspec.spec.rules import Violation
+
+
+class SetupError(Exception):
+    """The run cannot start: a target, layout or file that is not usable."""
+
+
+class HarnessError(SetupError):
+    """kvspec's own harness failed (its code raised, not the target's): a
+    usage or environment error, never the target's failure."""
+
+
+class HarnessFault(KeyboardInterrupt):  # noqa: N818 (raised as an interrupt is: see BudgetSpent)
+    """Inside a run: the harness raised.  An interrupt, so that Hypothesis
+    neither shrinks it nor calls it the target's failure; the runner turns
+    it into a :class:`HarnessError`."""
+
+
+def harness_frame(error: BaseException, target_roots: tuple[str, ...], harness_roots: tuple[str, ...]) -> str | None:
+    """Where ``error`` was raised, if that was kvspec's harness: of the
+    traceback's frames in the target's code (files under ``target_roots``)
+    or the harness's (under ``harness_roots``), the deepest decides.
+    ``"file:line in function"`` for the harness, ``None`` for the target
+    (or when neither is on the stack)."""
+    verdict = None
+    for frame in traceback.extract_tb(error.__traceback__):
+        if frame.filename.startswith(target_roots):
+            verdict = None
+        elif frame.filename.startswith(harness_roots):
+            verdict = f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return verdict
 
 
 class ConformanceError(AssertionError):  # noqa: N818 (it is an assertion failure)
@@ -229,7 +260,7 @@ class CheckingMachine(RuleBasedStateMachine):
         model of the target is half-updated and nothing may be judged."""
         try:
             yield
-        except (ConformanceError, Refused):
+        except (ConformanceError, Refused, HarnessFault):
             raise
         except BrokenFreeList as error:
             self.fail([Violation("free-queue-consistency", str(error))])

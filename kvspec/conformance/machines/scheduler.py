@@ -63,7 +63,9 @@ from kvspec.spec.request_rules import RequestContext, check_request_state, compu
 from kvspec.spec.rules import Violation
 from kvspec.testing import full, mamba, swa
 
-SCHEDULED_TOKENS_HAVE_SLOTS = "scheduled-tokens-have-slots"
+# "Every token it may write has a slot in every attention group": the catalogue states it for allocations;
+# here the tokens are the ones schedule() hands the model.
+SCHEDULED_TOKENS_HAVE_SLOTS = "allocation-accounting"
 
 LOAD_MODES = ("none", "sync", "async", "sync-fail", "async-fail")
 
@@ -241,6 +243,9 @@ class SchedulerHarness:
             self._propose_drafts()
         return problems + self._check("after update_from_output()")
 
+    def close(self) -> None:
+        """Done with this harness (nothing to undo for vLLM's own manager)."""
+
     def _propose_drafts(self) -> None:
         """The drafter's proposals for the next step: ``k`` tokens for every
         running request (vLLM ignores them for prefill chunks)."""
@@ -309,69 +314,208 @@ class SchedulerHarness:
         return [Violation(v.rule, f"step {self.steps}, {where}: {v.message}") for v in problems]
 
 
+class DropinHarness(SchedulerHarness):
+    """vLLM's scheduler over kvspec's implementation: the drop-in
+    (:mod:`kvspec.dropin`) is installed while the harness lives -- the
+    scheduler builds its ``KVCacheManager`` by name and asks at run time
+    whether the coordinator is a ``HybridKVCacheCoordinator`` -- and
+    :meth:`close` takes it out again (unless it was there before)."""
+
+    def __init__(self, layout: Layout, **options: Any):
+        from kvspec import dropin
+
+        self._installed_here = not dropin.installed()
+        dropin.install()
+        try:
+            super().__init__(layout, **options)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        from kvspec import dropin
+
+        if self._installed_here:
+            dropin.uninstall()
+            self._installed_here = False
+
+
+HARNESSES: dict[str, type[SchedulerHarness]] = {"vllm": SchedulerHarness, "impl": DropinHarness}
+"""The targets at scheduler scope: vLLM's scheduler over vLLM's block
+manager, or over kvspec's (the drop-in).  A block manager is only ever
+judged here under vLLM's own scheduler."""
+
+
 # --- the machine ------------------------------------------------------------------------------
 
+FAILING_LOADS = ("sync-fail", "async-fail")
+AVOIDABLE = {
+    "scheduler:mamba-connector": "scheduler: no KV connector where a layout has a Mamba group",
+    "scheduler:hybrid-failing-loads": "scheduler: no connector load fails where a layout has several groups",
+    "scheduler:abort-failed-load": "scheduler: a request whose connector load fails is never aborted",
+}
+"""The inputs the scheduler machine can be told not to send (see
+:mod:`kvspec.conformance.findings`)."""
+SWARM_OPTIONS = ("loads", "failing-loads", "abort", "families")
+"""The optional inputs a swarm batch may leave out: connector loads, failing
+ones, aborts, shared system prompts (without them, no prefix is shared but
+by chance)."""
 
-def scheduler_machine(layout: Layout, *, load_modes: tuple[str, ...] = LOAD_MODES,
+
+def _code_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the target's code, kvspec's harness code) as path prefixes: vLLM's
+    package and kvspec's implementation are the target; the rest of kvspec
+    -- the machines, the connector, the spec it checks with -- is the harness."""
+    import os
+
+    import kvspec
+    from kvspec import impl, spec
+
+    target = (os.path.dirname(impl.__file__) + os.sep,)
+    try:
+        import vllm
+
+        target += (os.path.dirname(vllm.__file__) + os.sep,)
+    except ImportError:
+        pass
+    harness = tuple(os.path.dirname(m.__file__) + os.sep for m in (kvspec, spec))
+    return target, harness
+
+
+def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple[str, ...] = LOAD_MODES,
+                      ignore_rules: frozenset[str] = frozenset(), avoid: frozenset[str] = frozenset(),
                       families: int = 3, max_num_seqs: int = 4, max_num_batched_tokens: int = 64) -> type:
-    """A Hypothesis state machine over vLLM's scheduler on ``layout``:
-    requests arrive (a shared system prompt of one of ``families``, or
-    none, plus their own tokens; the connector's store holding part of the
-    prompt, loaded in one of ``load_modes``), steps run (on an EAGLE layout
-    with :data:`DRAFTS_PER_STEP` drafts a step, a random prefix of them
+    """A conformance machine over vLLM's scheduler on ``layout``, the block
+    manager underneath being ``target``'s (:data:`HARNESSES`): requests
+    arrive (a shared system prompt of one of ``families``, or none, plus
+    their own tokens; the connector's store holding part of the prompt,
+    loaded in one of ``load_modes``), steps run (on an EAGLE layout with
+    :data:`DRAFTS_PER_STEP` drafts a step, a random prefix of them
     accepted), requests are aborted; every rule is checked after every
-    step, and an exception out of the scheduler is a failure too."""
+    step -- those in ``ignore_rules`` aside -- and an exception out of the
+    scheduler or the manager is the target's failure.  An exception out of
+    kvspec's own harness stops the run as a :class:`HarnessError`.
+    ``avoid`` names inputs not to send (:data:`AVOIDABLE`)."""
     from hypothesis import strategies as st
-    from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+    from hypothesis.stateful import rule
+
+    from kvspec.conformance.machines.machinery import CheckingMachine, HarnessFault, harness_frame, one_of
+    from kvspec.conformance.trace import recorded
 
     system = [[rng.randrange(1000) for _ in range(48)] for rng in map(random.Random, range(families))]
+    has_mamba = any(isinstance(g, MambaSpec) for g in layout.groups)
+    connector = load_modes != ("none",) and not (has_mamba and "scheduler:mamba-connector" in avoid)
+    if not connector:
+        load_modes = ("none",)
+    if "scheduler:hybrid-failing-loads" in avoid and len(layout.groups) > 1:
+        load_modes = tuple(m for m in load_modes if m not in FAILING_LOADS)
+    harness_class = HARNESSES[target]
+    roots = _code_roots()
+    ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
 
-    class SchedulerMachine(RuleBasedStateMachine):
-        @initialize()
-        def build(self) -> None:
-            self.harness = SchedulerHarness(layout, connector=load_modes != ("none",), max_num_seqs=max_num_seqs,
-                                            max_num_batched_tokens=max_num_batched_tokens,
-                                            num_draft_tokens=DRAFTS_PER_STEP if layout.use_eagle else 0)
+    class SchedulerMachine(CheckingMachine):
+        scope = "scheduler"
+        swarm_options = SWARM_OPTIONS
+        ignore_rules = ignored
+        avoid = avoided
 
-        @rule(family=st.integers(-1, families - 1), own=st.lists(st.integers(0, 999), min_size=1, max_size=40),
-              max_tokens=st.integers(1, 6), load=st.sampled_from(load_modes), stored=st.floats(0, 1))
-        def arrive(self, family: int, own: list[int], max_tokens: int, load: str, stored: float) -> None:
-            prompt = (system[family] if family >= 0 else []) + own
-            self.harness.arrive(prompt, max_tokens=max_tokens, remote_tokens=int(stored * len(prompt)), load=load)
+        def __init__(self) -> None:
+            super().__init__()
+            self.harness: SchedulerHarness | None = None
+            self.shown = 0  # harness trace lines already in this run's trace
+            self.harness = self.run("build the scheduler", lambda: harness_class(
+                layout, connector=connector, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                num_draft_tokens=DRAFTS_PER_STEP if layout.use_eagle else 0))
 
-        @rule()
-        def step(self) -> None:
+        def run(self, where: str, action: Any) -> Any:
+            """One call into the scheduler: timed, marked for a hang, an
+            exception judged (the target's, or kvspec's harness's), what it
+            did added to the trace."""
+            self.check_time()
             try:
-                problems = self.harness.step()
+                with self.calling(where):
+                    result = action()
             except Exception as error:
-                raise AssertionError(f"vLLM's scheduler raised {error!r} at step {self.harness.steps}\n"
-                                     + self.describe()) from error
-            assert not problems, "\n".join(map(str, problems)) + "\n" + self.describe()
+                frame = harness_frame(error, *roots)
+                if frame is not None:
+                    raise HarnessFault(f"kvspec's scheduler harness raised {type(error).__name__}: {error} "
+                                       f"(at {frame}, during {where}) -- a fault in kvspec, not in the target") \
+                        from error
+                raise
+            finally:
+                if self.harness is not None:
+                    for line in self.harness.trace[self.shown:]:
+                        type(self).steps_run += 1
+                        self.trace.operation(line)
+                    self.shown = len(self.harness.trace)
+            return result
+
+        def modes(self) -> tuple[str, ...]:
+            modes = ("none",) if self.off("loads") else load_modes
+            if self.off("failing-loads"):
+                modes = tuple(m for m in modes if m not in FAILING_LOADS)
+            return modes or ("none",)
 
         @rule(data=st.data())
-        def abort(self, data: Any) -> None:
-            live = sorted(self.harness.scheduler.requests)
-            if live:
-                self.harness.abort(data.draw(st.sampled_from(live)))
+        @recorded
+        def arrive(self, data: Any) -> None:
+            """A request arrives: a system prompt (or none) and its own
+            tokens; the connector's store holds part of the prompt."""
+            family = -1 if self.off("families") else data.draw(st.integers(-1, families - 1), label="family")
+            own = data.draw(st.lists(st.integers(0, 999), min_size=1, max_size=40), label="own tokens")
+            max_tokens = data.draw(st.integers(1, 6), label="max_tokens")
+            load = data.draw(one_of(self.modes()), label="load")
+            stored = data.draw(st.integers(0, 100), label="stored %") if load != "none" else 0
+            prompt = (system[family] if family >= 0 else []) + own
+            self.run("add_request", lambda: self.harness.arrive(
+                prompt, max_tokens=max_tokens, remote_tokens=stored * len(prompt) // 100, load=load))
 
-        def describe(self) -> str:
-            return "trace:\n  " + "\n  ".join(self.harness.trace)
+        @rule()
+        @recorded
+        def step(self) -> None:
+            """One engine step: schedule, the forward pass, the connector's
+            loads, update_from_output; then every rule."""
+            problems = self.run("schedule/update_from_output", self.harness.step)
+            snapshot = self.harness.manager.snapshot()
+            running = len(self.harness.scheduler.running)
+            self.aim("requests running", running)
+            self.cover("step", None, None, snapshot.pool, running, bool(self.harness.pending))
+            self.fail(problems)
+
+        @rule(data=st.data())
+        @recorded
+        def abort(self, data: Any) -> None:
+            """A live request is aborted (a client went away)."""
+            live = sorted(self.harness.scheduler.requests)
+            if "scheduler:abort-failed-load" in self.avoid and self.harness.connector is not None:
+                live = [r for r in live if r not in self.harness.connector.script.failing_load]
+            if live and not self.off("abort"):
+                request_id = data.draw(one_of(tuple(live)), label="request")
+                self.run("finish_requests", lambda: self.harness.abort(request_id))
+
+        def teardown(self) -> None:
+            self.steer()
+            if self.harness is not None:
+                self.harness.close()
 
     SchedulerMachine.__name__ = "SchedulerMachine"
     return SchedulerMachine
 
 
-def search(layout: Layout, load_modes: tuple[str, ...], examples: int) -> str | None:
+def search(layout: Layout, load_modes: tuple[str, ...], examples: int, *, target: str = "vllm") -> str | None:
     """Run :func:`scheduler_machine` on ``layout`` for ``examples``
     derandomized examples: ``None`` when nothing breaks, else the failure
-    (the broken rules and the trace)."""
+    (the broken rules, or the exception out of the scheduler, and the
+    minimal run)."""
     from hypothesis import HealthCheck, settings
     from hypothesis.stateful import run_state_machine_as_test
 
+    machine = scheduler_machine(layout, target=target, load_modes=load_modes)
     try:
-        run_state_machine_as_test(scheduler_machine(layout, load_modes=load_modes), settings=settings(
+        run_state_machine_as_test(machine, settings=settings(
             max_examples=examples, stateful_step_count=40, deadline=None, derandomize=True, database=None,
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False))
-    except AssertionError as failure:
-        return str(failure)
+    except Exception as failure:
+        head = str(failure) if isinstance(failure, AssertionError) else f"vLLM's scheduler raised {failure!r}"
+        return head + "\ntrace:\n  " + "\n  ".join(machine.last_trace.readable())
     return None

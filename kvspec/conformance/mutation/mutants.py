@@ -29,7 +29,8 @@ FAMILY_MODULES = {
     "impl": ("kvspec.impl.block_pool", "kvspec.impl.single_type_kv_cache_manager",
              "kvspec.impl.kv_cache_coordinator", "kvspec.impl.kv_cache_manager"),
     "vllm": ("vllm.v1.core.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
-             "vllm.v1.core.kv_cache_coordinator", "vllm.v1.core.kv_cache_manager", "vllm.v1.core.kv_cache_utils"),
+             "vllm.v1.core.kv_cache_coordinator", "vllm.v1.core.kv_cache_manager", "vllm.v1.core.kv_cache_utils",
+             "vllm.v1.core.sched.scheduler"),
 }
 """Where each family's classes live (the targets ``impl`` and ``vllm``)."""
 
@@ -533,6 +534,21 @@ def _mm_key_where_it_starts(f: Family) -> list[Patch]:
     return [wrap(f.module("kv_cache_utils"), "_gen_mm_extra_hash_keys", make)]
 
 
+def _rollback_one_block_short(f: Family) -> list[Patch]:
+    def make(update):
+        def mutated(self, requests, invalid_block_ids, num_scheduled_tokens, evict_blocks=True):
+            before = {r.request_id: r.num_computed_tokens - num_scheduled_tokens.get(r.request_id, 0)
+                      for r in requests}
+            result = update(self, requests, invalid_block_ids, num_scheduled_tokens, evict_blocks)
+            for request in requests:  # a request rolled back to its first failed block keeps that block
+                if request.num_computed_tokens < before[request.request_id]:
+                    request.num_computed_tokens = min(request.num_computed_tokens + self.block_size,
+                                                      before[request.request_id])
+            return result
+        return mutated
+    return [wrap(f.Scheduler, "_update_requests_with_invalid_blocks", make)]
+
+
 VLLM_ONLY = ("vllm",)
 L2_POLICY = "free order is a policy rule (L2): any order is safe"
 IMPL_RECHECKS = ("impl: allocate_slots re-checks the exact count before it takes a block (blocks_beyond_estimate), "
@@ -660,6 +676,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("hash-drops-lora", "hash chain missing an extra key",
            "vLLM's block hasher leaves out the LoRA adapter: adapters share prefixes",
            _hash_drops_lora, families=VLLM_ONLY),
+    Mutant("rollback-one-block-short", "failed load counted as computed",
+           "vLLM's scheduler rolls a request whose connector load failed back to one block past its first failed "
+           "block: the next step reads a block the load never filled (scheduler scope only)",
+           _rollback_one_block_short, families=VLLM_ONLY),
 )
 """The catalogue, in the order ``kvspec mutate`` runs it."""
 

@@ -25,6 +25,9 @@ class SchedulerFinding:
     layout: Layout
     trace: Callable[[SchedulerHarness], list]  # returns the violations of the trace's steps
     upstream: str
+    avoid: str  # the scheduler machine's input it needs (kvspec.conformance.machines.scheduler.AVOIDABLE)
+    target: str = "vllm"  # found in vLLM's scheduler; every block manager under it inherits it
+    scope = "scheduler"
 
 
 def _hybrid(mode: str) -> Layout:
@@ -92,20 +95,22 @@ SCHEDULER_FINDINGS: dict[str, SchedulerFinding] = {
             "S1", "per-group hits of a Mamba hybrid with a connector: the larger hit is taken as computed",
             _hybrid("all"), _shallow_state_served_as_deep,
             "vllm#46453 (the max over per-group hits; reported for Mamba deeper than attention), "
-            "fixed for that direction by vllm#48425; the attention-deeper direction noted in review there"),
+            "fixed for that direction by vllm#48425; the attention-deeper direction noted in review there",
+            "scheduler:mamba-connector"),
         SchedulerFinding(
             "S1-align", "S1 in Mamba align mode (the only mode Mamba prefix caching keeps in 0.33): "
             "no state at the attention hit at all",
-            _hybrid("align"), _unwritten_boundary_state_served, "as S1"),
+            _hybrid("align"), _unwritten_boundary_state_served, "as S1", "scheduler:mamba-connector"),
         SchedulerFinding(
             "S2", "a failed load's blocks stay cached; aborting their owner serves them to the next request",
             Layout((full(16),), num_blocks=12, max_model_len=256), _failed_load_served_after_abort,
             "related: vllm#49250 (recompute policy, sharers read before the owner recomputes), "
-            "vllm PR #26813 (keeps the blocks cached under recompute by design); the abort path: none found"),
+            "vllm PR #26813 (keeps the blocks cached under recompute by design); the abort path: none found",
+            "scheduler:abort-failed-load"),
         SchedulerFinding(
             "S3", "a load failure on a hybrid model crashes the scheduler (one group's block ids unpacked)",
             _hybrid("align"), _hybrid_load_failure,
-            "vllm#50687; fixed by vllm#50388 / #56855"),
+            "vllm#50687; fixed by vllm#50388 / #56855", "scheduler:hybrid-failing-loads"),
     )
 }
 
