@@ -558,6 +558,22 @@ def test_a_worker_stuck_beyond_any_alarm_is_stopped_by_the_watchdog(tmp_path, mo
     assert "the target hangs where no alarm reaches it" in capsys.readouterr().out
 
 
+def test_without_workers_a_target_stuck_beyond_any_alarm_is_stopped_by_the_watchdog(tmp_path, monkeypatch, capsys):
+    """One process under a budget searches in a forked worker of its own,
+    so the watchdog reaches a native hang there too; what the worker tells
+    (its first failure) still reaches this process's output."""
+    import time
+
+    from kvspec.conformance.gate import WORKER_GRACE
+
+    target = broken(tmp_path, monkeypatch, "IgnoresAlarms")
+    start = time.perf_counter()
+    assert main(["conform", "--target", target, "--scope", "pool", "--layout", "tiny-pool", "--layout",
+                 "two-groups", "--budget", "4", "--seed", "1"]) == 1
+    assert time.perf_counter() - start < 4 + WORKER_GRACE + 4
+    assert "the target hangs where no alarm reaches it" in capsys.readouterr().out
+
+
 def test_a_replay_of_a_hanging_target_ends_at_its_budget(tmp_path, monkeypatch, capsys):
     import time
 

@@ -14,7 +14,9 @@ it does what a pull-request gate needs:
   double every round, more for those still reaching new states, so that a
   bug any layout shows early is found in the first round;
 * **workers**: ``workers > 1`` searches in that many processes, with a
-  watchdog that fails the layouts of a worker stuck past the budget;
+  watchdog that fails the layouts of a worker stuck past the budget; under
+  a budget one worker is a process too (forked, so the target's patches and
+  the caller's state go with it), for the same watchdog;
 * **fail-fast**: the run stops at the first failure that is not a known
   finding;
 * **reports**: each failing layout's minimal run saved as a trace, and
@@ -113,9 +115,9 @@ class FirstFailure:
 
 
 class Listener:
-    """What the gate tells as it runs.  The default tells nothing.  A
-    listener is pickled into worker processes (``workers > 1``), where
-    :meth:`first_failure` is called."""
+    """What the gate tells as it runs.  The default tells nothing.  Every
+    call is made in the calling process: what worker processes find is
+    relayed to it (:class:`_Relay`)."""
 
     def begin(self, options: GateOptions, steered: tuple[Finding, ...], avoid: frozenset[str]) -> None:
         """The plan is made and the search starts."""
@@ -150,7 +152,9 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
             run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=STEERED + why))
         else:
             todo.append((scope, name))
-    if options.workers > 1:
+    if options.workers > 1 or (deadline is not None and todo and _can_fork()):
+        # Under a budget even one worker is a process of its own: a target stuck where no alarm reaches
+        # (a native loop) is stopped by the watchdog instead of holding the run.
         _search_in_parallel(run, todo)
     elif deadline is not None:
         _search_in_rounds(run, todo, Progress() if options.progress else None)
@@ -252,7 +256,10 @@ class _Run:
     def finish(self, r: LayoutResult) -> None:
         """Record a layout's result: times from the run's start, a failing
         layout's trace saved and labelled; the listener told."""
-        if self.report is None:  # a worker: the parent finishes it
+        if self.report is None:  # a worker: the parent finishes it (labelled here too, for fail-fast)
+            if r.skipped is None and r.trace is not None:
+                known = matching_finding(self.options.target, r.scope, r.layout, r.trace)
+                r.known_finding = f"{known.id}: {known.title}" if known else None
             self.collected.append(r)
             return
         o = self.options
@@ -366,7 +373,7 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
                 r.seconds, r.began, r.seed = spent[key], began[key], base
                 open_layouts.remove(key)
                 run.finish(r)
-                if run.report is None:  # a worker knows no findings: the parent judges fail-fast
+                if run.report is None:  # a worker: fail-fast judged here too, on the label finish gave it
                     run.see(r)
     for key in todo:
         if key in open_layouts:
@@ -381,28 +388,34 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
 
 
 def _search_in_parallel(run: _Run, todo: list[tuple[str, str]]) -> None:
-    """``workers > 1``: the layouts in that many processes at once.  Sized
-    by examples, each layout is a task of its own, finished as it ends.
-    Under a budget each worker searches a round-robin share of the layouts
-    in rounds, as one process does (:func:`_search_in_rounds`), and its
-    layouts are finished when it is done (a failure is announced at once); a
-    watchdog stops every worker still running :data:`WORKER_GRACE` seconds
-    past the budget -- a target stuck where no signal reaches (a C loop, a
-    deadlock) fails its layouts instead of holding the run."""
+    """The layouts in ``workers`` processes at once.  Sized by examples,
+    each layout is a task of its own, finished as it ends.  Under a budget
+    each worker searches a round-robin share of the layouts in rounds, as one
+    process does (:func:`_search_in_rounds`), and its layouts are finished
+    when it is done; a watchdog stops every worker still running
+    :data:`WORKER_GRACE` seconds past the budget -- a target stuck where no
+    signal reaches (a C loop, a deadlock) fails its layouts instead of
+    holding the run.  What a worker tells as it goes (a first failure, the
+    progress bar's lines) is relayed to this process, so that the listener
+    and this process's stderr see it, however they are captured."""
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     o, deadline = run.options, run.deadline
-    pool = ProcessPoolExecutor(max_workers=o.workers)
+    context = _fork_context()
+    relay = _Relay(context)
+    pool = ProcessPoolExecutor(max_workers=o.workers, mp_context=context, initializer=_Relay.install,
+                               initargs=(relay,))
     if deadline is None:  # sized by examples: one task per layout
-        pending = {pool.submit(_worker, o, run.listener, [key], run.avoid, None): [key] for key in todo}
+        pending = {pool.submit(_worker, o, [key], run.avoid, None): [key] for key in todo}
     else:  # under a budget: each worker takes its round-robin share of the layouts in rounds
         shares = [todo[i::o.workers] for i in range(min(o.workers, len(todo)))]
-        pending = {pool.submit(_worker, o, run.listener, share, run.avoid, deadline): share for share in shares}
+        pending = {pool.submit(_worker, o, share, run.avoid, deadline): share for share in shares}
     try:
         while pending:
-            timeout = None if deadline is None else max(0.0, deadline + WORKER_GRACE - time.perf_counter())
-            done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
-            if not done:  # the watchdog: the budget and its grace are over
+            done, _ = wait(pending, timeout=RELAY_INTERVAL, return_when=FIRST_COMPLETED)
+            relay.deliver(run.listener)
+            if not done and deadline is not None and time.perf_counter() > deadline + WORKER_GRACE:
+                # the watchdog: the budget and its grace are over
                 for scope, name in sorted(key for keys in pending.values() for key in keys):
                     run.finish(LayoutResult(scope, name, 0, 0.0, False, details=[
                         f"the worker searching this layout had not finished {WORKER_GRACE:g} s after the budget "
@@ -418,6 +431,7 @@ def _search_in_parallel(run: _Run, todo: list[tuple[str, str]]) -> None:
                     results = [LayoutResult(scope, name, 0, 0.0, False,
                                             details=[f"the worker searching this layout died: {error!r}"])
                                for scope, name in keys]
+                relay.deliver(run.listener)  # what it told before it finished, first
                 for result in results:
                     run.finish(result)
             if run.stopped:
@@ -431,16 +445,79 @@ def _search_in_parallel(run: _Run, todo: list[tuple[str, str]]) -> None:
 
             for child in multiprocessing.active_children():  # the workers still searching or stuck
                 child.terminate()
+        relay.deliver(run.listener)
 
 
-def _worker(options: GateOptions, listener: Listener, todo: list[tuple[str, str]], avoid: frozenset[str],
+RELAY_INTERVAL = 0.2  # seconds: how often the parent passes on what its workers told
+
+
+class _Relay(Listener):
+    """What a worker process tells, carried to the parent over a queue:
+    first failures (for the parent's listener) and text for stderr (the
+    progress bar).  The parent makes one before the workers start; each
+    worker installs it (:meth:`install`) and tells it; the parent
+    :meth:`deliver` s."""
+
+    current: _Relay | None = None  # in a worker: where to tell
+
+    def __init__(self, context: object | None):
+        import multiprocessing
+
+        self.queue = (context or multiprocessing).SimpleQueue()
+
+    @staticmethod
+    def install(relay: _Relay) -> None:
+        _Relay.current = relay
+
+    def first_failure(self, failure: FirstFailure) -> None:
+        self.queue.put(("first_failure", failure))
+
+    def write(self, text: str) -> None:  # the progress bar's stream
+        self.queue.put(("stderr", text))
+
+    def flush(self) -> None:
+        pass
+
+    def deliver(self, listener: Listener) -> None:
+        """Pass on everything told so far (in the parent)."""
+        import sys
+
+        while not self.queue.empty():
+            kind, what = self.queue.get()
+            if kind == "first_failure":
+                listener.first_failure(what)
+            else:
+                sys.stderr.write(what)
+                sys.stderr.flush()
+
+
+def _worker(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[str],
             deadline: float | None) -> list[LayoutResult]:
     """Some layouts' search in a worker process (see _search_in_parallel):
-    their results, for the parent to finish."""
+    their results, for the parent to finish.  The only worker of a budgeted
+    run draws the progress bar the sequential search would (relayed)."""
     quiet_loggers()
-    run = _Run(options, avoid, deadline, None, listener)
+    relay = _Relay.current or Listener()
+    run = _Run(options, avoid, deadline, None, relay)
     if deadline is None:
         (scope, name), = todo
         return [_search_one(run, scope, name, _profiles(options.profile)[scope])]
-    _search_in_rounds(run, todo, None)
+    progress = Progress(stream=relay) if options.progress and options.workers == 1 and _Relay.current else None
+    _search_in_rounds(run, todo, progress)
     return run.collected
+
+
+def _fork_context() -> object | None:
+    """The ``fork`` start method where the platform has it: a worker
+    inherits the caller's process as it is -- a mutant's patches, a test's
+    monkeypatches, vLLM already imported -- whatever Python's default
+    (``forkserver`` from 3.14) would start."""
+    import multiprocessing
+
+    return multiprocessing.get_context("fork") if _can_fork() else None
+
+
+def _can_fork() -> bool:
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods()
