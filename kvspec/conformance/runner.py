@@ -25,7 +25,6 @@ from typing import Any
 
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
@@ -44,6 +43,7 @@ from kvspec.conformance.machines.manager import manager_machine
 from kvspec.conformance.machines.pool import LAYOUTS, pool_machine
 from kvspec.conformance.machines.scheduler import SCHEDULER_LAYOUTS, scheduler_machine
 from kvspec.conformance.report import LayoutResult
+from kvspec.conformance.settings import example_database
 from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
@@ -395,6 +395,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
     result.began = start  # the clock's reading; the command makes it relative to its own start
     if failure is not None:
         result.first_failure_at = machine.first_failure_at
+        result.first_failure_example = machine.first_failure_example
     if isinstance(failure, ConformanceError):
         result.rules = sorted({v.rule for v in failure.violations})
         result.details = str(failure).splitlines()
@@ -498,7 +499,7 @@ def _shrink_engine() -> Any:
 
 def _batches(search: Search, start: float):
     """(settings, seed) for each Hypothesis run of a search."""
-    database = DirectoryBasedExampleDatabase(search.database) if search.database else None
+    database = example_database(search.database)
     if search.seconds is None:
         overrides = {"max_examples": search.examples} if search.examples else {}
         if database is not None:

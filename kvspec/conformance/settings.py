@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 _COMMON = dict(
     # No explain phase: after shrinking, Hypothesis would replay the failure
@@ -93,3 +93,38 @@ def scope_settings(scope: str, name: str | None = None) -> settings:
     if scope == "pool":
         return load_profile(name)
     return manager_settings(name) if scope == "manager" else scheduler_settings(name)
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+REDIS_KEY_PREFIX = b"kvspec-examples"
+
+
+class DatabaseError(ValueError):
+    """An example database that cannot be used (kvspec.conformance.runner
+    reports it as a setup error: one line, exit 2)."""
+
+
+def example_database(where: str | None) -> ExampleDatabase | None:
+    """Hypothesis's example database for ``--database``: a Redis server by
+    URL (``redis://HOST:PORT/N``, ``rediss://...``, ``unix:///path?db=N``) --
+    shared by every shard and every machine that reaches it, so each run
+    replays first what any run found -- or a local directory (any other
+    value).  A Redis server that cannot be reached raises
+    :class:`DatabaseError` here, before any search."""
+    if not where:
+        return None
+    if not where.startswith(REDIS_SCHEMES):
+        return DirectoryBasedExampleDatabase(where)
+    try:
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+    except ImportError as error:
+        raise DatabaseError(f"--database {where}: a Redis database needs the redis package "
+                            f"(pip install 'kvspec[redis]'): {error}") from None
+    try:
+        client = redis.Redis.from_url(where, socket_connect_timeout=5)
+        client.ping()
+    except (redis.RedisError, ValueError, OSError) as error:
+        raise DatabaseError(f"--database {where}: cannot reach the Redis server ({type(error).__name__}: "
+                            f"{error}); give a reachable URL, or a directory for a local database") from None
+    return RedisExampleDatabase(client, key_prefix=REDIS_KEY_PREFIX)

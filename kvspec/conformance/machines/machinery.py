@@ -199,6 +199,7 @@ class CheckingMachine(RuleBasedStateMachine):
     # happened, and who is told at once -- a red gate should not wait for
     # the shrinker to say so.
     first_failure_at: float | None = None
+    first_failure_example: int | None = None  # which run of the search (1-based) failed first
     on_first_failure: Callable[[CheckingMachine, Exception], None] | None = None
     # What the search has reached: the distinct abstract states after each
     # operation (see :meth:`cover`), over the class's life -- a budget moves
@@ -243,6 +244,7 @@ class CheckingMachine(RuleBasedStateMachine):
             cls.best_failure = (self.trace, error)
         if cls.first_failure_at is None:
             cls.first_failure_at = time.perf_counter()
+            cls.first_failure_example = cls.examples_run
             if cls.on_first_failure is not None:
                 cls.on_first_failure(self, error)
 
