@@ -93,13 +93,19 @@ def conform(args: argparse.Namespace) -> int:
         examples=args.examples, budget=args.budget, seed=args.seed, known_findings=args.known_findings,
         avoid=args.avoid or [], database=args.database, fail_fast=args.fail_fast, workers=args.workers,
         shard=args.shard, report_dir=args.report_dir, trace_dir=args.trace_dir,
-        progress=args.progress if args.progress is not None else sys.stderr.isatty(),
+        progress=args.progress if args.progress is not None else sys.stderr.isatty(), coverage=args.coverage,
         command=" ".join(["kvspec", *map(shlex.quote, args.argv)]), started=args.started)
     report = run_gate(options, ConformPrinter())
     failures = sum(not r.conforms for r in report.results)
     print()
     print("\n".join(report.rule_table(report.checked)))
     print()
+    if report.coverage is not None:
+        c = report.coverage
+        print(f"spec branches taken: {c['taken']} of {c['branches']}")
+        if c["never_met"]:
+            print(f"rules never past their guards (no state they judge arose): {', '.join(c['never_met'])}")
+        print()
     for finding, layouts in report.known_groups().items():
         print(f"known finding {finding}\n    on {len(layouts)} layout(s): {', '.join(layouts)}"
               " (--known-findings steers around it)")
@@ -280,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace-dir",
                      help="save each failing layout's minimal run here (default: REPORT_DIR/traces with "
                      "--report-dir, else kvspec-traces)")
+    run.add_argument("--coverage", action="store_true",
+                     help="measure what the run exercised of the spec (its branches; per rule, its predicates "
+                     "evaluated and past their guards) into the report; needs coverage.py, slows the search")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="a progress bar on stderr (default: when stderr is a terminal)")
     run.set_defaults(func=conform)

@@ -123,3 +123,37 @@ def test_an_unreachable_redis_database_is_a_usage_error(capsys):
     assert main(["conform", "--scope", "pool", "--examples", "1", "--database", "redis://127.0.0.1:1/0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot reach the Redis server" in err[0] and "redis://127.0.0.1:1/0" in err[0]
+
+
+# --- what a run exercised of the spec ----------------------------------------------------------
+
+
+def test_coverage_reports_the_spec_branches_and_the_rules_that_met_a_state_they_judge(tmp_path):
+    pytest.importorskip("coverage")
+    report = run_gate(GateOptions(target="impl", scope="pool", layouts=["tiny-pool"], examples=3, seed=1,
+                                  coverage=True, report_dir=str(tmp_path)))
+    c = report.coverage
+    assert 0 < c["taken"] < c["branches"] and c["files"]["rules.py"]["taken"] > 0
+    assert c["rules"]["free-queue-consistency"]["past_guards"] == 1  # the pool's own rules ran in full
+    # The request-level predicates never run at pool scope: their rules are named, not passed over.
+    assert c["rules"]["tenant-isolation"]["evaluated"] == 0 and "tenant-isolation" in c["never_evaluated"]
+    assert "What the run exercised of the spec" in (tmp_path / "report.md").read_text()
+    assert '"coverage"' in (tmp_path / "report.json").read_text()
+
+
+def test_a_predicate_past_its_guards_is_one_whose_body_ran():
+    from kvspec.conformance import spec_coverage
+
+    def rule(snap, ctx):
+        """A rule."""
+        if ctx is None:
+            return []
+        problems = []
+        for b in snap:
+            problems.append(b)
+        return problems
+
+    body, guards_end = spec_coverage._statements(rule)
+    first = rule.__code__.co_firstlineno
+    assert guards_end == first + 3  # the docstring and the guard
+    assert {first + 2, first + 3} <= body and first + 4 in body  # the guard counts as run; the body after it

@@ -29,16 +29,21 @@ lines; the default stays quiet).  A bad option raises
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import itertools
 import os
 import platform
 import re
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvspec import __version__
+from kvspec.conformance import spec_coverage
 from kvspec.conformance.findings import AVOIDABLE, Finding, is_avoidable, known_findings, matching_finding
 from kvspec.conformance.machines.machinery import ConformanceError
 from kvspec.conformance.report import LayoutResult, RunReport, write_reports
@@ -90,6 +95,8 @@ class GateOptions:
     report_dir: str | None = None
     trace_dir: str | None = None
     progress: bool = False  # a progress bar on stderr
+    coverage: bool = False  # measure what the run exercises of the spec (kvspec.conformance.spec_coverage)
+    coverage_dir: str | None = None  # where each process's measurement goes (set by run_gate)
     command: str = "kvspec conform"  # recorded in the report
     started: float = field(default_factory=time.perf_counter)  # the budget counts from here
 
@@ -144,6 +151,38 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
                        checked={scope: rules_checked(scope, options.level) for scope in scopes},
                        command=options.command, versions=versions(options.target, scopes))
     listener.begin(options, steered, avoid)
+    with _measured(options) as measure:
+        _search(options, plan, steered, avoid, deadline, report, listener)
+    report.coverage = measure.get("report")
+    order = {key: i for i, key in enumerate(plan)}
+    report.results.sort(key=lambda r: order[(r.scope, r.layout)])  # the report in plan order
+    if options.report_dir:
+        report.written = write_reports(report, options.report_dir)
+    return report
+
+
+@contextlib.contextmanager
+def _measured(options: GateOptions) -> Iterator[dict[str, Any]]:
+    """With ``options.coverage``: every process of the run measures the
+    spec into one directory (this one here, the workers in :func:`_worker`),
+    and the combined report is left in the dict yielded."""
+    out: dict[str, Any] = {}
+    if not options.coverage:
+        yield out
+        return
+    with tempfile.TemporaryDirectory(prefix="kvspec-coverage-") as data_dir:
+        options.coverage_dir = data_dir
+        measure = spec_coverage.start(data_dir)
+        try:
+            yield out
+        finally:
+            spec_coverage.stop(measure)
+            options.coverage_dir = None
+        out["report"] = spec_coverage.report(data_dir)
+
+
+def _search(options: GateOptions, plan: list[tuple[str, str]], steered: tuple[Finding, ...], avoid: frozenset[str],
+            deadline: float | None, report: RunReport, listener: Listener) -> None:
     run = _Run(options, avoid, deadline, report, listener)
     todo = []
     for scope, name in plan:
@@ -160,11 +199,6 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
         _search_in_rounds(run, todo, Progress() if options.progress else None)
     else:
         _search_each(run, todo, Progress() if options.progress else None)
-    order = {key: i for i, key in enumerate(plan)}
-    report.results.sort(key=lambda r: order[(r.scope, r.layout)])  # the report in plan order
-    if options.report_dir:
-        report.written = write_reports(report, options.report_dir)
-    return report
 
 
 def make_plan(options: GateOptions) -> list[tuple[str, str]]:
@@ -179,6 +213,8 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
         raise SetupError(f"--budget must be a positive number of seconds, got {options.budget:g}")
     if options.examples is not None and options.budget is not None:
         raise SetupError("--examples and --budget size the search two ways: give one")
+    if options.coverage and importlib.util.find_spec("coverage") is None:
+        raise SetupError("--coverage needs coverage.py in this Python (pip install coverage)")
     if options.profile not in PROFILES:
         raise SetupError(f"no Hypothesis profile {options.profile!r}; choose one of {sorted(PROFILES)}")
     if options.scope not in (*SCOPES, "all"):
@@ -501,6 +537,16 @@ def _worker(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[
     their results, for the parent to finish.  The only worker of a budgeted
     run draws the progress bar the sequential search would (relayed)."""
     quiet_loggers()
+    measure = spec_coverage.start(options.coverage_dir) if options.coverage_dir else None
+    try:
+        return _work(options, todo, avoid, deadline)
+    finally:
+        if measure is not None:
+            spec_coverage.stop(measure)
+
+
+def _work(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[str],
+          deadline: float | None) -> list[LayoutResult]:
     relay = _Relay.current or Listener()
     run = _Run(options, avoid, deadline, None, relay)
     if deadline is None:

@@ -78,6 +78,7 @@ class RunReport:
     command: str = ""  # the command line, as typed
     versions: dict[str, str] = field(default_factory=dict)  # kvspec, the target, Python, Hypothesis
     written: list[Path] = field(default_factory=list)  # the report files, once written
+    coverage: dict | None = None  # --coverage: what the run exercised of the spec (kvspec.conformance.spec_coverage)
 
     @property
     def searched(self) -> list[LayoutResult]:
@@ -151,6 +152,10 @@ class RunReport:
             for rule, n, broken in self.rule_summary(self.checked):
                 lines.append(f"| {rule} | {n} | {', '.join(broken) or '-'} |")
             lines += ["", "</details>"]
+        if self.coverage is not None:
+            from kvspec.conformance.spec_coverage import markdown
+
+            lines += markdown(self.coverage)
         for r in self.results:
             if r.conforms:
                 continue
@@ -209,6 +214,7 @@ def write_reports(report: RunReport, directory: str | Path) -> list[Path]:
                 "rules": [{"rule": rule, "layouts_checked": n, "broken_in": broken}
                           for rule, n, broken in report.rule_summary(report.checked)],
                 "conforms": report.conforms, "results": [r.to_json() for r in report.results],
+                **({"coverage": report.coverage} if report.coverage is not None else {}),
             },
             indent=2,
         ),
