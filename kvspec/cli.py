@@ -50,6 +50,7 @@ from kvspec.conformance.settings import PROFILES
 from kvspec.conformance.trace import Trace, TraceError
 from kvspec.conformance.vectors.codec import check, targets_for
 from kvspec.conformance.vectors.corpus import SIZES, generate
+from kvspec.conformance.vllm.compat import REFERENCE_RELEASE
 from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
@@ -231,11 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvspec",
         description="Check a KV-cache block manager against the executable specification of vLLM v1's block "
-        "manager (reference: vLLM 0.25.1).",
+        f"manager (reference: vLLM {REFERENCE_RELEASE}).",
         epilog="Exit codes: 0 conforms, 1 a rule broke or the target diverged from the spec, 2 usage or "
         "environment error.  The specification: spec/README.md; the vectors' format: docs/VECTORS.md.",
     )
-    parser.add_argument("--version", action="version", version=f"kvspec {__version__} (reference: vLLM 0.25.1)")
+    parser.add_argument("--version", action="version",
+                        version=f"kvspec {__version__} (reference: vLLM {REFERENCE_RELEASE})")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("conform", help="check a target against the specification")
     run.add_argument("--target", default="impl", help="impl, spec, vllm, or module:factory (default impl)")

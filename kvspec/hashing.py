@@ -300,17 +300,6 @@ EXTRA_KEY_FORMATS = ("bare", "tagged")
 _extra_key_format = "bare"
 
 
-def extra_key_format_of(vllm_version: str) -> str:
-    """The extra-key format of a vLLM release: ``bare`` (the reference,
-    0.25.1, through 0.30) or ``tagged`` (from 0.31: every key is a tuple
-    led by its kind -- ``("lora", name, path)``, ``("mm", id, offset)``,
-    ``("cache_salt", salt)``, ``("prompt_embeds", digest)`` -- so that keys
-    of different kinds never collide).  KV events keep the bare format."""
-    from packaging.version import Version
-
-    return "tagged" if Version(vllm_version).release >= (0, 31) else "bare"
-
-
 def use_extra_key_format(fmt: str) -> None:
     """Hash extra keys in format ``fmt`` from now on, in this process (the
     vLLM target sets the installed release's; the default is the reference's)."""
@@ -335,7 +324,7 @@ def generate_block_hash_extra_keys(
     digest of the block's prompt embeddings (every block, once the prompt
     came as embeddings -- past the prompt, the digest of no bytes).  ``None``
     when there are none, so plain blocks hash ``(parent, tokens, None)``.
-    In the tagged format (:func:`extra_key_format_of`) each key is led by
+    In the tagged format (``kvspec.conformance.vllm.compat.extra_key_format``) each key is led by
     its kind and the LoRA key carries the adapter's path too.
     """
     mm_keys, next_mm_idx = _mm_extra_keys(

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from kvspec import hashing
+from kvspec.conformance.vllm import compat
 from kvspec.hashing import (
     BlockHash,
     BlockHashListWithBlockSize,
@@ -662,10 +663,10 @@ def _keyed_request(embeds: bool = False) -> SimpleNamespace:
 
 
 def test_release_formats():
-    assert hashing.extra_key_format_of("0.25.1") == "bare"
-    assert hashing.extra_key_format_of("0.30.0") == "bare"
-    assert hashing.extra_key_format_of("0.31.0") == "tagged"
-    assert hashing.extra_key_format_of("0.33.0") == "tagged"
+    assert compat.extra_key_format("0.25.1") == "bare"
+    assert compat.extra_key_format("0.30.0") == "bare"
+    assert compat.extra_key_format("0.31.0") == "tagged"
+    assert compat.extra_key_format("0.33.0") == "tagged"
     with pytest.raises(ValueError, match="extra-key format"):
         hashing.use_extra_key_format("binary")
 

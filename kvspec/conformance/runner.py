@@ -48,6 +48,7 @@ from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
+from kvspec.conformance.vllm import compat
 from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget
 from kvspec.spec.catalogue import LEVELS
 from kvspec.spec.layout import Layout
@@ -114,14 +115,15 @@ def require_vllm(who: str = "the vllm target") -> None:
         import vllm.v1.core.block_pool  # noqa: F401
     except Exception as error:  # ImportError, or a broken install
         raise SetupError(
-            f"{who} needs vLLM 0.25.1 importable in this Python ({type(error).__name__}: {error}); "
+            f"{who} needs vLLM {compat.REFERENCE_RELEASE} importable in this Python ({type(error).__name__}: "
+            f"{error}); "
             "install it with tools/install_vllm.sh and run kvspec from that environment"
         ) from None
     import vllm
 
     from kvspec import hashing
 
-    hashing.use_extra_key_format(hashing.extra_key_format_of(vllm.__version__))
+    hashing.use_extra_key_format(compat.extra_key_format(vllm.__version__))
     if os.environ.get("PYTHONHASHSEED") is None:
         os.environ["PYTHONHASHSEED"] = "0"
         hashing.init_none_hash()

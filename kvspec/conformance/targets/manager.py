@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.conformance.targets.pool import VllmApiPoolTarget, _neutral_event
+from kvspec.conformance.vllm import compat
 from kvspec.kv_cache_interface import (
     KVCacheConfig,
 )
@@ -51,8 +52,7 @@ class KVCacheManagerTarget:
     # --- the ManagerTarget operations ---------------------------------------------------
 
     def get_computed_blocks(self, request: Request) -> tuple[BlockIds, int]:
-        # (blocks, hit) through vLLM 0.32; later releases append the shared-prefix boundary.
-        blocks, num_hit = self.manager.get_computed_blocks(self._request(request))[:2]
+        blocks, num_hit = compat.hit_of(self.manager.get_computed_blocks(self._request(request)))
         return blocks.get_block_ids(), num_hit
 
     def allocate_slots(

@@ -46,7 +46,7 @@ class _AsLaterReleasesRead:
     added to ``Request`` (``session_id``, read into KV events from 0.30)
     read as unset; everything else is the request's own."""
 
-    ADDED = {"session_id": None}
+    ADDED = {"session_id": None}  # compat.SESSION_ID
 
     def __init__(self, request: Any):
         self._request = request
