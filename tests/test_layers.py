@@ -9,15 +9,18 @@ vocabulary     kvspec (its version), kvspec.errors, .hashing,          0
                .request, .kv_cache_interface
 spec           kvspec.spec (the executable specification)              1
 impl           kvspec.impl (the production implementation)             1
+dropin         kvspec.dropin (impl in place of vLLM's classes)         2
 testing        kvspec.testing (spec constructors for tests, layouts)   2
 models         kvspec.models (model layouts, kernels, the worker)      3
 conformance    kvspec.conformance (machines, targets, the gate)        4
 proofs         kvspec.proofs (CrossHair obligations)                   5
-roof           kvspec.cli, .pytest_plugin, .dropin                     6
+roof           kvspec.cli, .pytest_plugin                              6
 =============  =====================================================  =====
 
 spec and impl share a rank and never import each other: impl is checked
-against spec, so neither may lean on the other.  Every import counts, those
+against spec, so neither may lean on the other.  The drop-in is impl seen
+from vLLM (it needs impl and vLLM only); conformance uses it to drive impl
+under vLLM's own scheduler.  Every import counts, those
 inside functions too -- a lazy import is still a dependency, and a cycle
 through one is still a cycle; only ``if TYPE_CHECKING:`` imports, which
 never run, do not count.
@@ -32,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"kvspec": "kvspec", "kvspec.spec": "spec", "kvspec.impl": "impl", "kvspec.models": "models",
             "kvspec.proofs": "proofs"}
 VOCABULARY = {"kvspec", "kvspec.errors", "kvspec.hashing", "kvspec.request", "kvspec.kv_cache_interface"}
-ROOF = {"kvspec.cli", "kvspec.pytest_plugin", "kvspec.dropin"}
+ROOF = {"kvspec.cli", "kvspec.pytest_plugin"}
 
 
 def modules() -> dict[str, Path]:
@@ -97,6 +100,8 @@ def layer(name: str) -> tuple[str, int]:
         return "vocabulary", 0
     if name in ROOF:
         return "roof", 6
+    if name == "kvspec.dropin":
+        return "dropin", 2
     for prefix, rank in (("kvspec.spec", 1), ("kvspec.impl", 1), ("kvspec.testing", 2), ("kvspec.models", 3),
                          ("kvspec.conformance", 4), ("kvspec.proofs", 5)):
         if name == prefix or name.startswith(prefix + "."):

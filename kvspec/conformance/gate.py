@@ -419,7 +419,7 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
         if key in open_layouts:
             machine = machines[key]
             scope, name = key
-            if key not in began:  # its turn never came
+            if key not in began or machine.steps_run == 0:  # its turn never came, or ended before one operation
                 run.finish(LayoutResult(scope, name, 0, 0.0, True,
                                         skipped=FAIL_FAST if run.stopped else BUDGET_SPENT))
                 continue

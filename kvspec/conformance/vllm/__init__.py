@@ -5,7 +5,8 @@ kvspec's configs and requests into vLLM's; ``scheduler`` builds vLLM's own
 ``Scheduler`` for the scheduler-scope machine and ``connector`` is the
 scripted KV connector vLLM loads into it; ``scheduler_findings`` holds the
 minimal traces of what that machine found in vLLM; ``version_probe`` replays
-every finding against the installed release (``tools/version_matrix.py``).
+every finding against the installed release (``tools/version_matrix.py``);
+``compat`` holds the reference release and every switch on the release.
 vLLM is imported lazily, inside these modules' functions, so that kvspec
 installs and runs without it.
 """
