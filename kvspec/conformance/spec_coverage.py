@@ -31,8 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SPEC_DIR = Path(__file__).resolve().parents[2] / "spec"
-
 
 class CoverageUnavailable(ValueError):
     """coverage.py is not installed."""
@@ -65,20 +63,26 @@ def report(data_dir: str) -> dict[str, Any]:
                                  data_file=os.path.join(data_dir, ".coverage"))
     combined.combine([data_dir], keep=False)
     data = combined.get_data()
-    files: dict[str, Any] = {}
-    executed: dict[str, set[int]] = {}
-    for path in sorted(data.measured_files()):
-        analysis = combined._analyze(path)  # coverage.py's public report API prints; this returns numbers
-        numbers = analysis.numbers
-        files[Path(path).name] = {"branches": numbers.n_branches,
-                                  "taken": numbers.n_branches - numbers.n_missing_branches}
-        executed[os.path.realpath(path)] = set(data.lines(path) or ())
-    out: dict[str, Any] = {"files": files, "branches": sum(f["branches"] for f in files.values()),
-                           "taken": sum(f["taken"] for f in files.values())}
+    executed = {os.path.realpath(path): set(data.lines(path) or ()) for path in data.measured_files()}
+    out = per_file(combined)
     out["rules"] = {name: _rule_coverage(fns, executed) for name, fns in sorted(predicates().items())}
     out["never_met"] = sorted(name for name, r in out["rules"].items() if r["evaluated"] and not r["past_guards"])
     out["never_evaluated"] = sorted(name for name, r in out["rules"].items() if not r["evaluated"])
     return out
+
+
+def per_file(measure: Any) -> dict[str, Any]:
+    """A finished measurement's numbers: per file of ``spec/``, its branches
+    and those taken, its statements and the lines missed; and the totals."""
+    files: dict[str, Any] = {}
+    for path in sorted(measure.get_data().measured_files()):
+        analysis = measure._analyze(path)  # coverage.py's public report API prints; this returns numbers
+        numbers = analysis.numbers
+        files[Path(path).name] = {"branches": numbers.n_branches,
+                                  "taken": numbers.n_branches - numbers.n_missing_branches,
+                                  "lines": numbers.n_statements, "missed_lines": sorted(analysis.missing)}
+    return {"files": files, "branches": sum(f["branches"] for f in files.values()),
+            "taken": sum(f["taken"] for f in files.values())}
 
 
 def predicates() -> dict[str, list[Callable[..., Any]]]:
@@ -119,24 +123,17 @@ def _statements(fn: Callable[..., Any]) -> tuple[set[int], int]:
     tree = ast.parse(textwrap.dedent("".join(lines)))
     (function,) = tree.body
     offset = first - 1
-    body = {node.lineno + offset for node in ast.walk(function) if isinstance(node, ast.stmt) and node is not function}
+    docstring = ast.get_docstring(function) is not None and function.body[0]
+    body = {node.lineno + offset for node in ast.walk(function)
+            if isinstance(node, ast.stmt) and node is not function and node is not docstring}
     guards_end = function.body[0].lineno + offset - 1
     for statement in function.body:
-        docstring = isinstance(statement, ast.Expr) and isinstance(getattr(statement, "value", None), ast.Constant)
         guard = isinstance(statement, ast.If) and not statement.orelse and all(
             isinstance(s, (ast.Return, ast.Continue)) for s in statement.body)
-        if not (docstring or guard):
+        if not (statement is docstring or guard):
             break
         guards_end = statement.end_lineno + offset
-    body -= set(range(function.lineno + offset, guards_end + 1)) - _guard_lines(function, offset, guards_end)
     return body, guards_end
-
-
-def _guard_lines(function: ast.FunctionDef, offset: int, guards_end: int) -> set[int]:
-    """The guards' own statement lines (they count as run when evaluated)."""
-    return {node.lineno + offset for node in ast.walk(function)
-            if isinstance(node, ast.stmt) and node is not function and node.lineno + offset <= guards_end
-            and not isinstance(node, ast.Expr)}
 
 
 def _spec_dir() -> Path:

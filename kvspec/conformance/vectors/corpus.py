@@ -539,20 +539,10 @@ def _start_coverage() -> Any:
 
 
 def _stop_coverage(cov: Any) -> dict[str, Any]:
+    from kvspec.conformance.spec_coverage import per_file
+
     cov.stop()
-    report: dict[str, Any] = {"files": {}}
-    total_branches = total_taken = 0
-    for path in sorted(cov.get_data().measured_files()):
-        analysis = cov._analyze(path)  # coverage.py's public report API prints; this returns numbers
-        numbers = analysis.numbers
-        total_branches += numbers.n_branches
-        total_taken += numbers.n_branches - numbers.n_missing_branches
-        report["files"][Path(path).name] = {
-            "branches": numbers.n_branches, "taken": numbers.n_branches - numbers.n_missing_branches,
-            "lines": numbers.n_statements, "missed_lines": sorted(analysis.missing),
-        }
-    report["branches"], report["taken"] = total_branches, total_taken
-    return report
+    return per_file(cov)
 
 
 def _write_index(corpus: Corpus) -> None:
