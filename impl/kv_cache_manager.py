@@ -370,18 +370,14 @@ class KVCacheManager:
             num_free = self.block_pool.get_num_free_blocks()
         num_tokens_main_model = total_computed + num_new_tokens
         num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
-        estimates = coordinator.blocks_to_allocate_per_group(
-            request_id, num_tokens_need_slot, hits, num_encoder_tokens,
-            num_local_computed + num_external_computed_tokens, num_tokens_main_model,
+        adds_computed = hits is not no_hits or num_external_computed_tokens > 0
+        needed, beyond = self._blocks_needed(
+            request_id, hits, adds_computed, num_local_computed, num_external_computed_tokens, num_encoder_tokens,
+            num_tokens_need_slot, num_tokens_main_model,
         )
-        needed = sum(estimates)
         if needed + watermark > num_free - reserved_blocks:
             return None
-        adds_computed = hits is not no_hits or num_external_computed_tokens > 0
-        if coordinator.inexact_group_ids and num_free < needed + coordinator.blocks_beyond_estimate(
-            estimates, request_id, hits, num_local_computed, num_external_computed_tokens, num_tokens_need_slot,
-            num_tokens_main_model, adds_computed,
-        ):
+        if num_free < needed + beyond:
             # vLLM's estimate fell short (Mamba align); vLLM would fail half-allocated.
             return None
         if adds_computed:
@@ -398,6 +394,52 @@ class KVCacheManager:
         # Never past max_model_len on the fast path either (a block may hold slots beyond it).
         self._steady[request_id] = (min(slots, self.max_model_len), full, skip)
         return self.create_kv_cache_blocks(new_blocks)
+
+    def _blocks_needed(
+        self, request_id: str, hits: tuple[Sequence[KVCacheBlock], ...], adds_computed: bool,
+        num_local_computed: int, num_external_computed_tokens: int, num_encoder_tokens: int,
+        num_tokens_need_slot: int, num_tokens_main_model: int,
+    ) -> tuple[int, int]:
+        """The capacity check's numbers: vLLM's estimate of the free blocks the
+        allocation takes (what the check compares, as vLLM does) and the blocks
+        it really takes beyond that (Mamba align only; 0 elsewhere)."""
+        coordinator = self.coordinator
+        estimates = coordinator.blocks_to_allocate_per_group(
+            request_id, num_tokens_need_slot, hits, num_encoder_tokens,
+            num_local_computed + num_external_computed_tokens, num_tokens_main_model,
+        )
+        beyond = coordinator.blocks_beyond_estimate(
+            estimates, request_id, hits, num_local_computed, num_external_computed_tokens, num_tokens_need_slot,
+            num_tokens_main_model, adds_computed,
+        ) if coordinator.inexact_group_ids else 0
+        return sum(estimates), beyond
+
+    def get_num_blocks_to_allocate(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        num_encoder_tokens: int = 0,
+    ) -> int:
+        """(A query; the spec's ``get_num_blocks_to_allocate``.)  The free
+        blocks ``allocate_slots`` with these arguments takes, exactly -- where
+        the coordinator's method of that name is vLLM's estimate, which falls
+        short in Mamba align mode with connector tokens (F5).  Asked before the
+        call; the out-of-window release the call makes first does not change it."""
+        no_hits = self.empty_kv_cache_blocks.blocks
+        hits = no_hits if new_computed_blocks is None else new_computed_blocks.blocks
+        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(num_local_computed + num_external_computed_tokens, self.max_model_len)
+        num_tokens_main_model = total_computed + num_new_tokens
+        needed, beyond = self._blocks_needed(
+            request.request_id, hits, hits is not no_hits or num_external_computed_tokens > 0,
+            num_local_computed, num_external_computed_tokens, num_encoder_tokens,
+            min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len), num_tokens_main_model,
+        )
+        return needed + beyond
 
     def _full_sequence_fits(
         self, request: Any, hits: tuple, num_encoder_tokens: int, total_computed: int, num_free: int

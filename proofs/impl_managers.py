@@ -16,7 +16,7 @@ Every call is checked as the conformance machine checks it: the
 request-level step and state rules of :mod:`kvspec.spec.request_rules` --
 among them **hit-optimality**, impl's hit against the brute-force oracle
 :func:`~kvspec.spec.oracle.oracle_hit_length`, and
-**allocation-accounting**, the blocks impl takes against the spec's estimate
+**allocation-accounting**, the blocks impl takes against the spec's count
 -- and impl's result, tables, pool and events against the spec's
 (:func:`divergence`, rule spec-equivalence).  Each obligation
 returns the names of the rules that broke; its ``post:`` says none did, for
@@ -118,18 +118,13 @@ class ManagerBench:
         return found if found is not None else (None, 0)
 
     def allocate(self, hit: tuple[Any, int], **counts: int) -> Any:
-        """The request's first chunk after its hit, with the spec's estimate
-        of the blocks it takes as the allocation-accounting reference --
-        except where that estimate (vLLM's) is known to fall short, Mamba
-        align mode with connector tokens: there impl must still agree with
-        the spec, block for block or refusal for refusal."""
+        """The request's first chunk after its hit, with the spec's count of
+        the blocks it takes (a trial allocation, exact in Mamba align mode
+        with connector tokens too) as the allocation-accounting reference."""
         blocks, num_hit = hit
         args = dict(request=self.request, num_new_computed_tokens=num_hit, new_computed_blocks=blocks, **counts)
-        plain = concrete(args)
         with untraced():
-            estimate, _ = call(self.spec.get_num_blocks_to_allocate, (), plain)
-            if self.layout.has_mamba_align and plain.get("num_external_computed_tokens"):
-                estimate = None
+            estimate, _ = call(self.spec.get_num_blocks_to_allocate, (), concrete(args))
         return self.apply("allocate_slots", expected_pulled=estimate, **args)
 
     def outcome(self) -> tuple[str, ...]:

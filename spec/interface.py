@@ -162,6 +162,15 @@ class ManagerTarget(Protocol):
     ``request`` arguments are :class:`kvspec.request.Request` objects whose
     ``num_computed_tokens`` the caller (the scheduler) keeps current.
     Block tables are tuples with one list of block ids per KV-cache group.
+
+    Optional, observed where a target has them: ``get_usage()`` (rule
+    allocation-accounting: the share of usable blocks not free) and
+    ``get_num_blocks_to_allocate(request, num_new_tokens,
+    num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
+    num_external_computed_tokens, num_encoder_tokens)`` -- the free blocks
+    the target says ``allocate_slots`` with those arguments takes, asked just
+    before the call (rule allocation-accounting holds an accepted allocation
+    to it).
     """
 
     def get_computed_blocks(self, request: Any) -> tuple[tuple[list[int], ...], int]: ...

@@ -38,6 +38,7 @@ loses nothing and lets other requests use them.
 
 from __future__ import annotations
 
+import copy
 import pickle
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -63,7 +64,7 @@ from kvspec.spec.coordinator import (
     UnitaryCoordinator,
 )
 from kvspec.spec.interface import Event, ManagerSnapshot
-from kvspec.spec.pool import SpecBlockPool
+from kvspec.spec.pool import SpecBlockPool, TrialPool
 
 
 def _require_int(value: Any, what: str, rule: str = "allocation-accounting") -> int:
@@ -331,17 +332,35 @@ class SpecKVCacheManager:
         num_encoder_tokens: int = 0,
     ) -> int:
         """(A query.) How many blocks :meth:`allocate_slots` with these
-        arguments would take from the free queue (vLLM's estimate, computed
-        on the state after removing skipped blocks -- which does not change
-        it).  Used by rule allocation-accounting."""
+        arguments takes from the free queue in its steps 4-5 -- by definition:
+        run those steps on a copy of the state whose pool never runs short,
+        and count the blocks taken (new ones, and hits that were free).  Step
+        2's release does not change the number.  Used by rule
+        allocation-accounting, which holds every target's allocation to its
+        own number.
+
+        vLLM's capacity check (step 3) compares its own estimate instead
+        (:meth:`~kvspec.spec.coordinator.Coordinator.blocks_to_allocate`),
+        which is this number everywhere but in Mamba align mode with
+        connector tokens, where it falls short (finding F5)."""
         hits = self._require_hits(new_computed_blocks)
         local = request.num_computed_tokens + num_new_computed_tokens
         total = min(local + num_external_computed_tokens, self.max_model_len)
         main = total + num_new_tokens
-        need_slot = min(main + num_lookahead_tokens, self.max_model_len)
-        return self.coordinator.blocks_to_allocate(
-            request.request_id, need_slot, hits, num_encoder_tokens, local + num_external_computed_tokens, main
-        )
+        counter = TrialPool(self.pool)
+        trial = copy.deepcopy(self.coordinator, {id(self.pool): counter})
+        self._take_and_allocate(trial, request.request_id, hits, local, num_external_computed_tokens,
+                                min(main + num_lookahead_tokens, self.max_model_len), main, num_encoder_tokens)
+        return counter.taken
+
+    @staticmethod
+    def _take_and_allocate(coordinator: Coordinator, rid: str, hits: Tables, local: int, external: int,
+                           need_slot: int, main: int, num_encoder_tokens: int) -> Tables:
+        """Steps 4-5 of :meth:`allocate_slots`: a new request's hits and its
+        connector tokens' blocks, then the new blocks."""
+        if any(hits) or external > 0:
+            coordinator.take_hits(rid, hits, local, external)
+        return coordinator.allocate(rid, need_slot, main, num_encoder_tokens)
 
     # -- 2. allocation ------------------------------------------------------------------------------------
 
@@ -476,9 +495,9 @@ class SpecKVCacheManager:
         try:
             with self._all_or_nothing():
                 coordinator = self.coordinator
-                if any(hits) or num_external_computed_tokens > 0:  # 4.
-                    coordinator.take_hits(rid, hits, local, num_external_computed_tokens)
-                new = coordinator.allocate(rid, need_slot, main, num_encoder_tokens)  # 5.
+                new = self._take_and_allocate(  # 4. and 5.
+                    coordinator, rid, hits, local, num_external_computed_tokens, need_slot, main, num_encoder_tokens
+                )
                 if self.enable_caching and not delay_cache_blocks:  # 6.
                     coordinator.cache(request, min(total + num_new_tokens, request.num_tokens))
         except OutOfBlocks:

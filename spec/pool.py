@@ -421,6 +421,34 @@ class SpecBlockPool:
         )
 
 
+class TrialPool:
+    """A stand-in for the pool in a trial allocation (the manager's
+    ``get_num_blocks_to_allocate``): it never runs short, changes nothing
+    real, and counts the blocks an allocation takes from the free queue --
+    new blocks, and hits touched while their reference count was 0."""
+
+    def __init__(self, pool: SpecBlockPool):
+        self.ref = list(pool.snapshot().ref)
+        self.num_blocks = pool.num_blocks
+        self.taken = 0
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.ref) + self.num_blocks  # more than any allocation asks for
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        require_count(num_blocks)
+        new = list(range(len(self.ref), len(self.ref) + num_blocks))  # ids past the pool's: never confused
+        self.ref += [1] * num_blocks
+        self.taken += num_blocks
+        return new
+
+    def touch(self, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            if block_id != NULL_BLOCK_ID:
+                self.taken += self.ref[block_id] == 0
+                self.ref[block_id] += 1
+
+
 def stored_event(request: Any, hashes: Any, new: list[int], chosen: list[int], block_size: int,
                  group_id: int) -> Stored:
     """The ``Stored`` event for one caching call: ``request``'s blocks

@@ -241,6 +241,9 @@ def test_mamba_align_estimate_is_vllms_even_when_negative():
     # Rejected drafts can leave the table longer than needed; vLLM then
     # counts a negative need, which offsets other groups.
     assert m.coordinator.get_num_blocks_to_allocate("a", 4, ([],), 0, 4, 4) == -1
+    # The manager's own query is what the allocation really takes: nothing.
+    a.num_computed_tokens = 3
+    assert m.get_num_blocks_to_allocate(a, 1) == 0
 
 
 def test_mamba_align_connector_tokens_refused_cleanly_where_vllm_runs_dry():
@@ -249,6 +252,7 @@ def test_mamba_align_connector_tokens_refused_cleanly_where_vllm_runs_dry():
     # vLLM estimates 6 blocks (5 full attention + 1 state) but Mamba also takes a
     # block per external slot: 7 > 6 free.  vLLM raises half-allocated; kvspec refuses.
     assert m.coordinator.get_num_blocks_to_allocate("r", 20, ([], []), 0, 16, 20) == 6
+    assert m.get_num_blocks_to_allocate(r, 4, num_external_computed_tokens=16) == 7  # the exact count
     before = state(m)
     assert m.allocate_slots(r, 4, num_external_computed_tokens=16) is None
     assert state(m) == before

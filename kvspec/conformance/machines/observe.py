@@ -28,6 +28,8 @@ def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | N
         named = dict(bound.arguments)
     except TypeError:
         named = {"args": args, **kwargs}
+    if op == "allocate_slots" and expected_pulled is None:
+        expected_pulled = _estimate(target, named)
     before = target.snapshot()
     computed = getattr(named.get("request"), "num_computed_tokens", None)
     result, error = None, None
@@ -37,6 +39,29 @@ def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | N
         error = e
     return ManagerStep(op, named, before, target.snapshot(), result, error, expected_pulled,
                        computed if type(computed) is int else None)
+
+
+_ESTIMATED = ("num_new_tokens", "num_new_computed_tokens", "new_computed_blocks", "num_lookahead_tokens",
+              "num_external_computed_tokens", "num_encoder_tokens")
+
+
+def _estimate(target: ManagerTarget, named: dict[str, Any]) -> int | None:
+    """The target's own estimate of the blocks ``allocate_slots(**named)``
+    takes (``get_num_blocks_to_allocate``, optional in a target), asked just
+    before the call; ``None`` where the target has none or the arguments are
+    ones the allocation must refuse (rule allocation-accounting judges those)."""
+    estimator = getattr(target, "get_num_blocks_to_allocate", None)
+    if estimator is None or "request" not in named:
+        return None
+    counts = {name: named.get(name, 0) for name in _ESTIMATED if name != "new_computed_blocks"}
+    if any(type(c) is not int or c < 0 for c in counts.values()):
+        return None
+    if counts["num_new_tokens"] == counts["num_external_computed_tokens"] == 0:
+        return None
+    try:
+        return estimator(named["request"], **{name: named[name] for name in _ESTIMATED if name in named})
+    except (ValueError, TypeError):  # hits the request may not take: the allocation refuses them
+        return None
 
 
 @functools.cache

@@ -84,6 +84,40 @@ class KVCacheManagerTarget:
         )
         return self._ids(new)
 
+    def get_num_blocks_to_allocate(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: BlockIds | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        num_encoder_tokens: int = 0,
+    ) -> int:
+        """The free blocks the manager says ``allocate_slots`` with these
+        arguments takes (rule allocation-accounting holds the allocation to
+        it): its own ``get_num_blocks_to_allocate`` where it has one (kvspec's
+        does), else its coordinator's -- vLLM's estimate, the number its
+        capacity check compares with the free count, asked with the token
+        counts ``allocate_slots`` derives from its arguments."""
+        mirror = self._request(request)
+        hits = self._blocks(new_computed_blocks) or self.manager.empty_kv_cache_blocks
+        query = getattr(self.manager, "get_num_blocks_to_allocate", None)
+        if query is not None:
+            return query(mirror, num_new_tokens, num_new_computed_tokens, hits, num_lookahead_tokens,
+                         num_external_computed_tokens, num_encoder_tokens)
+        local = mirror.num_computed_tokens + num_new_computed_tokens
+        total = min(local + num_external_computed_tokens, self.manager.max_model_len)
+        main = total + num_new_tokens
+        return self.manager.coordinator.get_num_blocks_to_allocate(
+            request_id=mirror.request_id,
+            num_tokens=min(main + num_lookahead_tokens, self.manager.max_model_len),
+            new_computed_blocks=hits.blocks,
+            num_encoder_tokens=num_encoder_tokens,
+            total_computed_tokens=local + num_external_computed_tokens,
+            num_tokens_main_model=main,
+        )
+
     def free(self, request: Request) -> None:
         self.manager.free(self._request(request))
 
