@@ -38,7 +38,9 @@ RULES: dict[str, str] = {
         "multimodal inputs, cache salt, prompt embeddings) -- and every token a request counts as computed "
         "holds its own KV (or, for a state-space group, the state after it, read only once the step that "
         "writes it is over); a block is released only once "
-        "no future query reads it, and no later than the first allocation after which none does."
+        "no future query reads it, and no later than the first allocation after which none does.  The "
+        "blocks the worker zeroes before a step are exactly those taken fresh since the last step, and what a "
+        "KV connector saves of a finished request is the blocks of the tokens it computed."
     ),
     "tenant-isolation": (
         "Requests with different cache salts or LoRA adapters never share a block."

@@ -69,6 +69,8 @@ class RequestContext:
     # design (the first holder recomputes them, the others wait), so the rules on what cached and shared blocks
     # hold skip them -- never the rule on what a step reads (computed_content_sound).
     unfilled: frozenset[int] = frozenset()
+    # The blocks full-attention groups took fresh since the last take_new_block_ids (see fresh_blocks).
+    fresh: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -672,6 +674,63 @@ def impossible_is_refused(step: ManagerStep, ctx: RequestContext) -> list[str]:
     if not bad and step.args.get("num_new_tokens") == 0 and step.args.get("num_external_computed_tokens", 0) == 0:
         bad = ["num_new_tokens == 0"]
     return [f"allocate_slots accepted impossible input: {bad}"] if bad else []
+
+
+def fresh_blocks(step: ManagerStep, layout: Layout) -> list[int]:
+    """The blocks an accepted ``allocate_slots`` took fresh from the free
+    queue (not as hits) for full-attention groups -- the blocks the worker
+    zeroes before the step runs -- group by group, in table order."""
+    if step.op != "allocate_slots" or step.error is not None or step.result is None:
+        return []
+    rid = step.args["request"].request_id
+    hits = step.args.get("new_computed_blocks") or ()
+    before, after = _tables_of(step.before, rid, len(layout.views)), _tables_of(step.after, rid, len(layout.views))
+    fresh = []
+    for g, group in enumerate(layout.views):
+        if group.kind == AttentionKind.FULL_ATTENTION:
+            start = len(before[g]) if before[g] else len(hits[g]) if g < len(hits) else 0
+            fresh += [b for b in after[g][start:] if b != NULL]
+    return fresh
+
+
+@step_rule("content-soundness")
+def zeroed_blocks_are_fresh(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """``take_new_block_ids`` -- the blocks the worker zeroes before the
+    step's kernels read them -- names exactly the blocks full-attention
+    groups took fresh from the free queue since the previous call, each as
+    often as it was taken: a fresh block left out keeps its last owner's
+    KV, and a hit named loses the KV it was cached for."""
+    if step.op != "take_new_block_ids" or step.error is not None or ctx.layout is None:
+        return []
+    named, fresh = Counter(step.result), Counter(ctx.fresh)
+    problems = [f"block {b} is zeroed but was not taken fresh" for b in sorted(named - fresh)]
+    return problems + [f"block {b} was taken fresh but is not zeroed" for b in sorted(fresh - named)]
+
+
+@step_rule("content-soundness")
+def connector_saves_what_was_computed(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """``get_block_ids_for_computed_tokens(r, n)`` -- the blocks a KV
+    connector saves when ``r`` finishes -- are, per group, the leading
+    blocks of ``r``'s own table: for attention, the blocks of its ``n``
+    computed tokens and no more, holding their KV (as the shadow records;
+    positions out of the window may be null); for the other kinds the
+    whole table."""
+    if step.op != "get_block_ids_for_computed_tokens" or step.error is not None or ctx.layout is None:
+        return []
+    rid, n = step.args["request_id"], step.args["num_computed_tokens"]
+    tables, problems = _tables_of(step.before, rid, len(ctx.layout.views)), []
+    for g, (group, saved, table) in enumerate(zip(ctx.layout.views, step.result, tables, strict=True)):
+        saved = tuple(saved)
+        if group.kind not in ATTENTION_KINDS:
+            if saved != table:
+                problems.append(f"group {g}: saves {list(saved)}, not {rid}'s table {list(table)}")
+            continue
+        want = -(-n // group.block_size)
+        if saved != table[:want] or len(saved) != want:
+            problems.append(f"group {g}: saves {list(saved)} for {n} tokens, not the first {want} of {list(table)}")
+        elif ctx.shadow is not None and rid in ctx.requests:
+            problems += [f"group {g}: {p}" for p in ctx.shadow.backs(g, saved, ctx.requests[rid], n)]
+    return problems
 
 
 @step_rule("no-eviction-in-use")

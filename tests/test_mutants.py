@@ -33,7 +33,8 @@ def test_the_catalogue():
                    "window arithmetic off by one", "hash chain missing an extra key",
                    "refused allocation that changes state", "Mamba same-step hit", "reset leaving hashes",
                    "connector block accounting", "late release", "wrong KV-event contents",
-                   "cascade prefix over-count", "usage off the ledger"):
+                   "cascade prefix over-count", "usage off the ledger", "stale KV not zeroed",
+                   "connector saves unwritten slots"):
         assert wanted in classes, wanted
     assert all(m.what and m.bug_class for m in MUTANTS)
 
@@ -72,6 +73,8 @@ def killed_at_l1(mutant: str, scope: str, layout: str, examples: int = 300) -> s
     ("event-tokens-shifted", "manager", "full", "hash-map-consistency"),  # ... and its tokens
     ("common-prefix-one-more", "manager", "full", "no-aliasing"),  # cascade attention's prefix is shared
     ("usage-counts-null", "manager", "full", "allocation-accounting"),  # usage is the pool's ledger
+    ("zeroing-misses-a-block", "manager", "full", "content-soundness"),  # the worker zeroes every fresh block
+    ("connector-saves-one-more", "manager", "full+swa-eagle", "content-soundness"),  # saves only what was computed
 ])
 def test_rules_kill_mutants_at_l1(mutant, scope, layout, rule):
     assert rule in killed_at_l1(mutant, scope, layout)

@@ -26,11 +26,15 @@ from kvspec.spec.request_rules import (
     REQUEST_STATE_RULES,
     REQUEST_STEP_RULES,
     Layout,
+    ManagerStep,
     RequestContext,
     check_request_state,
     check_request_step,
+    connector_saves_what_was_computed,
     free_order,
+    fresh_blocks,
     refusal_changes_nothing,
+    zeroed_blocks_are_fresh,
 )
 from kvspec.testing import chunked, config, cross, embedding_rows, full, mamba, mla, rswa, swa
 
@@ -41,12 +45,11 @@ class Harness:
     """Drives one manager like a scheduler and model runner would: keeps the
     requests, writes the shadow after every allocation, and checks rules."""
 
-    def __init__(self, m: SpecKVCacheManager, layout: Layout, hbs: int, exact_accounting: bool = True):
+    def __init__(self, m: SpecKVCacheManager, layout: Layout, hbs: int):
         self.m, self.layout, self.hbs = m, layout, hbs
         self.requests: dict[str, Request] = {}
         self.shadow = Shadow(layout)
         self.ctx = RequestContext(layout=layout, requests=self.requests, shadow=self.shadow)
-        self.exact_accounting = exact_accounting
         self.violations: list = []
 
     def request(self, rid, tokens, **kw) -> Request:
@@ -75,12 +78,8 @@ class Harness:
 
     def allocate(self, r, num_new, hit=0, blocks=None, accepted_drafts=None, **kw):
         """allocate_slots, then the forward pass: write what is computed."""
-        expected = None
-        if self.exact_accounting:
-            expected = self.m.get_num_blocks_to_allocate(
-                r, num_new, hit, blocks, kw.get("num_lookahead_tokens", 0),
-                kw.get("num_external_computed_tokens", 0), kw.get("num_encoder_tokens", 0))
-        step = observe(self.m, "allocate_slots", r, num_new, hit, blocks, expected_pulled=expected, **kw)
+        # observe asks the model's own get_num_blocks_to_allocate first (rule allocation-accounting)
+        step = observe(self.m, "allocate_slots", r, num_new, hit, blocks, **kw)
         if step.result is not None:
             start = r.num_computed_tokens + hit
             external = kw.get("num_external_computed_tokens", 0)
@@ -104,14 +103,14 @@ class Harness:
         return step
 
 
-def harness(*specs, num_blocks=16, caching=True, eagle=False, eagle_groups=(), events=False, exact=True, **kw):
+def harness(*specs, num_blocks=16, caching=True, eagle=False, eagle_groups=(), events=False, **kw):
     sizes = [s.block_size for s in specs]
     sbs = math.lcm(*sizes)
     hbs = (math.gcd(*sizes) if len(specs) > 1 else sizes[0]) if caching else sbs
     cfg = config(*specs, num_blocks=num_blocks, eagle_groups=eagle_groups)
     m = SpecKVCacheManager(cfg, 64, sbs, hbs, enable_caching=caching, use_eagle=eagle,
                            enable_kv_cache_events=events, **kw)
-    return Harness(m, Layout.from_config(cfg, sbs, hbs, caching, eagle), hbs, exact)
+    return Harness(m, Layout.from_config(cfg, sbs, hbs, caching, eagle), hbs)
 
 
 def rule_problems(h: Harness, rule: str) -> list:
@@ -459,6 +458,8 @@ class CountsNoFreeHits(FullAttention):
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_allocation_accounting_catches_an_estimate_that_misses_free_hits(broken):
+    # The estimate is the capacity check's (vLLM's formula, Coordinator.blocks_to_allocate); the planted
+    # group forgets that taking a free hit takes it from the free queue.
     h = harness(full(4), num_blocks=10)
     if broken:
         h.m.groups[0].__class__ = CountsNoFreeHits
@@ -467,7 +468,8 @@ def test_allocation_accounting_catches_an_estimate_that_misses_free_hits(broken)
     h.op("free", a)
     b = h.request("b", list(range(8)) + [1])
     blocks, hit = h.lookup(b)
-    h.allocate(b, 1, hit, blocks)
+    estimate = h.m.coordinator.blocks_to_allocate("b", 9, blocks, 0, hit, 9)
+    h.check(observe(h.m, "allocate_slots", b, 1, hit, blocks, expected_pulled=estimate))
     assert bool(rule_problems(h, "allocation-accounting")) == broken
 
 
@@ -476,7 +478,11 @@ def test_allocation_accounting_flags_vllms_estimate_for_mamba_align_external_tok
     # align mode, missing the block taken for external tokens: 8 external + 8 new tokens take 2.
     h = harness(mamba(4, "align"), num_blocks=10)
     a = h.request("a", range(16))
-    assert h.allocate(a, 8, num_external_computed_tokens=8).result == ([0, 2],)
+    vllm_estimate = h.m.coordinator.blocks_to_allocate("a", 16, ([],), 0, 16, 16)
+    assert (vllm_estimate, h.m.get_num_blocks_to_allocate(a, 8, num_external_computed_tokens=8)) == (1, 2)
+    step = observe(h.m, "allocate_slots", a, 8, num_external_computed_tokens=8, expected_pulled=vllm_estimate)
+    h.check(step)
+    assert step.result == ([0, 2],)
     assert h.m.get_block_ids("a") == ([0, 1, 0, 2],)
     assert any("took 2 blocks" in v.message and "estimated 1" in v.message
                for v in rule_problems(h, "allocation-accounting"))
@@ -675,8 +681,7 @@ def test_mamba_align_speculative_step_copies_the_state_at_the_boundary_it_crosse
     # two accepted drafts goes from 6 to 9 tokens, crossing the boundary at 8.  vLLM's model runner
     # (postprocess_mamba) copies the state after 8 into position 1 -- the previous running state --
     # which the next step caches as "the state after 8"; the shadow copies it too.
-    h = harness(full(4), mamba(4, "align", speculative=2), num_blocks=20, eagle=True, eagle_groups=(0,),
-                exact=False)
+    h = harness(full(4), mamba(4, "align", speculative=2), num_blocks=20, eagle=True, eagle_groups=(0,))
     a = h.request("a", range(6))
     h.allocate(a, 4)
     h.allocate(a, 2)
@@ -700,12 +705,12 @@ LAYOUTS = {
     "swa-eagle": dict(specs=(swa(4, window=7),), eagle=True),
     "chunked": dict(specs=(chunked(4, chunk=8),)),
     "mamba-all": dict(specs=(mamba(4, "all"),)),
-    "mamba-align": dict(specs=(mamba(4, "align"),), aligned=True, exact=False),
+    "mamba-align": dict(specs=(mamba(4, "align"),), aligned=True),
     "full+swa": dict(specs=(full(4), swa(4, window=6))),
     "full+swa8": dict(specs=(full(4), swa(8, window=12))),
     "full8+swa4": dict(specs=(full(8), swa(4, window=5))),
     "full+swa-eagle": dict(specs=(full(4), swa(4, window=6)), eagle=True),
-    "full+mamba-align": dict(specs=(full(4), mamba(4, "align")), aligned=True, exact=False),
+    "full+mamba-align": dict(specs=(full(4), mamba(4, "align")), aligned=True),
     "full+mamba-all": dict(specs=(full(4), mamba(4, "all"))),
     "swa+mamba": dict(specs=(swa(4, window=6), mamba(4, "all"))),
     "full+swa+mamba": dict(specs=(full(4), swa(4, window=6), mamba(4, "all")), num_blocks=40),
@@ -729,7 +734,7 @@ def drive(name: str, seed: int, steps: int) -> tuple[Harness, int, int]:
     preempted, finished; steps, evictions, resets in between."""
     spec = LAYOUTS[name]
     h = harness(*spec["specs"], num_blocks=spec.get("num_blocks", 24), caching=spec.get("caching", True),
-                eagle=spec.get("eagle", False), exact=spec.get("exact", True))
+                eagle=spec.get("eagle", False))
     has_mamba = any(g.kind == "mamba" for g in h.layout.views)
     sbs = h.layout.scheduler_block_size
     rng = random.Random(seed)
@@ -860,3 +865,50 @@ def test_a_stored_event_must_describe_its_request_blocks():
                      replace(first, group=1 - group)):
             problems = _event_step([bent], layout, requests)
             assert problems and "describes no request's blocks" in problems[0], bent
+
+
+# --- what the worker zeroes, what a connector saves ----------------------------------------------------
+
+
+def test_fresh_blocks_are_the_new_full_attention_blocks_not_the_hits():
+    h = harness(full(4), swa(4, window=6), num_blocks=20)
+    a = h.request("a", range(8))
+    first = h.allocate(a, 8)
+    assert fresh_blocks(first, h.layout) == list(first.result[0])  # the window's blocks are never zeroed
+    b = h.request("b", list(range(8)) + [1])
+    blocks, hit = h.lookup(b)
+    assert hit == 8
+    second = h.allocate(b, 1, hit, blocks)
+    assert fresh_blocks(second, h.layout) == list(second.result[0])
+    assert not set(fresh_blocks(second, h.layout)) & set(blocks[0])
+
+
+def test_zeroed_blocks_must_be_exactly_the_fresh_ones():
+    h = harness(full(4))
+    snap = h.m.snapshot()
+    ctx = RequestContext(layout=h.layout, fresh=[3, 4, 4])
+
+    def problems(zeroed):
+        return zeroed_blocks_are_fresh(ManagerStep("take_new_block_ids", {}, snap, snap, zeroed), ctx)
+
+    assert problems([4, 3, 4]) == []
+    assert problems([3, 4]) == ["block 4 was taken fresh but is not zeroed"]
+    assert problems([3, 4, 4, 7]) == ["block 7 is zeroed but was not taken fresh"]
+
+
+def test_a_connector_saves_the_blocks_of_the_computed_tokens():
+    h = harness(full(4))
+    a = h.request("a", range(10))
+    h.allocate(a, 10)
+    snap = h.m.snapshot()
+    table = list(h.m.get_block_ids("a")[0])
+
+    def problems(saved, n=8):
+        args = {"request_id": "a", "num_computed_tokens": n}
+        return connector_saves_what_was_computed(
+            ManagerStep("get_block_ids_for_computed_tokens", args, snap, snap, (saved,)), h.ctx)
+
+    assert problems(table[:2]) == []
+    assert problems(table[:3]) and problems(table[:1])  # one block past the 8 tokens, one short
+    h.shadow.scribble(a, h.m.get_block_ids("a"), 4, 5)  # token 4's KV overwritten
+    assert problems(table[:2]) and "token 4" in problems(table[:2])[0]

@@ -33,7 +33,7 @@ from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange,
 from kvspec.spec.content import Shadow
 from kvspec.spec.interface import ManagerTarget
 from kvspec.spec.layout import Layout
-from kvspec.spec.request_rules import RequestContext, check_request_state, check_request_step
+from kvspec.spec.request_rules import RequestContext, check_request_state, check_request_step, fresh_blocks
 from kvspec.spec.rules import EventMirror, Violation, check_events
 from kvspec.testing import embedding_rows
 
@@ -121,6 +121,9 @@ def manager_machine(
             problems = check_request_step(step, ctx=self.ctx)
             problems += check_request_state(step.after, ctx=self.ctx) + check_events(step.after.pool, self.mirror)
             self.judge(where, problems, (step.result, step.error, step.after, events), spec_outcome)
+            if op == "take_new_block_ids":
+                self.ctx.fresh.clear()
+            self.ctx.fresh += fresh_blocks(step, layout)
             if step.error is not None:
                 raise Refused(step.error)
             return step.result
@@ -170,6 +173,13 @@ def manager_machine(
                 if not actions:
                     return
                 getattr(self, data.draw(one_of(tuple(actions)), label="action"))(data)
+            self.zero_new_blocks()
+
+        def zero_new_blocks(self) -> None:
+            """The scheduler's last question of a step: which blocks the worker
+            must zero before the step runs (optional in a target; no draw)."""
+            if hasattr(self.target, "take_new_block_ids"):
+                self.apply("take_new_block_ids", lockstep=False)
 
         @rule(data=st.data())
         @recorded
@@ -370,6 +380,11 @@ def manager_machine(
                      RequestStatus.FINISHED_STOPPED)
 
         def end(self, request: Request, status: RequestStatus) -> None:
+            if status == RequestStatus.FINISHED_STOPPED and request in self.running and \
+                    hasattr(self.target, "get_block_ids_for_computed_tokens"):
+                # What a KV connector saves of a finished request (optional in a target; no draw).
+                self.apply("get_block_ids_for_computed_tokens", request.request_id, request.num_computed_tokens,
+                           lockstep=False)
             self.each("free", request)
             (self.running if request in self.running else self.waiting).remove(request)
             request.status = status

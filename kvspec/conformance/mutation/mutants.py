@@ -549,6 +549,22 @@ def _rollback_one_block_short(f: Family) -> list[Patch]:
     return [wrap(f.Scheduler, "_update_requests_with_invalid_blocks", make)]
 
 
+def _zeroing_misses_a_block(f: Family) -> list[Patch]:
+    def make(take):
+        def take_new_block_ids(self):
+            return take(self)[:-1]  # the last fresh block of each group is never zeroed
+        return take_new_block_ids
+    return [wrap(f.SingleTypeKVCacheManager, "take_new_block_ids", make)]
+
+
+def _connector_saves_one_more(f: Family) -> list[Patch]:
+    def make(get_ids):
+        def get_block_ids_for_computed_tokens(self, request_id, num_computed_tokens):
+            return get_ids(self, request_id, num_computed_tokens + 1)
+        return get_block_ids_for_computed_tokens
+    return [wrap(f.KVCacheManager, "get_block_ids_for_computed_tokens", make)]
+
+
 VLLM_ONLY = ("vllm",)
 L2_POLICY = "free order is a policy rule (L2): any order is safe"
 IMPL_RECHECKS = ("impl: allocate_slots re-checks the exact count before it takes a block (blocks_beyond_estimate), "
@@ -676,6 +692,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("hash-drops-lora", "hash chain missing an extra key",
            "vLLM's block hasher leaves out the LoRA adapter: adapters share prefixes",
            _hash_drops_lora, families=VLLM_ONLY),
+    Mutant("zeroing-misses-a-block", "stale KV not zeroed",
+           "take_new_block_ids leaves out each group's last fresh block: the worker never zeroes it, and the step "
+           "reads its previous owner's KV in the slots it has not written yet",
+           _zeroing_misses_a_block),
+    Mutant("connector-saves-one-more", "connector saves unwritten slots",
+           "the blocks a KV connector saves for a finished request cover one token more than it computed: at a "
+           "block boundary it ships a block the request never wrote (only where the table reaches past the "
+           "computed tokens: drafts' lookahead slots)",
+           _connector_saves_one_more),
     Mutant("rollback-one-block-short", "failed load counted as computed",
            "vLLM's scheduler rolls a request whose connector load failed back to one block past its first failed "
            "block: the next step reads a block the load never filled (scheduler scope only)",
