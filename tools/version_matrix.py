@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from packaging.version import Version
@@ -59,8 +60,8 @@ def install(python: str, version: str) -> Path:
     return target
 
 
-def probe(python: str, version: str, examples: int, conform: bool, out_dir: Path) -> dict:
-    target = install(python, version)
+def probe(python: str, version: str, target: Path, examples: int, conform: bool, out_dir: Path) -> dict:
+    """The findings replayed and the scheduler machine run on one installed release."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": f"{target}{os.pathsep}{CACHE / 'later-imports'}"}
     result_file = out_dir / f"probe-{version}.json"
     start = time.monotonic()
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the interpreter whose packages supply vLLM's dependencies (tools/install_vllm.sh's)")
     parser.add_argument("--examples", type=int, default=30, help="scheduler-machine examples per layout")
     parser.add_argument("--conform", action="store_true", help="also run kvspec conform (quick) per release")
+    parser.add_argument("--jobs", "-j", type=int, default=1, help="releases probed at once (default 1)")
     parser.add_argument("--out-dir", type=Path, default=Path("reports/version-matrix"))
     parser.add_argument("--markdown", type=Path, help="write the table here too")
     args = parser.parse_args(argv)
@@ -155,12 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     versions = sorted(set(versions), key=Version)
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    results = []
-    for version in versions:
-        print(f"[version-matrix] vLLM {version} ...", flush=True)
-        results.append(probe(args.python, version, args.examples, args.conform, args.out_dir))
-        print(f"[version-matrix] vLLM {version}: {results[-1].get('seconds', '?')} s"
-              + (f" ERROR {results[-1]['error'][-300:]}" if "error" in results[-1] else ""), flush=True)
+    targets = {}
+    for version in versions:  # one at a time: the releases share the later-imports directory
+        print(f"[version-matrix] installing vLLM {version} ...", flush=True)
+        targets[version] = install(args.python, version)
+
+    def run(version: str) -> dict:
+        result = probe(args.python, version, targets[version], args.examples, args.conform, args.out_dir)
+        print(f"[version-matrix] vLLM {version}: {result.get('seconds', '?')} s"
+              + (f" ERROR {result['error'][-300:]}" if "error" in result else ""), flush=True)
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # each probe is its own process
+        results = list(pool.map(run, versions))
     (args.out_dir / "matrix.json").write_text(json.dumps(results, indent=2))
     table = markdown(results)
     (args.out_dir / "matrix.md").write_text(table)
