@@ -330,6 +330,28 @@ def hit_soundness(step: ManagerStep, ctx: RequestContext) -> list[str]:
     return problems
 
 
+@step_rule("hit-soundness")
+def per_group_hits_sound(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """``find_longest_cache_hit_per_group(r)`` -- each group's own longest
+    hit, which a hybrid model's KV connector is given -- is sound group by
+    group: within ``r``'s first ``num_tokens - 1`` tokens, its length the
+    group's blocks times its block size, and every block that is not null
+    holding ``r``'s own prefix at its position (as the shadow records)."""
+    if step.op != "find_longest_cache_hit_per_group" or step.error is not None or step.result is None \
+            or ctx.layout is None:
+        return []
+    request, (tables, lengths) = step.args["request"], step.result
+    problems = []
+    for g, (group, blocks, length) in enumerate(zip(ctx.layout.views, tables, lengths, strict=True)):
+        if length != len(blocks) * group.block_size or length > request.num_tokens - 1:
+            problems.append(f"group {g} reports a hit of {length} tokens with {len(blocks)} blocks of "
+                            f"{group.block_size} for a request of {request.num_tokens} tokens")
+        if ctx.shadow is not None:
+            problems += [f"group {g}'s own hit block {b} (position {i}): {p}"
+                         for i, b in enumerate(blocks) if b != NULL for p in ctx.shadow.holds(g, b, request, i)]
+    return problems
+
+
 @step_rule("hit-optimality")
 def hit_optimality(step: ManagerStep, ctx: RequestContext) -> list[str]:
     """The hit equals the oracle's: the longest aligned length every group can

@@ -33,6 +33,7 @@ from kvspec.spec.request_rules import (
     connector_saves_what_was_computed,
     free_order,
     fresh_blocks,
+    per_group_hits_sound,
     refusal_changes_nothing,
     zeroed_blocks_are_fresh,
 )
@@ -912,3 +913,20 @@ def test_a_connector_saves_the_blocks_of_the_computed_tokens():
     assert problems(table[:3]) and problems(table[:1])  # one block past the 8 tokens, one short
     h.shadow.scribble(a, h.m.get_block_ids("a"), 4, 5)  # token 4's KV overwritten
     assert problems(table[:2]) and "token 4" in problems(table[:2])[0]
+
+
+def test_each_groups_own_hit_must_be_sound():
+    h = harness(full(4), swa(4, window=6), num_blocks=20)
+    a = h.request("a", range(8))
+    h.allocate(a, 8)
+    b = h.request("b", list(range(8)) + [1])
+    snap = h.m.snapshot()
+    table = h.m.get_block_ids("a")
+
+    def problems(tables, lengths):
+        step = ManagerStep("find_longest_cache_hit_per_group", {"request": b}, snap, snap, (tables, lengths))
+        return per_group_hits_sound(step, h.ctx)
+
+    assert problems((table[0], [0, table[1][1]]), (8, 8)) == []
+    assert problems((table[0], [0, table[1][1]]), (9, 8))  # a length that is not its blocks
+    assert problems((table[0][::-1], [0, table[1][1]]), (8, 8))  # blocks at the wrong positions

@@ -10,6 +10,7 @@ import pytest
 
 from broken_pools import BROKEN, target
 from kvspec.cli import main
+from kvspec.conformance.findings import FINDINGS
 from kvspec.conformance.runner import resolve_target
 from kvspec.conformance.vectors.codec import (
     VectorError,
@@ -40,7 +41,7 @@ def test_the_corpus_exercises_every_rule_and_has_every_source(corpus):
     assert set(corpus.rules) == set(RULES)
     kinds = {f["path"].split("/")[1] for f in corpus.files}
     assert kinds == {"cases", "walks", "findings"}
-    assert {f["findings"][0] for f in corpus.files if "/findings/" in f["path"]} == {f"F{i}" for i in range(1, 8)}
+    assert {f["findings"][0] for f in corpus.files if "/findings/" in f["path"]} == {f.id for f in FINDINGS}
     index = json.loads((corpus.root / "index.json").read_text())
     assert len(index["files"]) == len(vector_files(corpus.root))
 

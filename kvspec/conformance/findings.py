@@ -88,6 +88,11 @@ FINDINGS: tuple[Finding, ...] = (
         "so the hit outruns full attention",
         ("hit-soundness",), "layout:full+mamba-eagle", "F7-mamba-as-eagle-group.json",
     ),
+    Finding(
+        "F8", "vllm", "Mamba align mode with drafts: once rejected drafts left the state table long, the block "
+        "estimate goes negative and offsets the other groups' needs",
+        ("allocation-accounting",), "layout:full+mamba-align-drafts", "F8-mamba-align-negative-estimate.json",
+    ),
 )
 
 

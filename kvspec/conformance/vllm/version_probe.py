@@ -3,7 +3,7 @@ imports it: run by ``tools/version_matrix.py`` once per release.
 
 ``python -m kvspec.conformance.vllm.version_probe --json OUT [--examples N]``
 writes, for the installed vLLM: every known finding replayed (the
-manager-scope traces F1-F7 through ``kvspec replay``, the scheduler-scope
+manager-scope traces (F1-F8) through ``kvspec replay``, the scheduler-scope
 traces S1-S3 through :mod:`kvspec.conformance.vllm.scheduler_findings`) and the
 scheduler machine's search on each scheduler layout (N examples per
 layout, derandomized): the first rule it breaks, or "clean".
