@@ -42,6 +42,10 @@ MANAGER_LAYOUTS: dict[str, Layout] = {
     "full+mamba-align-drafts": Layout(
         (full(2), mamba(4, "align", speculative=2)), use_eagle=True, eagle_groups=(0,)
     ),
+    # Mamba outside align mode with speculative blocks: every state cached, two draft-state blocks.
+    "full+mamba-all-drafts": Layout(
+        (full(2), mamba(4, "all", speculative=2)), use_eagle=True, eagle_groups=(0,)
+    ),
     # A scheduler block (8) spanning more than a window's run of blocks (window 3 over blocks of 2: a
     # hit reads the last 2 of each segment's 4), so the window caches a sparse mask of its blocks.
     "full8+swa2-sparse": Layout((full(8), swa(2, window=3)), num_blocks=32, max_model_len=48),
