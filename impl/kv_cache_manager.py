@@ -346,12 +346,13 @@ class KVCacheManager:
             self._check_hits(request.request_id, hits)
         coordinator = self.coordinator
         request_id = request.request_id
-        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_local_computed, total_computed, num_tokens_main_model, num_tokens_need_slot = self._token_counts(
+            request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_external_computed_tokens
+        )
         if num_local_computed + num_external_computed_tokens + num_new_tokens > self.max_model_len:
             raise RuleError("allocation-accounting", f"request {request_id} would compute "
                             f"{num_local_computed + num_external_computed_tokens + num_new_tokens} tokens, past "
                             f"max_model_len {self.max_model_len}")
-        total_computed = min(num_local_computed + num_external_computed_tokens, self.max_model_len)
         watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _ADMISSION_STATUSES else 0
         num_free = self.block_pool.get_num_free_blocks()
         if full_sequence_must_fit and not self._full_sequence_fits(
@@ -368,8 +369,6 @@ class KVCacheManager:
         if skipped:
             coordinator.release_skipped_blocks(request_id, skipped)
             num_free = self.block_pool.get_num_free_blocks()
-        num_tokens_main_model = total_computed + num_new_tokens
-        num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
         adds_computed = hits is not no_hits or num_external_computed_tokens > 0
         needed, beyond = self._blocks_needed(
             request_id, hits, adds_computed, num_local_computed, num_external_computed_tokens, num_encoder_tokens,
@@ -394,6 +393,21 @@ class KVCacheManager:
         # Never past max_model_len on the fast path either (a block may hold slots beyond it).
         self._steady[request_id] = (min(slots, self.max_model_len), full, skip)
         return self.create_kv_cache_blocks(new_blocks)
+
+    def _token_counts(
+        self, request: Any, num_new_tokens: int, num_new_computed_tokens: int, num_lookahead_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> tuple[int, int, int, int]:
+        """The token counts an allocation works with: the locally computed
+        tokens (with the new hit), all computed tokens (with the connector's),
+        the main model's tokens after this step, and the tokens that need a
+        slot (with lookahead) -- the last three capped at ``max_model_len``
+        as vLLM caps them."""
+        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(num_local_computed + num_external_computed_tokens, self.max_model_len)
+        num_tokens_main_model = total_computed + num_new_tokens
+        num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
+        return num_local_computed, total_computed, num_tokens_main_model, num_tokens_need_slot
 
     def _blocks_needed(
         self, request_id: str, hits: tuple[Sequence[KVCacheBlock], ...], adds_computed: bool,
@@ -431,13 +445,13 @@ class KVCacheManager:
         call; the out-of-window release the call makes first does not change it."""
         no_hits = self.empty_kv_cache_blocks.blocks
         hits = no_hits if new_computed_blocks is None else new_computed_blocks.blocks
-        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
-        total_computed = min(num_local_computed + num_external_computed_tokens, self.max_model_len)
-        num_tokens_main_model = total_computed + num_new_tokens
+        num_local_computed, _, num_tokens_main_model, num_tokens_need_slot = self._token_counts(
+            request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_external_computed_tokens
+        )
         needed, beyond = self._blocks_needed(
             request.request_id, hits, hits is not no_hits or num_external_computed_tokens > 0,
             num_local_computed, num_external_computed_tokens, num_encoder_tokens,
-            min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len), num_tokens_main_model,
+            num_tokens_need_slot, num_tokens_main_model,
         )
         return needed + beyond
 

@@ -111,7 +111,7 @@ IMPL_FAULTS: dict[str, Mutation] = {
         "the fixed point stops after one pass"),
     # --- impl_managers: allocate_slots' counting --------------------------------------------------------------
     "allocate_with_lookahead": Mutation(
-        _MANAGER, "KVCacheManager.allocate_slots",
+        _MANAGER, "KVCacheManager._token_counts",
         "min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)",
         "min(num_tokens_main_model, self.max_model_len)", "no slots for the lookahead tokens"),
     "allocate_with_external": Mutation(

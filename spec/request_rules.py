@@ -685,16 +685,23 @@ def every_token_has_a_slot(step: ManagerStep, ctx: RequestContext) -> list[str]:
             if group.kind in ATTENTION_KINDS and len(table) * group.block_size < need]
 
 
+def impossible_allocation(args: Mapping[str, Any]) -> list[str]:
+    """What makes ``allocate_slots(**args)`` impossible: the counts that are
+    not non-negative ints, or else no tokens at all (empty: it is possible)."""
+    counts = ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens",
+              "num_external_computed_tokens", "num_encoder_tokens", "reserved_blocks")
+    bad = [n for n in counts if n in args and (type(args[n]) is not int or args[n] < 0)]
+    if not bad and args.get("num_new_tokens") == 0 and args.get("num_external_computed_tokens", 0) == 0:
+        bad = ["num_new_tokens == 0"]
+    return bad
+
+
 @step_rule("allocation-accounting")
 def impossible_is_refused(step: ManagerStep, ctx: RequestContext) -> list[str]:
     """A negative count or no tokens at all is refused, never applied."""
     if step.op != "allocate_slots" or step.error is not None:
         return []
-    counts = ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens",
-              "num_external_computed_tokens", "num_encoder_tokens", "reserved_blocks")
-    bad = [n for n in counts if n in step.args and (type(step.args[n]) is not int or step.args[n] < 0)]
-    if not bad and step.args.get("num_new_tokens") == 0 and step.args.get("num_external_computed_tokens", 0) == 0:
-        bad = ["num_new_tokens == 0"]
+    bad = impossible_allocation(step.args)
     return [f"allocate_slots accepted impossible input: {bad}"] if bad else []
 
 

@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 from kvspec.spec.interface import ManagerTarget
-from kvspec.spec.request_rules import ManagerStep
+from kvspec.spec.request_rules import ManagerStep, impossible_allocation
 
 
 def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | None = None,
@@ -51,12 +51,7 @@ def _estimate(target: ManagerTarget, named: dict[str, Any]) -> int | None:
     before the call; ``None`` where the target has none or the arguments are
     ones the allocation must refuse (rule allocation-accounting judges those)."""
     estimator = getattr(target, "get_num_blocks_to_allocate", None)
-    if estimator is None or "request" not in named:
-        return None
-    counts = {name: named.get(name, 0) for name in _ESTIMATED if name != "new_computed_blocks"}
-    if any(type(c) is not int or c < 0 for c in counts.values()):
-        return None
-    if counts["num_new_tokens"] == counts["num_external_computed_tokens"] == 0:
+    if estimator is None or "request" not in named or impossible_allocation(named):
         return None
     try:
         return estimator(named["request"], **{name: named[name] for name in _ESTIMATED if name in named})
