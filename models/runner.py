@@ -320,7 +320,7 @@ class Engine:
                  worker: str = "kvspec", skip_checks: Sequence[str] = (), layers: Sequence[Sequence[str]] | None = None,
                  seed: int = 0):
         self.layout = layout
-        self.target = target_factory(*layout.target_args(enable_kv_cache_events=False))
+        self.target = layout.make_target(target_factory, enable_kv_cache_events=False)
         self.rules_layout = layout
         self.kernel_block_sizes = kernel_block_sizes
         self.groups = describe_groups(layout, kernel_block_sizes=kernel_block_sizes, heads=heads, sinks=sinks,

@@ -12,7 +12,11 @@ and a few numbers; everything else follows:
   scheduler block size);
 - the **EAGLE groups** (:func:`kvspec.kv_cache_interface.eagle_group_ids`);
 - each group's **view** (:class:`GroupView`): its kind and the numbers the
-  rules need, without the spec classes.
+  rules need, without the spec classes;
+- an optional **retention interval** (vLLM's
+  ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL``): sliding-window and Mamba groups
+  then cache one checkpoint per that many tokens (``0``: only the one a
+  replay of the prompt hits), not every block a hit could use.
 
 A config from elsewhere (vLLM's scheduler, a real model) names its own
 scheduler and hash block sizes: give them, and they are kept.
@@ -21,8 +25,10 @@ scheduler and hash block sizes: give them, and they are kept.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from kvspec.kv_cache_interface import (
     AttentionKind,
@@ -72,7 +78,9 @@ class Layout:
     """A model's KV-cache groups and the pool they share (see the module docstring).
 
     ``eagle_groups``: the groups the config marks as the drafter's.  A
-    ``scheduler_block_size``/``hash_block_size`` of 0 is derived."""
+    ``scheduler_block_size``/``hash_block_size`` of 0 is derived.
+    ``retention_interval``: ``None`` (dense caching) or the interval, a
+    keyword a target factory is given only when it is set."""
 
     groups: tuple[KVCacheSpec, ...]
     num_blocks: int = 24
@@ -82,6 +90,7 @@ class Layout:
     eagle_groups: tuple[int, ...] = field(default=())
     given_scheduler_block_size: int = 0
     given_hash_block_size: int = 0
+    retention_interval: int | None = None
 
     @classmethod
     def from_config(cls, kv_cache_config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int,
@@ -139,3 +148,13 @@ class Layout:
         """Positional arguments of a ManagerTarget factory."""
         return (self.kv_cache_config(), self.max_model_len, self.scheduler_block_size, self.hash_block_size,
                 self.enable_caching, self.use_eagle, enable_kv_cache_events)
+
+    def target_options(self) -> dict[str, int]:
+        """Keyword arguments of a ManagerTarget factory: only what this layout
+        sets, so a factory that knows no retention interval builds every
+        layout that has none."""
+        return {} if self.retention_interval is None else {"retention_interval": self.retention_interval}
+
+    def make_target(self, factory: Callable[..., Any], enable_kv_cache_events: bool = True) -> Any:
+        """``factory`` called with this layout's arguments and options."""
+        return factory(*self.target_args(enable_kv_cache_events), **self.target_options())

@@ -216,7 +216,7 @@ def test_computing_past_max_model_len_is_refused_with_nothing_changed(name, layo
     """A request asks to compute past max_model_len -- fresh, or with
     tokens computed and blocks held: a RuleError naming max_model_len, the
     state exactly as it was (impl once changed state first, then failed)."""
-    manager = target(*layout.target_args())
+    manager = layout.make_target(target)
     hasher = get_request_block_hasher(layout.hash_block_size)
     limit = layout.max_model_len
     running = Request("a", [1, 0, 1, 1], block_hasher=hasher)

@@ -76,7 +76,7 @@ def test_the_multimodal_mutant_reaches_vllms_hasher():
     from kvspec.request import MultiModalFeatureSpec, PlaceholderRange, Request
 
     layout = manager_layout("full")
-    target = VllmManagerTarget(*layout.target_args())
+    target = layout.make_target(VllmManagerTarget)
     size = layout.hash_block_size
     tokens = [1] + [9] * (2 * size - 1)  # an image from position 1 to the end of the second block
 

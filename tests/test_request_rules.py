@@ -838,7 +838,7 @@ def test_the_model_keeps_every_rule_and_the_oracle_agrees(name):
 def _event_step(events, layout, requests):
     from kvspec.spec.request_rules import ManagerStep, stored_events_describe_their_blocks
 
-    snap = SpecKVCacheManager(*layout.target_args()).snapshot()
+    snap = layout.make_target(SpecKVCacheManager).snapshot()
     step = ManagerStep("allocate_slots", {}, snap, snap, events=tuple(events))
     return stored_events_describe_their_blocks(step, RequestContext(layout=layout, requests=requests))
 

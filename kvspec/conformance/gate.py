@@ -55,6 +55,7 @@ from kvspec.conformance.runner import (
     check_target,
     is_layout,
     layout_names,
+    layout_unsupported,
     machine_for,
     model_layout_names,
     quiet_loggers,
@@ -189,6 +190,8 @@ def _search(options: GateOptions, plan: list[tuple[str, str]], steered: tuple[Fi
         if f"layout:{name}" in avoid:
             why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
             run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=STEERED + why))
+        elif (why := layout_unsupported(options.target, scope, name)) is not None:
+            run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=why))
         else:
             todo.append((scope, name))
     if options.workers > 1 or (deadline is not None and todo and _can_fork()):

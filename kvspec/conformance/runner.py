@@ -162,8 +162,8 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
     if not callable(factory):
         raise SetupError(f"module {module_name!r} has no callable {attr!r}")
 
-    def make(*args: Any) -> Any:
-        target = factory(*args)
+    def make(*args: Any, **options: Any) -> Any:
+        target = factory(*args, **options)
         if target is None:
             raise SetupError(f"target factory {name} returned None")
         if scope == "pool" and not hasattr(target, "snapshot"):
@@ -175,7 +175,27 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
         return target
 
     make.__name__ = attr
+    make.__wrapped__ = factory  # type: ignore[attr-defined]  # inspect.signature reads the factory's own
     return make
+
+
+def layout_unsupported(target: str, scope: str, name: str) -> str | None:
+    """Why a ``module:factory`` target cannot be given a manager layout's
+    options (its factory takes no such keyword), or ``None``.  Such a layout
+    is skipped with that reason, never judged: a configuration the target
+    does not offer is no failure of it."""
+    if scope != "manager" or target in TARGETS[scope]:
+        return None
+    options = manager_layout(name).target_options()
+    if not options:
+        return None
+    try:
+        inspect.signature(resolve_target(target, scope)).bind(*manager_layout(name).target_args(), **options)
+    except TypeError:
+        return f"the target factory takes no {', '.join(options)} keyword"
+    except ValueError:  # no signature to read (a builtin): let the factory answer
+        return None
+    return None
 
 
 BLOCK_POOL_API = ("get_new_blocks", "touch", "free_blocks", "get_cached_block", "cache_full_blocks", "blocks",

@@ -49,4 +49,12 @@ MANAGER_LAYOUTS: dict[str, Layout] = {
     # A scheduler block (8) spanning more than a window's run of blocks (window 3 over blocks of 2: a
     # hit reads the last 2 of each segment's 4), so the window caches a sparse mask of its blocks.
     "full8+swa2-sparse": Layout((full(8), swa(2, window=3)), num_blocks=32, max_model_len=48),
+    # A prefix-cache retention interval (vLLM's VLLM_PREFIX_CACHE_RETENTION_INTERVAL): the window and
+    # the Mamba state keep one checkpoint per 8 tokens (and the one a replay of the prompt hits), not
+    # every block a hit could use.
+    "full+swa+mamba-retention": Layout(
+        (full(2), swa(2, window=4), mamba(2, "align")), num_blocks=32, retention_interval=8
+    ),
+    # Retention 0: Mamba keeps only the state a replay of the prompt hits.
+    "full+mamba-align-retention0": Layout((full(2), mamba(2, "align")), retention_interval=0),
 }

@@ -82,8 +82,8 @@ def manager_machine(
 
         def __init__(self) -> None:
             super().__init__()
-            self.target = target_factory(*layout.target_args())
-            self.spec = spec_factory(*layout.target_args()) if spec_factory else None
+            self.target = layout.make_target(target_factory)
+            self.spec = layout.make_target(spec_factory) if spec_factory else None
             self.hasher = get_request_block_hasher(layout.hash_block_size)
             self.waiting: list[Request] = []
             self.running: list[Request] = []

@@ -237,14 +237,14 @@ def config_of(scope: str, layout: Any, events: bool = True) -> dict[str, Any]:
             "enable_caching": layout.enable_caching, "use_eagle": layout.use_eagle,
             "eagle_groups": list(layout.eagle_groups), "enable_kv_cache_events": events,
             "scheduler_block_size": layout.scheduler_block_size, "hash_block_size": layout.hash_block_size,
-            "groups": groups}
+            "groups": groups, **layout.target_options()}
 
 
-def target_args_of(scope: str, config: dict[str, Any]) -> tuple[Any, ...]:
-    """A target factory's arguments for a vector's ``config``."""
+def target_of(scope: str, config: dict[str, Any], factory: Callable[..., Any]) -> Any:
+    """The target ``factory`` builds for a vector's ``config``."""
     if scope == "pool":
-        return (config["num_blocks"], config["enable_caching"], config["hash_block_size"],
-                config["enable_kv_cache_events"])
+        return factory(config["num_blocks"], config["enable_caching"], config["hash_block_size"],
+                       config["enable_kv_cache_events"])
     from kvspec import kv_cache_interface
     from kvspec.spec.layout import Layout
 
@@ -256,8 +256,9 @@ def target_args_of(scope: str, config: dict[str, Any]) -> tuple[Any, ...]:
         groups.append(spec_type(**{k: v for k, v in g.items() if k != "type"}))
     layout = Layout(tuple(groups), num_blocks=config["num_blocks"], max_model_len=config["max_model_len"],
                            enable_caching=config["enable_caching"], use_eagle=config["use_eagle"],
-                           eagle_groups=tuple(config["eagle_groups"]))
-    return layout.target_args(config["enable_kv_cache_events"])
+                           eagle_groups=tuple(config["eagle_groups"]),
+                           retention_interval=config.get("retention_interval"))
+    return layout.make_target(factory, config["enable_kv_cache_events"])
 
 
 # --- recording --------------------------------------------------------------------------------
@@ -454,7 +455,7 @@ def replay_vector(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]
     """Replay one vector against a target built by ``factory``; every
     observation that differs, as one line each (empty: it conforms)."""
     scope, config = doc["scope"], doc["config"]
-    target = factory(*target_args_of(scope, config))
+    target = target_of(scope, config, factory)
     expected = dict(doc["initial_state"])
     got = state_of(target.snapshot())
     problems = [f"initial state: {component} is {got.get(component)}, expected {value}"

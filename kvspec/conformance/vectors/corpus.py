@@ -379,7 +379,7 @@ def manager_case_vector(case: ManagerCase) -> Vector:
     layout = MANAGER_LAYOUTS[case.layout]
     vector = Vector(f"manager/cases/{case.name}", "manager", config_of("manager", layout), case.description,
                     list(case.findings))
-    manager = Recorder(SpecManagerTarget(*layout.target_args()), vector)
+    manager = Recorder(layout.make_target(SpecManagerTarget), vector)
     hasher = get_request_block_hasher(layout.hash_block_size)
     seen: dict[str, Request] = {}
 
@@ -397,10 +397,10 @@ def manager_case_vector(case: ManagerCase) -> Vector:
 
 def _recording(scope: str, name: str, config: dict[str, Any], spec_factory: Callable[..., Any],
                vectors: list[Vector], description: str) -> Callable[..., Any]:
-    def make(*args: Any) -> Recorder:
+    def make(*args: Any, **options: Any) -> Recorder:
         vector = Vector(f"{scope}/walks/{name}/{len(vectors):03d}", scope, config, description)
         vectors.append(vector)
-        return Recorder(spec_factory(*args), vector)
+        return Recorder(spec_factory(*args, **options), vector)
 
     make.__name__ = "recording_spec"
     return make
