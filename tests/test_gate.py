@@ -158,3 +158,21 @@ def test_a_predicate_past_its_guards_is_one_whose_body_ran():
     first = rule.__code__.co_firstlineno
     assert guards_end == first + 3  # the docstring and the guard
     assert {first + 2, first + 3} <= body and first + 4 in body  # the guard counts as run; the body after it
+
+
+def test_a_factory_without_a_layout_option_has_that_layout_skipped_not_failed(tmp_path, monkeypatch):
+    """The retention layouts give the factory ``retention_interval``; a
+    third-party factory that takes no such keyword is not judged on them:
+    they are skipped, with the reason, and every other layout runs."""
+    from test_cli import target_module
+
+    target = target_module(tmp_path, monkeypatch, "no_retention", (
+        "from kvspec.conformance.targets.manager import ImplManagerTarget\n"
+        "def make(config, max_model_len, sbs, hbs, caching=True, eagle=False, events=False):\n"
+        "    return ImplManagerTarget(config, max_model_len, sbs, hbs, caching, eagle, events)\n"))
+    report = run_gate(GateOptions(target=target, scope="manager", examples=2,
+                                  layouts=["full", "full+swa+mamba-retention", "full+mamba-align-retention0"]))
+    by_layout = {r.layout: r for r in report.results}
+    assert by_layout["full"].skipped is None and by_layout["full"].conforms
+    for name in ("full+swa+mamba-retention", "full+mamba-align-retention0"):
+        assert by_layout[name].skipped == "the target factory takes no retention_interval keyword"
