@@ -196,7 +196,7 @@ class KVCacheManager:
         retention_interval: int | None = RETENTION_FROM_ENV,
     ) -> None:
         if type(max_model_len) is not int or max_model_len <= 0:
-            raise RuleError("allocation-accounting", f"max_model_len must be a positive int, got {max_model_len!r}")
+            raise RuleError("block-size-coherence", f"max_model_len must be a positive int, got {max_model_len!r}")
         if max_num_batched_tokens is None:
             # Without it the admission cap is no tighter than max_model_len.
             max_num_batched_tokens = max_model_len

@@ -78,7 +78,7 @@ class Layout:
     """A model's KV-cache groups and the pool they share (see the module docstring).
 
     ``eagle_groups``: the groups the config marks as the drafter's.  A
-    ``scheduler_block_size``/``hash_block_size`` of 0 is derived.
+    ``scheduler_block_size``/``hash_block_size`` not given (``None``) is derived.
     ``retention_interval``: ``None`` (dense caching) or the interval, a
     keyword a target factory is given only when it is set."""
 
@@ -88,8 +88,8 @@ class Layout:
     enable_caching: bool = True
     use_eagle: bool = False
     eagle_groups: tuple[int, ...] = field(default=())
-    given_scheduler_block_size: int = 0
-    given_hash_block_size: int = 0
+    given_scheduler_block_size: int | None = None
+    given_hash_block_size: int | None = None
     retention_interval: int | None = None
 
     @classmethod
@@ -103,13 +103,13 @@ class Layout:
 
     @cached_property
     def scheduler_block_size(self) -> int:
-        if self.given_scheduler_block_size:
+        if self.given_scheduler_block_size is not None:
             return self.given_scheduler_block_size
         return math.lcm(*(g.block_size for g in self.groups)) if self.groups else 1
 
     @cached_property
     def hash_block_size(self) -> int:
-        if self.given_hash_block_size:
+        if self.given_hash_block_size is not None:
             return self.given_hash_block_size
         if len(self.groups) <= 1 or not self.enable_caching:
             return self.scheduler_block_size

@@ -110,9 +110,10 @@ class SpecKVCacheManager:
         - [hit-soundness] a hybrid model has at least two distinct specs;
           chunked local attention is not an EAGLE group (with caching on);
         - [hash-map-consistency] cross attention only with caching off;
-        - [allocation-accounting] ``watermark >= 0``; ``retention_interval``
-          ``None`` or a multiple of the scheduler block size ``>= 0``, and
-          only for models with a sliding-window or Mamba group.
+        - [allocation-accounting] ``watermark >= 0``;
+        - [block-size-coherence] ``retention_interval`` ``None`` or a
+          multiple of the scheduler block size ``>= 0``, and only for models
+          with a sliding-window or Mamba group.
 
         Guarantees: every block but the null block is free; no request.
         """
@@ -141,11 +142,11 @@ class SpecKVCacheManager:
                 f"{hash_block_size} and of every group's block size {[s.block_size for s in specs]}",
             )
         if retention_interval is not None:
-            _require_int(retention_interval, "retention_interval")
+            _require_int(retention_interval, "retention_interval", "block-size-coherence")
             if not any(isinstance(s, SlidingWindowSpec | MambaSpec) for s in specs):
-                raise RuleError("allocation-accounting", "retention_interval needs a sliding-window or Mamba group")
+                raise RuleError("block-size-coherence", "retention_interval needs a sliding-window or Mamba group")
             if retention_interval % scheduler_block_size:
-                raise RuleError("allocation-accounting",
+                raise RuleError("block-size-coherence",
                                 f"retention_interval {retention_interval} is not a multiple of {scheduler_block_size}")
 
         self.kv_cache_config = kv_cache_config

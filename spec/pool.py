@@ -159,12 +159,14 @@ class SpecBlockPool:
         Guarantees: every block but the null block is free, in id order, with
         no hash; the table and the event log are empty.
         """
-        require_count(num_blocks, "num_blocks")
-        require_count(hash_block_size, "hash_block_size")
+        for value, what, rule in ((num_blocks, "num_blocks", "null-exclusion"),
+                                  (hash_block_size, "hash_block_size", "block-size-coherence")):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise RuleTypeError(rule, f"{what} must be an int, got {value!r}")
         if num_blocks < 1:
-            raise RuleError("null-exclusion", "a pool needs at least the null block")
+            raise RuleError("null-exclusion", f"a pool needs at least the null block: num_blocks {num_blocks} < 1")
         if hash_block_size < 1:
-            raise RuleError("block-size-coherence", "hash_block_size must be >= 1")
+            raise RuleError("block-size-coherence", f"hash_block_size must be >= 1, got {hash_block_size}")
         self.num_blocks = num_blocks
         self.hash_block_size = hash_block_size
         self.state = PoolState(

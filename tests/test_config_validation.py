@@ -95,7 +95,7 @@ def test_unitary_coordinator_needs_exactly_one_group():
 def test_non_positive_sizes(kwargs, match):
     sbs, hbs = kwargs.pop("sbs", 4), kwargs.pop("hbs", 4)
     max_model_len = kwargs.pop("max_model_len", 64)
-    rule = "block-size-coherence" if "block_size" in match else "allocation-accounting"
+    rule = "block-size-coherence" if "block_size" in match or "max_model_len" in match else "allocation-accounting"
     with refused(match, rule):
         KVCacheManager(config(full(4)), max_model_len, sbs, hbs, **kwargs)
 

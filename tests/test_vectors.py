@@ -40,7 +40,7 @@ def test_the_corpus_exercises_every_rule_and_has_every_source(corpus):
     assert corpus.unexercised == []
     assert set(corpus.rules) == set(RULES)
     kinds = {f["path"].split("/")[1] for f in corpus.files}
-    assert kinds == {"cases", "walks", "findings"}
+    assert kinds == {"cases", "configs", "walks", "findings"}
     assert {f["findings"][0] for f in corpus.files if "/findings/" in f["path"]} == {f.id for f in FINDINGS}
     index = json.loads((corpus.root / "index.json").read_text())
     assert len(index["files"]) == len(vector_files(corpus.root))

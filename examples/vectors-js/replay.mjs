@@ -42,6 +42,10 @@ function eventHash(hex) {
 
 class Pool {
   constructor({ num_blocks, enable_caching, hash_block_size, enable_kv_cache_events }) {
+    requireCount(num_blocks, "num_blocks");
+    if (num_blocks < 1) throw new Refusal("ValueError", "a pool needs at least the null block");
+    requireCount(hash_block_size, "hash_block_size");
+    if (hash_block_size < 1) throw new Refusal("ValueError", "hash_block_size must be >= 1");
     this.numBlocks = num_blocks;
     this.caching = enable_caching;
     this.hashBlockSize = hash_block_size;
@@ -223,6 +227,15 @@ const canonical = (v) =>
 const same = (a, b) => canonical(a) === canonical(b);
 
 function replay(vector) {
+  if (vector.refused !== undefined) { // a configuration the pool must refuse to be built with
+    try {
+      new Pool(vector.config);
+    } catch (error) {
+      if (error instanceof Refusal) return [];
+      throw error;
+    }
+    return [`construction: built a pool; the configuration breaks ${vector.refused} and must be refused`];
+  }
   const pool = new Pool(vector.config);
   const expected = { ...vector.initial_state };
   const problems = [];

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvspec.conformance.machines.configurations import NON_POSITIVE_SIZE
 from kvspec.conformance.machines.scheduler import AVOIDABLE as SCHEDULER_AVOIDABLE
 
 FINDINGS_DIR = Path(__file__).resolve().parents[2] / "docs" / "findings"
@@ -31,6 +32,8 @@ AVOIDABLE: dict[str, str] = {
     "bad-input:bad_hash": "pool: get_cached_block with a str for a hash",
     "bad-input:no_tokens": "manager: allocate_slots with no tokens at all",
     "mamba-align-external": "manager: external (connector) tokens where a Mamba group caches in align mode",
+    NON_POSITIVE_SIZE: "pool and manager: built with a block size, hash block size or max_model_len of 0 or "
+                       "less, or a pool of 0 blocks",
     **SCHEDULER_AVOIDABLE,
     "layout:NAME": "the layout NAME altogether (a finding the layout's configuration itself triggers)",
 }
@@ -92,6 +95,11 @@ FINDINGS: tuple[Finding, ...] = (
         "F8", "vllm", "Mamba align mode with drafts: once rejected drafts left the state table long, the block "
         "estimate goes negative and offsets the other groups' needs",
         ("allocation-accounting",), "layout:full+mamba-align-drafts", "F8-mamba-align-negative-estimate.json",
+    ),
+    Finding(
+        "F9", "vllm", "KVCacheManager and BlockPool take sizes of 0 or less (scheduler block size, max_model_len, "
+        "the pool's hash block size) or divide by zero on them (the manager's hash block size)",
+        ("block-size-coherence",), NON_POSITIVE_SIZE, "F9-non-positive-sizes-accepted.json",
     ),
 )
 

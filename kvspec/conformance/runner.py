@@ -28,6 +28,7 @@ from hypothesis import settings
 from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
+from kvspec.conformance.machines.configurations import takes_keyword
 from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.machines.machinery import (
     BudgetSpent,
@@ -186,16 +187,9 @@ def layout_unsupported(target: str, scope: str, name: str) -> str | None:
     does not offer is no failure of it."""
     if scope != "manager" or target in TARGETS[scope]:
         return None
-    options = manager_layout(name).target_options()
-    if not options:
-        return None
-    try:
-        inspect.signature(resolve_target(target, scope)).bind(*manager_layout(name).target_args(), **options)
-    except TypeError:
-        return f"the target factory takes no {', '.join(options)} keyword"
-    except ValueError:  # no signature to read (a builtin): let the factory answer
-        return None
-    return None
+    factory = resolve_target(target, scope)
+    missing = [k for k in manager_layout(name).target_options() if not takes_keyword(factory, k)]
+    return f"the target factory takes no {', '.join(missing)} keyword" if missing else None
 
 
 BLOCK_POOL_API = ("get_new_blocks", "touch", "free_blocks", "get_cached_block", "cache_full_blocks", "blocks",
@@ -215,13 +209,9 @@ def _one_line(error: BaseException) -> str:
 
 def _build(factory: Callable[..., Any], scope: str) -> Any:
     """One target of ``scope`` built for its first layout (or the error)."""
-    if scope == "pool":
-        layout = next(iter(LAYOUTS.values()))
-        args = (layout.num_blocks, layout.enable_caching, layout.hash_block_size, layout.events)
-    else:
-        args = MANAGER_LAYOUTS["full"].target_args()
+    layout = next(iter(LAYOUTS.values())) if scope == "pool" else MANAGER_LAYOUTS["full"]
     try:
-        return factory(*args)
+        return layout.make_target(factory)
     except SetupError:
         raise
     except (Exception, SystemExit) as error:

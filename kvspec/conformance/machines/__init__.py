@@ -3,7 +3,8 @@ and the executable spec side by side and check every rule after every step.
 
 ``machinery`` is what they share (the checking base class, refusals, budgets,
 traces of each step); ``observe`` reads a target through its interface;
-``layouts`` names the KV-cache layouts they run on; ``pool``, ``manager``,
+``layouts`` names the KV-cache layouts they run on; ``configurations`` the
+incoherent variants of a layout that a target must refuse to be built with; ``pool``, ``manager``,
 ``scheduler`` and ``kernel`` are the machines, one per scope -- the block
 pool, the KV-cache manager, vLLM's own scheduler, and the kernel stage that
 feeds block tables to attention kernels.

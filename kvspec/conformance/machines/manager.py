@@ -22,10 +22,12 @@ from dataclasses import replace
 from typing import Any
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from kvspec.conformance.machines.configurations import construct_badly, manager_variants, sendable, takes_keyword
 from kvspec.conformance.machines.machinery import CheckingMachine, Refused, describe_call, describe_outcome, one_of
 from kvspec.conformance.machines.observe import observe
+from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_request_block_hasher
 from kvspec.kv_cache_interface import AttentionKind
@@ -73,6 +75,8 @@ def manager_machine(
     has_rswa = any(group.kind == AttentionKind.RSWA for group in layout.views)
 
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
+    BAD_CONFIGS = manager_variants(layout, takes_keyword(target_factory, "retention_interval"))  # noqa: N806
+    spec_builder = spec_factory or SpecManagerTarget  # the oracle of what is refused, at every level
 
     class ManagerMachine(CheckingMachine):
         scope = "manager"
@@ -88,6 +92,7 @@ def manager_machine(
             self.waiting: list[Request] = []
             self.running: list[Request] = []
             self.next_id = 0
+            self.configured = False  # whether this run built its incoherent configuration (configure)
             self.mirror = EventMirror()
             self.requests: dict[str, Request] = {}
             self.shadow = Shadow(layout)
@@ -200,6 +205,18 @@ def manager_machine(
                 kinds = [k for k in ("no_tokens", "negative") if f"bad-input:{k}" not in self.avoid]
                 if kinds:
                     self.bad_allocation(data.draw(one_of(tuple(kinds)), label="bad input"))
+
+        @precondition(lambda self: not self.configured)
+        @rule(data=st.data())
+        @recorded
+        def configure(self, data: st.DataObject) -> None:
+            """Once per run: a manager built with one incoherent variant of
+            this layout's sizes is refused, as the spec refuses it."""
+            self.configured = True
+            names = sendable(BAD_CONFIGS, self.avoid)
+            if names and not self.off("bad"):
+                name = data.draw(one_of(names), label="configuration")
+                construct_badly(self, BAD_CONFIGS, name, spec_builder, target_factory)
 
         def arrive(self, data: st.DataObject) -> None:
             """A request arrives with a short prompt."""

@@ -33,6 +33,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from kvspec.conformance.machines.configurations import construct_badly, pool_variants, sendable
 from kvspec.conformance.machines.machinery import (
     CheckingMachine,
     ConformanceError,
@@ -84,6 +85,10 @@ class PoolLayout:
     enable_caching: bool = True
     events: bool = True
 
+    def make_target(self, factory: Callable[..., Any]) -> Any:
+        """``factory(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events)``."""
+        return factory(self.num_blocks, self.enable_caching, self.hash_block_size, self.events)
+
 
 Call = Callable[[Any], Any]
 
@@ -117,6 +122,7 @@ def pool_machine(
     layout = layout or PoolLayout()
 
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
+    BAD_CONFIGS = pool_variants(layout)  # noqa: N806 (a constant of the class)
 
     class PoolMachine(CheckingMachine):
         scope = "pool"
@@ -125,14 +131,14 @@ def pool_machine(
 
         def __init__(self) -> None:
             super().__init__()
-            args = (layout.num_blocks, layout.enable_caching, layout.hash_block_size, layout.events)
-            self.target = target_factory(*args)
-            self.spec = SpecBlockPool(*args) if lockstep else None
+            self.target = layout.make_target(target_factory)
+            self.spec = layout.make_target(SpecBlockPool) if lockstep else None
             self.owners: list[Owner] = []
             self.shadow: dict[int, tuple[Any, ...]] = {}
             self.mirror = EventMirror()
             self.hasher = get_request_block_hasher(layout.hash_block_size)
             self.next_id = 0
+            self.configured = False  # whether this run built its incoherent configuration (configure)
             # Who holds what, by the interface's own accounting: an allocation
             # or a touch adds a hold, a free removes one.
             self.ledger: Counter[int] = Counter()
@@ -306,6 +312,19 @@ def pool_machine(
             if hashes:
                 i = data.draw(st.integers(0, len(hashes) - 1), label="block")
                 self.apply("get_cached_block", hashes[i], list(range(len(layout.group_block_sizes))))
+
+        @precondition(lambda self: not self.configured)
+        @rule(data=st.data())
+        @recorded
+        def configure(self, data: st.DataObject) -> None:
+            """Once per run: a pool built with no room for the null block, or
+            with a hash block size that is not positive, is refused, as the
+            spec refuses it."""
+            self.configured = True
+            names = sendable(BAD_CONFIGS, self.avoid)
+            if names:
+                name = data.draw(one_of(names), label="configuration")
+                construct_badly(self, BAD_CONFIGS, name, SpecBlockPool, target_factory)
 
         @rule(
             op=st.sampled_from(["too_many", "negative", "bad_free", "bad_evict", "bad_hash", "bool_count"]),

@@ -255,9 +255,11 @@ def target_of(scope: str, config: dict[str, Any], factory: Callable[..., Any]) -
             raise VectorError(f"unknown KV-cache spec type {g['type']!r}")
         groups.append(spec_type(**{k: v for k, v in g.items() if k != "type"}))
     layout = Layout(tuple(groups), num_blocks=config["num_blocks"], max_model_len=config["max_model_len"],
-                           enable_caching=config["enable_caching"], use_eagle=config["use_eagle"],
-                           eagle_groups=tuple(config["eagle_groups"]),
-                           retention_interval=config.get("retention_interval"))
+                    enable_caching=config["enable_caching"], use_eagle=config["use_eagle"],
+                    eagle_groups=tuple(config["eagle_groups"]),
+                    given_scheduler_block_size=config["scheduler_block_size"],
+                    given_hash_block_size=config["hash_block_size"],
+                    retention_interval=config.get("retention_interval"))
     return layout.make_target(factory, config["enable_kv_cache_events"])
 
 
@@ -285,11 +287,13 @@ class Vector:
     initial_state: dict[str, Any] = field(default_factory=dict)
     requests: dict[str, dict[str, Any]] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    refused: str | None = None  # a configuration the target must refuse to be built with: the rule it breaks
 
     def to_dict(self) -> dict[str, Any]:
+        refused = {} if self.refused is None else {"refused": self.refused}
         return {"kvspec_vectors": FORMAT_VERSION, "name": self.name, "scope": self.scope,
                 "description": self.description, "findings": self.findings, "rules": sorted(exercised(self)),
-                "config": self.config, "initial_state": self.initial_state, "requests": self.requests,
+                "config": self.config, **refused, "initial_state": self.initial_state, "requests": self.requests,
                 "steps": self.steps}
 
 
@@ -378,6 +382,8 @@ def exercised(vector: Vector) -> set[str]:
     shared block, a hit, an eviction, a refusal, a free of several blocks,
     a reset, a tenant's prefix, external tokens, a window's release ...).
     Every rule is *checked* on every step; this says where it *matters*."""
+    if vector.refused is not None:
+        return {vector.refused}
     rules: set[str] = set()
     sizes = {g["block_size"] for g in vector.config.get("groups", [])} | set(vector.config.get("group_block_sizes", []))
     if len(sizes) > 1 or any(s != vector.config["hash_block_size"] for s in sizes):
@@ -451,10 +457,23 @@ def write(vector: Vector, path: Path) -> None:
     path.write_text(f"{{\n{head},\n \"steps\": [\n{body}\n ]\n}}\n")
 
 
+def _replay_refusal(scope: str, config: dict[str, Any], rule: str, factory: Callable[..., Any]) -> list[str]:
+    """A configuration vector: building the target must be refused."""
+    try:
+        built = target_of(scope, config, factory)
+    except (ValueError, TypeError):
+        return []
+    except Exception as error:  # noqa: BLE001 (judged: anything but a refusal)
+        return [f"construction: raised {type(error).__name__}: {error}; a refusal must raise ValueError or TypeError"]
+    return [f"construction: built a {type(built).__name__}; the configuration breaks {rule} and must be refused"]
+
+
 def replay_vector(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]:
     """Replay one vector against a target built by ``factory``; every
     observation that differs, as one line each (empty: it conforms)."""
     scope, config = doc["scope"], doc["config"]
+    if "refused" in doc:
+        return _replay_refusal(scope, config, doc["refused"], factory)
     target = target_of(scope, config, factory)
     expected = dict(doc["initial_state"])
     got = state_of(target.snapshot())

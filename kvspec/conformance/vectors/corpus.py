@@ -1,6 +1,6 @@
 """The vectors corpus: what ``kvspec vectors generate`` writes.
 
-Three sources, every vector recorded from the spec itself:
+Four sources, every vector recorded from the spec itself:
 
 - **edge cases** written by hand for the pool (:data:`POOL_CASES`): an
   empty pool, an exact fit, LRU eviction, a hit taken from inside the
@@ -10,6 +10,9 @@ Three sources, every vector recorded from the spec itself:
 - **walks**: the conformance machines over every pool and manager layout
   with the spec as the target (derandomized, so the corpus is the same on
   every run of one Hypothesis version);
+- **configurations**: every incoherent variant of a few layouts
+  (:func:`config_vectors`), each a configuration the target must refuse to
+  be built with (``"refused"``: the rule it breaks; no steps);
 - **findings**: each known finding's saved trace replayed on the spec --
   the spec's answer where the implementation went wrong.
 
@@ -398,9 +401,10 @@ def manager_case_vector(case: ManagerCase) -> Vector:
 def _recording(scope: str, name: str, config: dict[str, Any], spec_factory: Callable[..., Any],
                vectors: list[Vector], description: str) -> Callable[..., Any]:
     def make(*args: Any, **options: Any) -> Recorder:
+        spec = spec_factory(*args, **options)  # first: a configuration the spec refuses records no vector
         vector = Vector(f"{scope}/walks/{name}/{len(vectors):03d}", scope, config, description)
         vectors.append(vector)
-        return Recorder(spec_factory(*args, **options), vector)
+        return Recorder(spec, vector)
 
     make.__name__ = "recording_spec"
     return make
@@ -440,6 +444,40 @@ def walk_vectors(scope: str, name: str, examples: int, steps: int) -> list[Vecto
     return kept
 
 
+CONFIG_LAYOUTS = {"pool": ("two-groups",), "manager": ("full", "caching-off", "full+swa+mamba-retention")}
+"""The layouts whose incoherent variants are written as configuration vectors."""
+
+
+def config_vectors() -> list[Vector]:
+    """Every incoherent variant of a few layouts
+    (:mod:`kvspec.conformance.machines.configurations`): the configuration,
+    and the rule the spec names when it refuses to be built with it."""
+    out = []
+    for scope, names in CONFIG_LAYOUTS.items():
+        for name in names:
+            for variant in _variants(scope, name):
+                slug = "-".join("".join(c if c.isalnum() else " " for c in variant.name.lower()).split())
+                out.append(_config_vector(f"{scope}/configs/{name}/{slug}", scope, variant))
+    return out
+
+
+def _variants(scope: str, layout: str) -> tuple[Any, ...]:
+    from kvspec.conformance.machines.configurations import manager_variants, pool_variants
+    from kvspec.conformance.runner import manager_layout
+
+    return pool_variants(LAYOUTS[layout]) if scope == "pool" else manager_variants(manager_layout(layout))
+
+
+def _config_vector(name: str, scope: str, variant: Any, description: str = "") -> Vector:
+    from kvspec.conformance.machines.configurations import NON_POSITIVE_SIZE, spec_refusal
+    from kvspec.conformance.targets.spec_manager import SpecManagerTarget
+
+    refusal = spec_refusal(variant, SpecBlockPool if scope == "pool" else SpecManagerTarget)
+    findings = [f.id for f in FINDINGS if variant.non_positive_size and f.avoid == NON_POSITIVE_SIZE]
+    return Vector(name, scope, config_of(scope, variant.layout),
+                  description or f"built with {variant.name}: refused ({refusal})", findings, refused=refusal.rule)
+
+
 def finding_vectors() -> list[Vector]:
     """Each known finding's trace replayed on the spec: what the spec does
     where the implementation the finding is about went wrong."""
@@ -450,6 +488,12 @@ def finding_vectors() -> list[Vector]:
     out = []
     for finding in FINDINGS:
         trace = Trace.load(finding.trace_path)
+        if [s.rule for s in trace.steps] == ["configure"]:  # a construction: its vector is a configuration's
+            built = dict(trace.steps[0].draws)["configuration"]
+            variant = next(v for v in _variants(trace.scope, trace.layout) if v.name == built)
+            out.append(_config_vector(f"{trace.scope}/findings/{finding.id}", trace.scope, variant,
+                                      f"{finding.id} ({finding.target}): {finding.title}"))
+            continue
         layout = LAYOUTS[trace.layout] if trace.scope == "pool" else manager_layout(trace.layout)
         vector = Vector(f"{trace.scope}/findings/{finding.id}", trace.scope, config_of(trace.scope, layout),
                         f"{finding.id} ({finding.target}): {finding.title}", findings=[finding.id])
@@ -521,6 +565,7 @@ def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None 
 def _all_vectors(size: str) -> list[Vector]:
     pool_examples, pool_steps, manager_examples, manager_steps = SIZES[size]
     vectors = [pool_case_vector(case) for case in POOL_CASES] + [manager_case_vector(c) for c in MANAGER_CASES]
+    vectors += config_vectors()
     for name in LAYOUTS if pool_examples else ():
         vectors += walk_vectors("pool", name, pool_examples, pool_steps)
     for name in MANAGER_LAYOUTS if manager_examples else ():

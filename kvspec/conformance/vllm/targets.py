@@ -27,9 +27,10 @@ from kvspec.request import Request
 class VllmPoolTarget(VllmApiPoolTarget):
     """vLLM 0.25.1's own ``BlockPool``.
 
-    One deliberate difference is translated here: vLLM refuses to evict a
+    Two deliberate differences are translated here: vLLM refuses to evict a
     block id it does not have with an ``AssertionError`` ("indicates a bug in
-    the KV connector"), having changed nothing; the interface's refusal is a
+    the KV connector"), having changed nothing, and refuses a pool with no
+    room for the null block by assertion too; the interface's refusal is a
     ``ValueError``.  (vLLM's null block keeps no ref count either; snapshots
     are compared without it, see ``PoolSnapshot.without_null_ref``.)
     """
@@ -38,7 +39,9 @@ class VllmPoolTarget(VllmApiPoolTarget):
                  enable_kv_cache_events: bool = False):
         from vllm.v1.core.block_pool import BlockPool
 
-        super().__init__(BlockPool(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events))
+        with _assertion_is_refusal():
+            pool = BlockPool(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events)
+        super().__init__(pool)
 
     def evict_blocks(self, block_ids: Any) -> None:
         try:
@@ -83,7 +86,7 @@ class VllmManagerTarget(KVCacheManagerTarget):
         self._block_hasher = kv_cache_utils.get_request_block_hasher(hash_block_size, sha256_cbor)
         self._max_tokens = max_model_len
         self._mirrors: dict[str, tuple[Request, Any]] = {}
-        with _retention_env(retention_interval):
+        with _retention_env(retention_interval), _assertion_is_refusal():
             manager = KVCacheManager(
                 to_vllm_config(kv_cache_config),
                 max_model_len,
@@ -131,6 +134,17 @@ class VllmManagerTarget(KVCacheManagerTarget):
         if request.num_tokens > mirror.num_tokens:
             mirror.append_output_token_ids(list(request.all_token_ids[mirror.num_tokens :]))
         return mirror
+
+
+@contextmanager
+def _assertion_is_refusal() -> Iterator[None]:
+    """vLLM checks its constructors' sizes with ``assert`` (block sizes that
+    do not nest, a pool with no null block): read as the refusal it is, a
+    ``ValueError``.  Anything else it raises stays what it is."""
+    try:
+        yield
+    except AssertionError as error:
+        raise ValueError(f"vLLM refused the configuration (assertion): {error or 'assert failed'}") from error
 
 
 @contextmanager

@@ -1,0 +1,145 @@
+"""Incoherent configurations: what a pool or a manager must refuse when it is built.
+
+A configuration is input too.  Block sizes that do not nest, a size of 0, a
+retention interval that is no multiple of the scheduler block size: the spec
+refuses each at construction (``RuleError`` naming the rule its sizes would
+break), and so must a target -- with ``ValueError`` or ``TypeError``, before
+it hands out a single block.  A manager that accepts them divides by zero
+later, or converts tokens to blocks with sizes that do not nest: wrong
+tables, no crash.
+
+Each variant is the machine's own layout with one size broken; each machine
+builds one variant per run (its ``configure`` rule), the spec first: the
+spec's refusal names the rule, and the target must refuse too.  The vectors
+carry every variant of a few layouts (``<scope>/configs/...``).
+``bad-config:non-positive-size`` (an ``--avoid`` name) sends none of the
+variants with a block size, hash block size or ``max_model_len`` of 0 or
+less: vLLM 0.25.1 takes several (finding F9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from kvspec.conformance.machines.machinery import HarnessFault
+from kvspec.errors import RuleError
+from kvspec.kv_cache_interface import AttentionKind
+from kvspec.spec.layout import Layout
+from kvspec.spec.rules import Violation
+
+NON_POSITIVE_SIZE = "bad-config:non-positive-size"  # the --avoid name of the variants with a size <= 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One incoherent configuration: what it breaks, whether it sets a block
+    size, hash block size or ``max_model_len`` of 0 or less, and the layout
+    (a manager's ``Layout`` or a ``PoolLayout``) that builds it
+    (``make_target``)."""
+
+    name: str
+    non_positive_size: bool
+    layout: Any
+
+
+def takes_keyword(factory: Callable[..., Any], keyword: str) -> bool:
+    """Whether ``factory`` can be called with ``keyword`` (a factory whose
+    signature cannot be read is given the benefit of the doubt)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == keyword and p.kind is not p.POSITIONAL_ONLY or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def manager_variants(layout: Layout, retention: bool = True) -> tuple[Variant, ...]:
+    """Incoherent variants of a manager layout: every size that must nest,
+    broken one at a time; and, with ``retention`` (the target's factory takes
+    the keyword), a retention interval the layout cannot have."""
+    sbs, hbs = layout.scheduler_block_size, layout.hash_block_size
+
+    def variant(name: str, non_positive: bool = False, **changed: Any) -> Variant:
+        sizes = {"given_scheduler_block_size": sbs, "given_hash_block_size": hbs}
+        return Variant(name, non_positive, dataclasses.replace(layout, **{**sizes, **changed}))
+
+    largest = max(g.block_size for g in layout.groups)
+    found = [
+        variant("scheduler block not a multiple of a group's block", given_scheduler_block_size=largest + 1,
+                given_hash_block_size=1),
+        variant("scheduler block size 0", True, given_scheduler_block_size=0),
+        variant("hash block size 0", True, given_hash_block_size=0),
+        variant("max_model_len 0", True, max_model_len=0),
+    ]
+    if layout.enable_caching:  # without caching no hash is read: blocks need not be made of hash blocks
+        # 2 * sbs is larger than every group's block, so no block is made of such hash blocks
+        found.append(variant("hash block larger than the blocks", given_scheduler_block_size=2 * sbs,
+                             given_hash_block_size=2 * sbs))
+    if not retention:
+        return tuple(found)
+    if any(g.kind in (AttentionKind.SLIDING_WINDOW, AttentionKind.MAMBA) for g in layout.views):
+        found += [variant("retention interval not a multiple of the scheduler block", retention_interval=2 * sbs + 1),
+                  variant("negative retention interval", retention_interval=-sbs)]
+    else:
+        found.append(variant("retention interval without a sliding-window or Mamba group", retention_interval=sbs))
+    return tuple(found)
+
+
+def pool_variants(layout: Any) -> tuple[Variant, ...]:
+    """Incoherent variants of a pool (a ``PoolLayout``): no room for the
+    null block, a hash block size that is not positive."""
+    replace = dataclasses.replace
+    return (
+        Variant("a pool of 0 blocks", True, replace(layout, num_blocks=0)),
+        Variant("a pool of a negative size", False, replace(layout, num_blocks=-1)),
+        Variant("hash block size 0", True, replace(layout, hash_block_size=0)),
+        Variant("negative hash block size", True, replace(layout, hash_block_size=-layout.hash_block_size)),
+    )
+
+
+def sendable(variants: tuple[Variant, ...], avoid: frozenset[str]) -> tuple[str, ...]:
+    """The names of the variants a machine told to ``avoid`` inputs may send."""
+    return tuple(v.name for v in variants if not (v.non_positive_size and NON_POSITIVE_SIZE in avoid))
+
+
+def spec_refusal(variant: Variant, spec: Callable[..., Any]) -> RuleError:
+    """The spec's refusal of ``variant`` (every variant is one the spec refuses)."""
+    try:
+        variant.layout.make_target(spec)
+    except RuleError as refusal:
+        return refusal
+    # the variants are chosen so that the spec refuses every one: a fault of kvspec's, not the target's
+    raise HarnessFault(f"the spec accepted the incoherent configuration {variant.name!r}")
+
+
+def judge_construction(variant: Variant, spec: Callable[..., Any],
+                       target: Callable[..., Any]) -> tuple[list[Violation], str | None, str]:
+    """Build ``variant`` with the spec, then with the target.  Returns the
+    violations (the target accepted what the spec refuses: the spec's rule),
+    a divergence (the target raised something other than a refusal), and
+    the outcome for the trace."""
+    refusal = spec_refusal(variant, spec)
+    try:
+        built = variant.layout.make_target(target)
+    except (ValueError, TypeError) as error:
+        return [], None, f"refused {type(error).__name__}: {error}"
+    except Exception as error:  # noqa: BLE001 (judged: anything but a refusal)
+        return [], (f"building {variant.name} crashed with {error!r}; a refusal must raise ValueError or "
+                    f"TypeError"), f"crashed {type(error).__name__}: {error}"
+    return ([Violation(refusal.rule, f"{variant.name} was accepted (built a {type(built).__name__}); the spec "
+                                     f"refuses it: {refusal}")], None, "accepted")
+
+
+def construct_badly(machine: Any, variants: tuple[Variant, ...], name: str, spec: Callable[..., Any],
+                    target: Callable[..., Any]) -> None:
+    """A machine's step (a ``CheckingMachine``): build the variant ``name``
+    with the spec and the target, record it, and fail the run where the
+    target does not refuse it as the spec does."""
+    variant = next(v for v in variants if v.name == name)
+    where = f"construct({name})"
+    with machine.calling(where):
+        violations, divergence, outcome = judge_construction(variant, spec, target)
+    machine.record(where, outcome)
+    machine.fail(violations, divergence)

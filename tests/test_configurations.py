@@ -1,0 +1,71 @@
+"""Incoherent configurations as gate input: every machine builds one variant
+of its layout per run, and a target must refuse what the spec refuses."""
+
+import pytest
+from test_cli import target_module
+
+from kvspec.conformance.gate import GateOptions, run_gate
+from kvspec.conformance.machines.configurations import (
+    NON_POSITIVE_SIZE,
+    manager_variants,
+    pool_variants,
+    sendable,
+    spec_refusal,
+)
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.machines.pool import LAYOUTS
+from kvspec.conformance.runner import resolve_target
+from kvspec.conformance.targets.spec_manager import SpecManagerTarget
+from kvspec.spec.pool import SpecBlockPool
+
+
+@pytest.mark.parametrize("name", list(MANAGER_LAYOUTS))
+def test_every_manager_variant_is_refused_by_spec_and_impl_naming_a_rule(name):
+    impl = resolve_target("impl", "manager")
+    for variant in manager_variants(MANAGER_LAYOUTS[name]):
+        assert spec_refusal(variant, SpecManagerTarget).rule
+        with pytest.raises(ValueError):
+            variant.layout.make_target(impl)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_every_pool_variant_is_refused_by_spec_and_impl(name):
+    impl = resolve_target("impl", "pool")
+    for variant in pool_variants(LAYOUTS[name]):
+        assert spec_refusal(variant, SpecBlockPool).rule
+        with pytest.raises(ValueError):
+            variant.layout.make_target(impl)
+
+
+def test_the_avoid_name_leaves_out_exactly_the_non_positive_sizes():
+    variants = manager_variants(MANAGER_LAYOUTS["full+swa+mamba-retention"])
+    kept = sendable(variants, frozenset({NON_POSITIVE_SIZE}))
+    assert set(kept) == {v.name for v in variants if not v.non_positive_size}
+    assert "negative retention interval" in kept and "scheduler block size 0" not in kept
+
+
+LENIENT = {
+    "manager": (
+        "from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS\n"
+        "from kvspec.conformance.targets.manager import ImplManagerTarget\n"
+        "def make(*args, **options):\n"
+        "    try:\n"
+        "        return ImplManagerTarget(*args, **options)\n"
+        "    except ValueError:  # a manager that shrugs off a bad configuration\n"
+        "        return ImplManagerTarget(*MANAGER_LAYOUTS['full'].target_args())\n"),
+    "pool": (
+        "from kvspec.conformance.targets.pool import ImplPoolTarget\n"
+        "def make(num_blocks, caching, hash_block_size, events):\n"
+        "    return ImplPoolTarget(max(num_blocks, 1), caching, max(hash_block_size, 1), events)\n"),
+}
+
+
+@pytest.mark.parametrize("scope", ["manager", "pool"])
+def test_a_target_that_accepts_an_incoherent_configuration_fails_the_gate(tmp_path, monkeypatch, scope):
+    target = target_module(tmp_path, monkeypatch, f"lenient_{scope}", LENIENT[scope])
+    layout = "full" if scope == "manager" else "two-groups"
+    report = run_gate(GateOptions(target=target, scope=scope, layouts=[layout], examples=30, seed=1, level="L1"))
+    (result,) = report.results
+    assert not result.conforms
+    assert set(result.rules) & {"block-size-coherence", "null-exclusion", "allocation-accounting"}, result
+    assert "construct(" in "\n".join(op for step in result.trace.steps for op in step.operations)
