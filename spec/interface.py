@@ -170,7 +170,9 @@ class ManagerTarget(Protocol):
     num_external_computed_tokens, num_encoder_tokens)`` -- the free blocks
     the target says ``allocate_slots`` with those arguments takes, asked just
     before the call (rule allocation-accounting holds an accepted allocation
-    to it).
+    to it); ``make_prefix_cache_stats()`` -- a dict of ``reset``, ``requests``,
+    ``queries``, ``hits`` and their ``preempted_`` forms since the previous
+    call, or ``None`` (rule allocation-accounting: they count the lookups).
     """
 
     def get_computed_blocks(self, request: Any) -> tuple[tuple[list[int], ...], int]: ...

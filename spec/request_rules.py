@@ -71,6 +71,8 @@ class RequestContext:
     unfilled: frozenset[int] = frozenset()
     # The blocks full-attention groups took fresh since the last take_new_block_ids (see fresh_blocks).
     fresh: list[int] = field(default_factory=list)
+    # What the prefix-cache stats count since the last make_prefix_cache_stats (see stats_records).
+    since_stats: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -720,6 +722,54 @@ def fresh_blocks(step: ManagerStep, layout: Layout) -> list[int]:
             start = len(before[g]) if before[g] else len(hits[g]) if g < len(hits) else 0
             fresh += [b for b in after[g][start:] if b != NULL]
     return fresh
+
+
+def stats_records(step: ManagerStep, layout: Layout) -> list[tuple[Any, ...]]:
+    """What an operation adds to the prefix-cache stats: a lookup
+    (``get_computed_blocks`` with caching on, for a request that reads the
+    cache) as ``("lookup", num_tokens, hit_tokens, preempted)``, a
+    ``reset_prefix_cache`` that succeeded as ``("reset",)``."""
+    if step.error is not None:
+        return []
+    if step.op == "reset_prefix_cache":
+        return [("reset",)] if step.result is True else []
+    request = step.args.get("request")
+    if step.op != "get_computed_blocks" or not layout.enable_caching or request.skip_reading_prefix_cache:
+        return []
+    return [("lookup", request.num_tokens, step.result[1], request.num_preemptions > 0)]
+
+
+def expected_stats(records: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """The prefix-cache stats ``records`` (:func:`stats_records`) make: each
+    lookup is one request, its tokens queries and its hit tokens hits --
+    counted apart for a request that was preempted before."""
+    stats = dict.fromkeys(("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+                           "preempted_hits"), 0)
+    stats["reset"] = any(r[0] == "reset" for r in records)
+    for _, tokens, hits, preempted in (r for r in records if r[0] == "lookup"):
+        prefix = "preempted_" if preempted else ""
+        stats[prefix + "requests"] += 1
+        stats[prefix + "queries"] += tokens
+        stats[prefix + "hits"] += hits
+    return stats
+
+
+@step_rule("allocation-accounting")
+def stats_count_the_lookups(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """``make_prefix_cache_stats()`` -- the prefix-cache hit rate the metrics
+    report -- counts exactly the lookups since the previous call: per lookup
+    one request, its ``num_tokens`` as queries and its hit tokens as hits,
+    apart for a request preempted before; ``reset`` is set exactly when a
+    ``reset_prefix_cache`` succeeded meanwhile.  (``None``: the target keeps
+    no stats.)"""
+    if step.op != "make_prefix_cache_stats" or step.error is not None or step.result is None:
+        return []
+    expected = expected_stats(ctx.since_stats)
+    got = {name: step.result.get(name) for name in expected}
+    if got != expected:
+        wrong = ", ".join(f"{k} {got[k]!r} (expected {v!r})" for k, v in expected.items() if got[k] != v)
+        return [f"make_prefix_cache_stats() reports {wrong} for the lookups since the previous call"]
+    return []
 
 
 @step_rule("content-soundness")

@@ -73,6 +73,7 @@ def killed_at_l1(mutant: str, scope: str, layout: str, examples: int = 300) -> s
     ("event-tokens-shifted", "manager", "full", "hash-map-consistency"),  # ... and its tokens
     ("common-prefix-one-more", "manager", "full", "no-aliasing"),  # cascade attention's prefix is shared
     ("usage-counts-null", "manager", "full", "allocation-accounting"),  # usage is the pool's ledger
+    ("stats-fold-preempted", "manager", "full", "allocation-accounting"),  # the stats count the lookups
     ("zeroing-misses-a-block", "manager", "full", "content-soundness"),  # the worker zeroes every fresh block
     ("connector-saves-one-more", "manager", "full+swa-eagle", "content-soundness"),  # saves only what was computed
 ])

@@ -35,7 +35,13 @@ from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange,
 from kvspec.spec.content import Shadow
 from kvspec.spec.interface import ManagerTarget
 from kvspec.spec.layout import Layout
-from kvspec.spec.request_rules import RequestContext, check_request_state, check_request_step, fresh_blocks
+from kvspec.spec.request_rules import (
+    RequestContext,
+    check_request_state,
+    check_request_step,
+    fresh_blocks,
+    stats_records,
+)
 from kvspec.spec.rules import EventMirror, Violation, check_events
 from kvspec.testing import embedding_rows
 
@@ -129,6 +135,9 @@ def manager_machine(
             if op == "take_new_block_ids":
                 self.ctx.fresh.clear()
             self.ctx.fresh += fresh_blocks(step, layout)
+            if op == "make_prefix_cache_stats":
+                self.ctx.since_stats.clear()
+            self.ctx.since_stats += stats_records(step, layout)
             if step.error is not None:
                 raise Refused(step.error)
             return step.result
@@ -181,10 +190,13 @@ def manager_machine(
             self.zero_new_blocks()
 
         def zero_new_blocks(self) -> None:
-            """The scheduler's last question of a step: which blocks the worker
-            must zero before the step runs (optional in a target; no draw)."""
+            """The scheduler's last questions of a step: which blocks the worker
+            must zero before the step runs, and the prefix-cache stats for the
+            metrics (each optional in a target; no draw)."""
             if hasattr(self.target, "take_new_block_ids"):
                 self.apply("take_new_block_ids", lockstep=False)
+            if hasattr(self.target, "make_prefix_cache_stats"):
+                self.apply("make_prefix_cache_stats", lockstep=False)
 
         @rule(data=st.data())
         @recorded

@@ -474,6 +474,19 @@ def _usage_counts_null(f: Family) -> list[Patch]:
     return [wrap(f.BlockPool, "get_usage", make)]
 
 
+def _stats_fold_preempted(f: Family) -> list[Patch]:
+    def make(stats_of):
+        def make_prefix_cache_stats(self):
+            stats = stats_of(self)
+            if stats is not None:  # a recomputing request's lookup counted as a new request's
+                for name in ("requests", "queries", "hits"):
+                    setattr(stats, name, getattr(stats, name) + getattr(stats, "preempted_" + name))
+                    setattr(stats, "preempted_" + name, 0)
+            return stats
+        return make_prefix_cache_stats
+    return [wrap(f.KVCacheManager, "make_prefix_cache_stats", make)]
+
+
 def _lookahead_ignored(f: Family) -> list[Patch]:
     return [wrap(f.KVCacheManager, "allocate_slots", _with("num_lookahead_tokens", lambda _, __: 0))]
 
@@ -676,6 +689,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("usage-counts-null", "usage off the ledger",
            "the usage is computed over every block, the null block included: the pool never reads as full",
            _usage_counts_null),
+    Mutant("stats-fold-preempted", "prefix-cache stats off the lookups",
+           "the prefix-cache stats count a preempted request's lookup as a new request's: the hit rate the "
+           "metrics report mixes recomputation into first-time traffic",
+           _stats_fold_preempted),
     Mutant("event-parent-cut", "wrong KV-event contents",
            "BlockStored events name no parent: a router roots every continuation at the top of its prefix tree",
            _stored_events_bent(_cut_parent)),

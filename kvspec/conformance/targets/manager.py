@@ -225,6 +225,7 @@ class ImplManagerTarget(KVCacheManagerTarget):
     ):
         from kvspec.impl import KVCacheManager
 
+        options.setdefault("log_stats", True)  # as vLLM's engine runs by default: the stats are observed
         super().__init__(
             KVCacheManager(
                 kv_cache_config,

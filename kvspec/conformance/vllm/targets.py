@@ -86,6 +86,7 @@ class VllmManagerTarget(KVCacheManagerTarget):
         self._block_hasher = kv_cache_utils.get_request_block_hasher(hash_block_size, sha256_cbor)
         self._max_tokens = max_model_len
         self._mirrors: dict[str, tuple[Request, Any]] = {}
+        options.setdefault("log_stats", True)  # as vLLM's engine runs by default: the stats are observed
         with _retention_env(retention_interval), _assertion_is_refusal():
             manager = KVCacheManager(
                 to_vllm_config(kv_cache_config),
