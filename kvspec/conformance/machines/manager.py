@@ -29,10 +29,10 @@ from kvspec.conformance.machines.machinery import CheckingMachine, Refused, desc
 from kvspec.conformance.machines.observe import observe
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import recorded
-from kvspec.hashing import get_request_block_hasher
+from kvspec.hashing import get_block_hash, get_request_block_hasher
 from kvspec.kv_cache_interface import AttentionKind
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
-from kvspec.spec.content import Shadow
+from kvspec.spec.content import Shadow, window_start
 from kvspec.spec.interface import ManagerTarget
 from kvspec.spec.layout import Layout
 from kvspec.spec.request_rules import (
@@ -49,16 +49,32 @@ ENCODER_TOKENS = 6
 
 
 MM_PLACEHOLDER = 9  # the token id every image's positions carry (its content is the image's identifier)
-SWARM_INPUTS = {"arrive_embedded": "embedded", "arrive_multimodal": "multimodal", "preempt": "preempt",
-                "finish": "finish"}
+BALLAST_TOKEN = 1000  # + the request's number: a ballast prompt shares no prefix with any other
+SWARM_INPUTS = {"arrive_embedded": "embedded", "arrive_multimodal": "multimodal", "arrive_ballast": "ballast",
+                "arrive_followup": "followup", "preempt": "preempt", "finish": "finish"}
 """Scheduler actions a swarm batch may leave out, by the name of the input."""
 
-SWARM_OPTIONS = ("embedded", "multimodal", "preempt", "finish", "evict", "drop", "reset", "bad", "connector",
-                 "tenants")
+SWARM_OPTIONS = ("embedded", "multimodal", "ballast", "followup", "preempt", "finish", "evict", "drop", "reset",
+                 "bad", "connector", "tenants")
 """The optional inputs of the manager machine that swarm testing switches
 off, a random subset per batch of examples (Groce et al., "Swarm testing",
 ISSTA 2012): leaving some out lets the others go deeper -- no preemption and
-no finishing fill the pool; no tenants make more prefixes shared."""
+no finishing fill the pool; no tenants make more prefixes shared.  A
+conversation resumed under pressure (``resume_under_pressure``) is never
+left out, and brings its connector tokens even in a batch without the
+connector: it is one input whose parts must meet (vLLM #33775's setting),
+which independent switches would leave together in one batch of eight."""
+
+
+def ballast_length(layout: Layout, blocks: int) -> int:
+    """The longest prompt (below ``max_model_len``) whose first allocation
+    takes about ``blocks`` blocks: a block per ``block_size`` tokens in every
+    group, a Mamba group its state block and speculative blocks (0: none fits)."""
+    def need(tokens: int) -> int:
+        return sum(1 + g.num_speculative_blocks if g.kind == AttentionKind.MAMBA else -(-tokens // g.block_size)
+                   for g in layout.views)
+
+    return max((t for t in range(1, layout.max_model_len) if need(t) <= blocks), default=0)
 
 
 def manager_machine(
@@ -99,6 +115,7 @@ def manager_machine(
             self.running: list[Request] = []
             self.next_id = 0
             self.configured = False  # whether this run built its incoherent configuration (configure)
+            self.earlier: list[Request] = []  # plain-token requests a follow-up turn may continue
             self.mirror = EventMirror()
             self.requests: dict[str, Request] = {}
             self.shadow = Shadow(layout)
@@ -179,7 +196,8 @@ def manager_machine(
             if hasattr(self.target, "get_usage"):  # the fill the scheduler logs and exports (optional in a target)
                 self.apply("get_usage", lockstep=False)
             for _ in range(data.draw(st.integers(1, 3), label="actions")):
-                arrivals = ["arrive", "arrive_embedded", "arrive_multimodal"]
+                arrivals = ["arrive", "arrive_embedded", "arrive_multimodal", "arrive_ballast"]
+                arrivals += ["arrive_followup"] * bool(self.earlier) + ["resume_under_pressure"] * bool(self.ended())
                 actions = arrivals if len(self.waiting) + len(self.running) < 6 else []
                 actions += ["admit"] * bool(self.waiting) + ["step", "step", "preempt"] * bool(self.running)
                 actions += ["finish"] * bool(self.waiting or self.running)
@@ -241,6 +259,7 @@ def manager_machine(
             self.next_id += 1
             request = Request(f"r{self.next_id}", tokens, cache_salt=salt, lora_request=lora, block_hasher=self.hasher)
             self.requests[request.request_id] = request
+            self.earlier.append(request)
             self.waiting.append(request)
             self.admit(data, request)
 
@@ -282,9 +301,75 @@ def manager_machine(
             self.waiting.append(request)
             self.admit(data, request)
 
-        def admit(self, data: st.DataObject, request: Request | None = None) -> None:
+        def ended(self) -> list[Request]:
+            """The earlier requests that hold nothing now (finished or preempted)."""
+            return [r for r in self.earlier if r not in self.running and r not in self.waiting]
+
+        def resume_under_pressure(self, data: st.DataObject) -> None:
+            """A conversation that ended resumes under memory pressure: a
+            ballast takes every free block queued before the conversation's
+            cached ones, then its next turn arrives -- the conversation's own
+            blocks are now the first an allocation evicts (vLLM #33775's
+            setting: a group's connector blocks evicting a later group's hit)."""
+            pool = self.target.snapshot().pool
+            cached = {get_block_hash(pool.key_of[b]): i for i, b in reversed(list(enumerate(pool.free)))
+                      if b in pool.key_of}
+            ahead = {r: min((cached[h] for h in r.block_hashes if h in cached), default=None) for r in self.ended()}
+            candidates = [r for r, at in ahead.items() if at is not None]  # those with blocks still cached
+            if not candidates:
+                return
+            earlier = candidates[data.draw(st.integers(0, len(candidates) - 1), label="earlier request")]
+            self.arrive_ballast(data, ahead[earlier])
+            self.arrive_followup(data, [earlier], resumed=True)
+
+        def arrive_followup(self, data: st.DataObject, candidates: list[Request] | None = None,
+                            resumed: bool = False) -> None:
+            """The next turn of a conversation: a request whose prompt is an
+            earlier request's tokens so far (prompt and output, all of them
+            or cut anywhere) plus a few new ones, from the same tenant -- the
+            traffic prefix caching exists for.  ``resumed``: all of them, and
+            new tokens enough for a connector to hold some."""
+            candidates = candidates or self.earlier
+            earlier = candidates[data.draw(st.integers(0, len(candidates) - 1), label="earlier request")]
+            history = list(earlier.all_token_ids)
+            whole = resumed or data.draw(st.booleans(), label="whole history?")
+            kept = len(history) if whole else data.draw(st.integers(1, len(history)), label="kept")
+            fresh = 2 * sbs + 1 if resumed else 0
+            room = max(fresh, layout.max_model_len // 2 + sbs - kept)
+            new = st.lists(st.integers(0, 1), min_size=fresh, max_size=min(fresh + 4, room))
+            tokens = history[:kept] + data.draw(new, label="new tokens")
+            self.next_id += 1
+            request = Request(f"r{self.next_id}", tokens[:layout.max_model_len - 1], cache_salt=earlier.cache_salt,
+                              lora_request=earlier.lora_request, block_hasher=self.hasher)
+            self.requests[request.request_id] = request
+            self.earlier.append(request)
+            self.waiting.append(request)
+            self.admit(data, request, resumed=resumed)
+
+        def arrive_ballast(self, data: st.DataObject, blocks: int | None = None) -> None:
+            """A request that fills the pool: a prompt no other request shares,
+            about as long as ``blocks`` blocks hold (by default the pool's free
+            blocks without a key), is admitted whole -- so the allocations
+            after it evict cached blocks, least recently used first, where
+            eviction bugs live.  (Sized from the target's snapshot.)"""
+            if blocks is None:
+                pool = self.target.snapshot().pool
+                blocks = sum(1 for b in pool.free if b not in pool.key_of)
+            length = ballast_length(layout, blocks)
+            if not length:
+                return
+            self.next_id += 1
+            request = Request(f"r{self.next_id}", [BALLAST_TOKEN + self.next_id] * length, block_hasher=self.hasher)
+            self.requests[request.request_id] = request
+            self.waiting.append(request)
+            self.admit(data, request, whole=True)
+
+        def admit(self, data: st.DataObject, request: Request | None = None, whole: bool = False,
+                  resumed: bool = False) -> None:
             """The scheduler looks up the longest cached prefix, maybe adds
-            connector-held tokens, and allocates the first chunk."""
+            connector-held tokens, and allocates the first chunk (``whole``:
+            the whole prompt at once, no connector; ``resumed``: a connector
+            even where the swarm left it out)."""
             if request is None:
                 request = self.waiting[data.draw(st.integers(0, len(self.waiting) - 1), label="waiting")]
             blocks, hit = self.each("get_computed_blocks", request)
@@ -293,13 +378,23 @@ def manager_machine(
                 self.apply("find_longest_cache_hit_per_group", request, lockstep=False)
             room = request.num_tokens - hit
             external = 0
-            connector = not self.off("connector") and \
+            connector = (resumed or not self.off("connector")) and \
                 not (layout.has_mamba_align and "mamba-align-external" in self.avoid)
-            if connector and room > sbs and data.draw(st.booleans(), label="external?"):
-                external = data.draw(st.integers(1, (room - 1) // sbs), label="external blocks") * sbs
-            num_new = self.chunk(data, hit + external, request.num_tokens)
+            if connector and not whole and room > sbs and (resumed or data.draw(st.booleans(), label="external?")):
+                # resumed: one block right past the hit, so that the later groups' hits stay in their windows
+                most = 1 if resumed else (room - 1) // sbs
+                external = data.draw(st.integers(1, most), label="external blocks") * sbs
+            if whole:
+                num_new = request.num_tokens - hit
+            elif resumed and external:  # the smallest first chunk (the pool is as full as it gets) ...
+                start = hit + external  # ... ending on a scheduler block where Mamba's align mode needs it
+                num_new = min((start // sbs + 1) * sbs, request.num_tokens) - start if layout.has_mamba_align else 1
+            else:
+                num_new = self.chunk(data, hit + external, request.num_tokens)
             lookahead = data.draw(st.integers(0, 2), label="lookahead") if layout.use_eagle else 0
             delay = external > 0 and data.draw(st.booleans(), label="delay caching?")
+            if external and len(layout.views) > 1:
+                self.aim_at_untouched_hits(blocks, hit + external)
 
             def run_first_chunk(tables: Any) -> None:
                 start = hit
@@ -315,7 +410,7 @@ def manager_machine(
                     num_lookahead_tokens=lookahead, num_external_computed_tokens=external,
                     delay_cache_blocks=delay,
                     num_encoder_tokens=ENCODER_TOKENS if layout.has_cross_attention else 0,
-                    full_sequence_must_fit=data.draw(st.booleans(), label="must fit?"),
+                    full_sequence_must_fit=not resumed and data.draw(st.booleans(), label="must fit?"),
                     on_success=run_first_chunk,
                 )
             except Refused:
@@ -327,6 +422,20 @@ def manager_machine(
             if delay:
                 self.each("cache_blocks", request, hit + external)
             self.maybe_sample(request, data)
+
+        def aim_at_untouched_hits(self, hits: tuple[list[int], ...], computed: int) -> None:
+            """Steer toward admissions whose connector blocks could evict a
+            later group's hit before it is taken (vLLM #33775's class): the
+            nearer such a free hit block -- one still in its group's window
+            once ``computed`` tokens are -- sits to the free queue's head, the
+            deeper the example.  (Reads the target's snapshot; no draw.)"""
+            first = set(hits[0])  # the first group's hits leave the queue before any connector block is taken
+            free = [b for b in self.target.snapshot().pool.free if b not in first]
+            at_risk = {b for view, group in zip(layout.views[1:], hits[1:], strict=True)
+                       for b in group[window_start(view, computed):] if b != 0}
+            positions = [i for i, b in enumerate(free) if b in at_risk]
+            if positions:
+                self.aim("later groups' free hits near the queue's head", layout.num_blocks - positions[0])
 
         def chunk(self, data: st.DataObject, start: int, end: int) -> int:
             """How many tokens of ``[start, end)`` this step computes.  Chunks
