@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvspec.conformance.machines.configurations import NON_POSITIVE_SIZE
+from kvspec.conformance.machines.configurations import ANY_BAD_CONFIG, NON_POSITIVE_SIZE
 from kvspec.conformance.machines.scheduler import AVOIDABLE as SCHEDULER_AVOIDABLE
 
 FINDINGS_DIR = Path(__file__).resolve().parents[2] / "docs" / "findings"
@@ -32,6 +32,8 @@ AVOIDABLE: dict[str, str] = {
     "bad-input:bad_hash": "pool: get_cached_block with a str for a hash",
     "bad-input:no_tokens": "manager: allocate_slots with no tokens at all",
     "mamba-align-external": "manager: external (connector) tokens where a Mamba group caches in align mode",
+    ANY_BAD_CONFIG: "pool and manager: any incoherent configuration (a target that leaves its checks to its "
+                    "caller)",
     NON_POSITIVE_SIZE: "pool and manager: built with a block size, hash block size or max_model_len of 0 or "
                        "less, or a pool of 0 blocks",
     **SCHEDULER_AVOIDABLE,

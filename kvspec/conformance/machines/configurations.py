@@ -31,6 +31,7 @@ from kvspec.spec.layout import Layout
 from kvspec.spec.rules import Violation
 
 NON_POSITIVE_SIZE = "bad-config:non-positive-size"  # the --avoid name of the variants with a size <= 0
+ANY_BAD_CONFIG = "bad-config:any"  # the --avoid name of every variant (a target that checks no configuration)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +102,8 @@ def pool_variants(layout: Any) -> tuple[Variant, ...]:
 
 def sendable(variants: tuple[Variant, ...], avoid: frozenset[str]) -> tuple[str, ...]:
     """The names of the variants a machine told to ``avoid`` inputs may send."""
+    if ANY_BAD_CONFIG in avoid:
+        return ()
     return tuple(v.name for v in variants if not (v.non_positive_size and NON_POSITIVE_SIZE in avoid))
 
 
