@@ -18,21 +18,15 @@ from kvspec.conformance.runner import resolve_target
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.spec.pool import SpecBlockPool
 
-
-@pytest.mark.parametrize("name", list(MANAGER_LAYOUTS))
-def test_every_manager_variant_is_refused_by_spec_and_impl_naming_a_rule(name):
-    impl = resolve_target("impl", "manager")
-    for variant in manager_variants(MANAGER_LAYOUTS[name]):
-        assert spec_refusal(variant, SpecManagerTarget).rule
-        with pytest.raises(ValueError):
-            variant.layout.make_target(impl)
+VARIANTS = [("manager", name, manager_variants(layout), SpecManagerTarget) for name, layout in MANAGER_LAYOUTS.items()]
+VARIANTS += [("pool", name, pool_variants(layout), SpecBlockPool) for name, layout in LAYOUTS.items()]
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_every_pool_variant_is_refused_by_spec_and_impl(name):
-    impl = resolve_target("impl", "pool")
-    for variant in pool_variants(LAYOUTS[name]):
-        assert spec_refusal(variant, SpecBlockPool).rule
+@pytest.mark.parametrize("scope, name, variants, spec", VARIANTS, ids=[f"{s}/{n}" for s, n, *_ in VARIANTS])
+def test_every_variant_is_refused_by_spec_and_impl_naming_a_rule(scope, name, variants, spec):
+    impl = resolve_target("impl", scope)
+    for variant in variants:
+        assert spec_refusal(variant, spec).rule
         with pytest.raises(ValueError):
             variant.layout.make_target(impl)
 

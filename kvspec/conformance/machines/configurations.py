@@ -117,6 +117,19 @@ def spec_refusal(variant: Variant, spec: Callable[..., Any]) -> RuleError:
     raise HarnessFault(f"the spec accepted the incoherent configuration {variant.name!r}")
 
 
+def build_outcome(build: Callable[[], Any]) -> tuple[str, Any]:
+    """Building a target that must be refused: ``("refused", error)`` for a
+    ``ValueError``/``TypeError``, ``("crashed", error)`` for any other
+    exception, ``("accepted", target)`` when it was built.  (The one judge of
+    a construction, for the machines and for configuration vectors.)"""
+    try:
+        return "accepted", build()
+    except (ValueError, TypeError) as error:
+        return "refused", error
+    except Exception as error:  # noqa: BLE001 (judged: anything but a refusal)
+        return "crashed", error
+
+
 def judge_construction(variant: Variant, spec: Callable[..., Any],
                        target: Callable[..., Any]) -> tuple[list[Violation], str | None, str]:
     """Build ``variant`` with the spec, then with the target.  Returns the
@@ -124,14 +137,13 @@ def judge_construction(variant: Variant, spec: Callable[..., Any],
     a divergence (the target raised something other than a refusal), and
     the outcome for the trace."""
     refusal = spec_refusal(variant, spec)
-    try:
-        built = variant.layout.make_target(target)
-    except (ValueError, TypeError) as error:
-        return [], None, f"refused {type(error).__name__}: {error}"
-    except Exception as error:  # noqa: BLE001 (judged: anything but a refusal)
-        return [], (f"building {variant.name} crashed with {error!r}; a refusal must raise ValueError or "
-                    f"TypeError"), f"crashed {type(error).__name__}: {error}"
-    return ([Violation(refusal.rule, f"{variant.name} was accepted (built a {type(built).__name__}); the spec "
+    outcome, got = build_outcome(lambda: variant.layout.make_target(target))
+    if outcome == "refused":
+        return [], None, f"refused {type(got).__name__}: {got}"
+    if outcome == "crashed":
+        return [], (f"building {variant.name} crashed with {got!r}; a refusal must raise ValueError or "
+                    f"TypeError"), f"crashed {type(got).__name__}: {got}"
+    return ([Violation(refusal.rule, f"{variant.name} was accepted (built a {type(got).__name__}); the spec "
                                      f"refuses it: {refusal}")], None, "accepted")
 
 

@@ -459,13 +459,14 @@ def write(vector: Vector, path: Path) -> None:
 
 def _replay_refusal(scope: str, config: dict[str, Any], rule: str, factory: Callable[..., Any]) -> list[str]:
     """A configuration vector: building the target must be refused."""
-    try:
-        built = target_of(scope, config, factory)
-    except (ValueError, TypeError):
+    from kvspec.conformance.machines.configurations import build_outcome
+
+    outcome, got = build_outcome(lambda: target_of(scope, config, factory))
+    if outcome == "refused":
         return []
-    except Exception as error:  # noqa: BLE001 (judged: anything but a refusal)
-        return [f"construction: raised {type(error).__name__}: {error}; a refusal must raise ValueError or TypeError"]
-    return [f"construction: built a {type(built).__name__}; the configuration breaks {rule} and must be refused"]
+    if outcome == "crashed":
+        return [f"construction: raised {type(got).__name__}: {got}; a refusal must raise ValueError or TypeError"]
+    return [f"construction: built a {type(got).__name__}; the configuration breaks {rule} and must be refused"]
 
 
 def replay_vector(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]:
