@@ -39,8 +39,8 @@ from kvspec.impl.single_type_kv_cache_manager import (
     CrossAttentionManager,
     MambaManager,
     SingleTypeKVCacheManager,
+    context_parallel_ranks,
     get_manager_for_kv_cache_spec,
-    require_no_context_parallel,
 )
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -121,11 +121,13 @@ def _require_config(kv_cache_config: Any) -> None:
 
 
 def validate_block_sizes(
-    kv_cache_config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int, enable_caching: bool
+    kv_cache_config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int, enable_caching: bool,
+    ranks: int = 1,
 ) -> None:
-    """Block sizes nest: hash | group | scheduler.  Without caching no hash
-    is read, so a group's block size need not be a multiple of the hash
-    block size (vLLM gives a Mamba-only model one block of ``max_model_len``)."""
+    """Block sizes nest: hash | group | scheduler, a group's block counted
+    over its context-parallel ``ranks``.  Without caching no hash is read, so
+    a group's block size need not be a multiple of the hash block size (vLLM
+    gives a Mamba-only model one block of ``max_model_len``)."""
     _positive_int("scheduler_block_size", scheduler_block_size)
     _positive_int("hash_block_size", hash_block_size)
     if scheduler_block_size % hash_block_size:
@@ -134,17 +136,17 @@ def validate_block_sizes(
             f"scheduler_block_size={scheduler_block_size} is not a multiple of hash_block_size={hash_block_size}",
         )
     for i, group in enumerate(kv_cache_config.kv_cache_groups):
-        block_size = group.kv_cache_spec.block_size
-        _positive_int(f"group {i} block_size", block_size)
+        per_rank = group.kv_cache_spec.block_size
+        _positive_int(f"group {i} block_size", per_rank)
+        block_size = per_rank * ranks
+        size = f"block_size={per_rank}" + (f" over {ranks} ranks ({block_size} tokens)" if ranks > 1 else "")
         if scheduler_block_size % block_size:
             raise RuleError(
-                "block-size-coherence",
-                f"group {i} block_size={block_size} does not divide scheduler_block_size={scheduler_block_size}",
+                "block-size-coherence", f"group {i} {size} does not divide scheduler_block_size={scheduler_block_size}"
             )
         if enable_caching and block_size % hash_block_size:
             raise RuleError(
-                "block-size-coherence",
-                f"group {i} block_size={block_size} is not a multiple of hash_block_size={hash_block_size}",
+                "block-size-coherence", f"group {i} {size} is not a multiple of hash_block_size={hash_block_size}"
             )
 
 
@@ -226,8 +228,14 @@ class KVCacheCoordinator(ABC):
     ) -> None:
         """Refuse a configuration this coordinator cannot serve (before anything is built)."""
         _require_config(kv_cache_config)
-        require_no_context_parallel(dcp_world_size, pcp_world_size)
-        validate_block_sizes(kv_cache_config, scheduler_block_size, hash_block_size, enable_caching)
+        ranks = context_parallel_ranks(dcp_world_size, pcp_world_size)
+        if ranks > 1 and len(kv_cache_config.kv_cache_groups) != 1:
+            raise RuleError(
+                "block-size-coherence",
+                f"context parallelism (dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size}) needs a "
+                f"model of one KV-cache group, got {len(kv_cache_config.kv_cache_groups)}",
+            )
+        validate_block_sizes(kv_cache_config, scheduler_block_size, hash_block_size, enable_caching, ranks)
         if enable_caching:
             for i, group in enumerate(kv_cache_config.kv_cache_groups):
                 if spec_is(group.kv_cache_spec, CrossAttentionSpec):
@@ -474,7 +482,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             metrics_collector, retention_interval=retention_interval,
         )
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        self.block_size = self.kv_cache_spec.block_size
+        self.block_size = self.single_type_managers[0].block_size  # over every context-parallel rank
         self.dcp_world_size = dcp_world_size
         self.pcp_world_size = pcp_world_size
         self._drop_eagle_block = 0 in self.eagle_group_ids
@@ -489,7 +497,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             raise RuleError(
                 "block-size-coherence", f"UnitaryKVCacheCoordinator needs exactly one group, got {len(groups)}"
             )
-        block_size = groups[0].kv_cache_spec.block_size
+        block_size = groups[0].kv_cache_spec.block_size * context_parallel_ranks(dcp_world_size, pcp_world_size)
         if enable_caching and hash_block_size != block_size:
             raise RuleError(
                 "block-size-coherence",

@@ -581,10 +581,10 @@ class KVCacheManager:
         """Block ids covering the first ``num_computed_tokens`` tokens of each
         attention group (cross attention and Mamba: all of them)."""
         clipped = []
-        for group, ids in zip(self.kv_cache_config.kv_cache_groups, self.get_block_ids(request_id), strict=True):
-            spec = group.kv_cache_spec
+        for manager, ids in zip(self.coordinator.single_type_managers, self.get_block_ids(request_id), strict=True):
+            spec = manager.kv_cache_spec
             if spec_is(spec, AttentionSpec) and not spec_is(spec, CrossAttentionSpec):
-                ids = ids[: cdiv(num_computed_tokens, spec.block_size)]
+                ids = ids[: cdiv(num_computed_tokens, manager.block_size)]  # a block over every rank
             clipped.append(ids)
         return tuple(clipped)
 

@@ -18,9 +18,11 @@ many free blocks an allocation takes (``num_blocks_taken``; it differs from
 vLLM's ``get_num_blocks_to_allocate`` only in Mamba's align mode).
 
 Not offered: vLLM's attention-sink, TurboQuant and hidden-state specs
-(not in :mod:`kvspec.kv_cache_interface`), and decode/prefill context
-parallelism (``dcp_world_size``/``pcp_world_size`` > 1), refused with a
-``RuleError``.
+(not in :mod:`kvspec.kv_cache_interface`).  Decode/prefill context
+parallelism (``dcp_world_size * pcp_world_size`` ranks > 1) spreads each
+block's tokens over the ranks: a full-attention (MLA, R-SWA) or
+cross-attention block then holds ``block_size`` tokens a rank; sliding
+windows, chunks and Mamba states refuse it with a ``RuleError``.
 """
 
 from __future__ import annotations
@@ -56,17 +58,23 @@ MAMBA_CACHE_MODES = ("none", "all", "align")
 _NEVER = math.inf
 
 
-def require_no_context_parallel(dcp_world_size: int, pcp_world_size: int) -> None:
-    """Refuse decode/prefill context parallelism (vLLM multiplies each
-    group's block size by the world sizes; kvspec does not model it)."""
+def context_parallel_ranks(dcp_world_size: int, pcp_world_size: int) -> int:
+    """The ranks a block's tokens are spread over (decode times prefill
+    context parallelism); each holds ``block_size`` of them."""
     for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
         if type(size) is not int or size < 1:
             raise RuleError("block-size-coherence", f"{name} must be an int >= 1, got {size!r}")
-    if dcp_world_size * pcp_world_size > 1:
+    return dcp_world_size * pcp_world_size
+
+
+def require_no_context_parallel(dcp_world_size: int, pcp_world_size: int, what: str) -> None:
+    """Refuse context parallelism for ``what`` (a window, a chunk or a
+    Mamba state is not split over ranks)."""
+    if context_parallel_ranks(dcp_world_size, pcp_world_size) > 1:
         raise RuleError(
             "block-size-coherence",
-            f"context parallelism is not supported (dcp_world_size={dcp_world_size}, "
-            f"pcp_world_size={pcp_world_size}); both must be 1",
+            f"context parallelism (dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size}) does not "
+            f"split {what} over ranks",
         )
 
 
@@ -97,6 +105,8 @@ class SingleTypeKVCacheManager(ABC):
             full-sequence admission estimate.  ``None``: no cap.
     """
 
+    # Whether context parallelism may spread this kind's blocks over ranks.
+    splits_over_ranks = False
     # Groups whose fresh blocks the worker must zero (``take_new_block_ids``).
     _ZEROED_SPEC_TYPES: frozenset[str] = frozenset({FullAttentionSpec.__name__, MLAAttentionSpec.__name__})
 
@@ -111,9 +121,10 @@ class SingleTypeKVCacheManager(ABC):
         pcp_world_size: int = 1,
         max_admission_blocks_per_request: int | None = None,
     ) -> None:
-        require_no_context_parallel(dcp_world_size, pcp_world_size)
+        if not self.splits_over_ranks:
+            require_no_context_parallel(dcp_world_size, pcp_world_size, f"a {type(kv_cache_spec).__name__} group")
         self.kv_cache_spec = kv_cache_spec
-        self.block_size = kv_cache_spec.block_size
+        self.block_size = kv_cache_spec.block_size * context_parallel_ranks(dcp_world_size, pcp_world_size)
         self.scheduler_block_size = scheduler_block_size
         self.dcp_world_size = dcp_world_size
         self.pcp_world_size = pcp_world_size
@@ -466,6 +477,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention (and MLA): every block is kept until the request ends;
     a hit is the longest run of cached blocks from the start."""
 
+    splits_over_ranks = True
+
     @classmethod
     def find_longest_cache_hit(
         cls,
@@ -479,8 +492,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        require_no_context_parallel(dcp_world_size, pcp_world_size)
-        block_size = kv_cache_spec.block_size
+        block_size = kv_cache_spec.block_size * context_parallel_ranks(dcp_world_size, pcp_world_size)
         # The hashes chain, so the first miss ends the hit.
         if len(kv_cache_group_ids) == 1:
             hits: tuple[list[KVCacheBlock], ...] = (
@@ -581,7 +593,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        require_no_context_parallel(dcp_world_size, pcp_world_size)
+        require_no_context_parallel(dcp_world_size, pcp_world_size, "a sliding window")
         block_size = kv_cache_spec.block_size
         needed = cls._contiguous_blocks_for_hit(kv_cache_spec.sliding_window, block_size, drop_eagle_block)
         start, run = cls._rightmost_window_run(
@@ -704,7 +716,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        require_no_context_parallel(dcp_world_size, pcp_world_size)
+        require_no_context_parallel(dcp_world_size, pcp_world_size, "a chunk")
         if drop_eagle_block:
             raise RuleError("hit-soundness", "EAGLE is not supported with chunked local attention")
         block_size = kv_cache_spec.block_size
@@ -777,7 +789,7 @@ class MambaManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        require_no_context_parallel(dcp_world_size, pcp_world_size)
+        require_no_context_parallel(dcp_world_size, pcp_world_size, "a Mamba state")
         block_size = kv_cache_spec.block_size
         check_alignment = block_size != alignment_tokens
         lookup = block_pool.get_cached_block
@@ -1001,6 +1013,8 @@ class MambaManager(SingleTypeKVCacheManager):
 class CrossAttentionManager(SingleTypeKVCacheManager):
     """Cross attention (encoder-decoder): the encoder output, allocated once
     per request from ``num_encoder_tokens``; never cached or shared."""
+
+    splits_over_ranks = True
 
     def add_local_computed_blocks(
         self,

@@ -16,7 +16,13 @@ and a few numbers; everything else follows:
 - an optional **retention interval** (vLLM's
   ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL``): sliding-window and Mamba groups
   then cache one checkpoint per that many tokens (``0``: only the one a
-  replay of the prompt hits), not every block a hit could use.
+  replay of the prompt hits), not every block a hit could use;
+- an optional **context parallelism** (vLLM's ``dcp_world_size`` and
+  ``pcp_world_size``): each block's tokens are spread over that many ranks,
+  one slice a rank, so to the block manager one block holds
+  ``block_size * dcp_world_size * pcp_world_size`` tokens.  The group specs
+  keep the per-rank ``block_size`` (as vLLM's config does);
+  :attr:`Layout.managed_groups` are the specs as the manager counts them.
 
 A config from elsewhere (vLLM's scheduler, a real model) names its own
 scheduler and hash block sizes: give them, and they are kept.
@@ -24,6 +30,7 @@ scheduler and hash block sizes: give them, and they are kept.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +48,17 @@ from kvspec.kv_cache_interface import (
     managed_kind,
     spec_is,
 )
+
+CONTEXT_PARALLEL_OPTIONS = ("dcp_world_size", "pcp_world_size")
+"""The keywords that set context parallelism's ranks."""
+
+
+def managed_spec(spec: KVCacheSpec, dcp_world_size: int = 1, pcp_world_size: int = 1) -> KVCacheSpec:
+    """``spec`` as the block manager counts it: with context parallelism
+    (``dcp_world_size * pcp_world_size`` ranks, each holding ``block_size``
+    of a block's tokens) one block holds ``block_size`` times the ranks."""
+    ranks = dcp_world_size * pcp_world_size
+    return spec if ranks == 1 else dataclasses.replace(spec, block_size=spec.block_size * ranks)
 
 
 @dataclass(frozen=True)
@@ -79,8 +97,9 @@ class Layout:
 
     ``eagle_groups``: the groups the config marks as the drafter's.  A
     ``scheduler_block_size``/``hash_block_size`` not given (``None``) is derived.
-    ``retention_interval``: ``None`` (dense caching) or the interval, a
-    keyword a target factory is given only when it is set."""
+    ``retention_interval``: ``None`` (dense caching) or the interval;
+    ``dcp_world_size``/``pcp_world_size``: context parallelism's ranks --
+    keywords a target factory is given only when they are set."""
 
     groups: tuple[KVCacheSpec, ...]
     num_blocks: int = 24
@@ -91,21 +110,31 @@ class Layout:
     given_scheduler_block_size: int | None = None
     given_hash_block_size: int | None = None
     retention_interval: int | None = None
+    dcp_world_size: int = 1
+    pcp_world_size: int = 1
 
     @classmethod
     def from_config(cls, kv_cache_config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int,
-                    enable_caching: bool = True, use_eagle: bool = False, max_model_len: int = 0) -> Layout:
+                    enable_caching: bool = True, use_eagle: bool = False, max_model_len: int = 0,
+                    dcp_world_size: int = 1, pcp_world_size: int = 1) -> Layout:
         """The layout of a config built elsewhere, with its own sizes."""
         groups = kv_cache_config.kv_cache_groups
         return cls(tuple(g.kv_cache_spec for g in groups), kv_cache_config.num_blocks, max_model_len,
                    enable_caching, use_eagle, tuple(i for i, g in enumerate(groups) if g.is_eagle_group),
-                   scheduler_block_size, hash_block_size)
+                   scheduler_block_size, hash_block_size, dcp_world_size=dcp_world_size,
+                   pcp_world_size=pcp_world_size)
+
+    @cached_property
+    def managed_groups(self) -> tuple[KVCacheSpec, ...]:
+        """The group specs as the block manager counts them: with context
+        parallelism a block holds every rank's slice (:func:`managed_spec`)."""
+        return tuple(managed_spec(g, self.dcp_world_size, self.pcp_world_size) for g in self.groups)
 
     @cached_property
     def scheduler_block_size(self) -> int:
         if self.given_scheduler_block_size is not None:
             return self.given_scheduler_block_size
-        return math.lcm(*(g.block_size for g in self.groups)) if self.groups else 1
+        return math.lcm(*(g.block_size for g in self.managed_groups)) if self.groups else 1
 
     @cached_property
     def hash_block_size(self) -> int:
@@ -113,13 +142,13 @@ class Layout:
             return self.given_hash_block_size
         if len(self.groups) <= 1 or not self.enable_caching:
             return self.scheduler_block_size
-        return math.gcd(*(g.block_size for g in self.groups))
+        return math.gcd(*(g.block_size for g in self.managed_groups))
 
     @cached_property
     def hit_alignment(self) -> int:
         """Hits are multiples of this: the scheduler block size in a hybrid
         model, the block size with one group."""
-        return self.scheduler_block_size if len(self.groups) != 1 else self.groups[0].block_size
+        return self.scheduler_block_size if len(self.groups) != 1 else self.managed_groups[0].block_size
 
     @property
     def has_cross_attention(self) -> bool:
@@ -142,7 +171,7 @@ class Layout:
     def views(self) -> tuple[GroupView, ...]:
         """Each group's kind and numbers, with its EAGLE flag."""
         eagle = eagle_group_ids(self.kv_cache_config(), self.use_eagle)
-        return tuple(view_of(spec, i in eagle) for i, spec in enumerate(self.groups))
+        return tuple(view_of(spec, i in eagle) for i, spec in enumerate(self.managed_groups))
 
     def target_args(self, enable_kv_cache_events: bool = True) -> tuple:
         """Positional arguments of a ManagerTarget factory."""
@@ -151,9 +180,13 @@ class Layout:
 
     def target_options(self) -> dict[str, int]:
         """Keyword arguments of a ManagerTarget factory: only what this layout
-        sets, so a factory that knows no retention interval builds every
-        layout that has none."""
-        return {} if self.retention_interval is None else {"retention_interval": self.retention_interval}
+        sets, so a factory that knows no retention interval (or no context
+        parallelism) builds every layout that has none."""
+        options = {} if self.retention_interval is None else {"retention_interval": self.retention_interval}
+        for name in CONTEXT_PARALLEL_OPTIONS:
+            if getattr(self, name) != 1:
+                options[name] = getattr(self, name)
+        return options
 
     def make_target(self, factory: Callable[..., Any], enable_kv_cache_events: bool = True) -> Any:
         """``factory`` called with this layout's arguments and options."""

@@ -49,6 +49,7 @@ from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
+    FullAttentionSpec,
     KVCacheConfig,
     MambaSpec,
     SlidingWindowSpec,
@@ -64,6 +65,7 @@ from kvspec.spec.coordinator import (
     UnitaryCoordinator,
 )
 from kvspec.spec.interface import Event, ManagerSnapshot
+from kvspec.spec.layout import managed_spec
 from kvspec.spec.pool import SpecBlockPool, TrialPool
 
 
@@ -96,8 +98,16 @@ class SpecKVCacheManager:
         watermark: float = 0.0,
         max_num_batched_tokens: int | None = None,
         retention_interval: int | None = None,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
     ):
         """Build the pool, one group manager per group, and the coordinator.
+
+        With context parallelism (``dcp_world_size * pcp_world_size`` ranks
+        > 1) each rank holds ``block_size`` of a block's tokens, so the
+        manager counts ``block_size`` times the ranks in every block of the
+        group (:func:`kvspec.spec.layout.managed_spec`); the scheduler and
+        hash block sizes are given in those tokens.
 
         Requires (else :class:`RuleError`, rule in brackets):
 
@@ -113,7 +123,13 @@ class SpecKVCacheManager:
         - [allocation-accounting] ``watermark >= 0``;
         - [block-size-coherence] ``retention_interval`` ``None`` or a
           multiple of the scheduler block size ``>= 0``, and only for models
-          with a sliding-window or Mamba group.
+          with a sliding-window or Mamba group;
+        - [block-size-coherence] ``dcp_world_size`` and ``pcp_world_size``
+          positive ints; more than one rank only for a model of one group
+          that keeps every block of its requests (full attention, MLA,
+          R-SWA, cross attention): a window, a chunk or a Mamba state is not
+          split over ranks (vLLM's engine refuses more than one group; its
+          manager, only with prefix caching on).
 
         Guarantees: every block but the null block is free; no request.
         """
@@ -121,7 +137,8 @@ class SpecKVCacheManager:
             raise RuleTypeError("block-size-coherence",
                                 f"kv_cache_config must be a KVCacheConfig, got {kv_cache_config!r}")
         for name, value in (("max_model_len", max_model_len), ("scheduler_block_size", scheduler_block_size),
-                            ("hash_block_size", hash_block_size)):
+                            ("hash_block_size", hash_block_size), ("dcp_world_size", dcp_world_size),
+                            ("pcp_world_size", pcp_world_size)):
             _require_int(value, name, "block-size-coherence")
             if value == 0:
                 raise RuleError("block-size-coherence", f"{name} must be positive")
@@ -134,7 +151,7 @@ class SpecKVCacheManager:
             max_num_batched_tokens = max_model_len
         _require_int(max_num_batched_tokens, "max_num_batched_tokens", "block-size-coherence")
 
-        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        specs = self._managed_specs(kv_cache_config, dcp_world_size, pcp_world_size)
         if scheduler_block_size % hash_block_size or any(scheduler_block_size % s.block_size for s in specs):
             raise RuleError(
                 "block-size-coherence",
@@ -177,6 +194,22 @@ class SpecKVCacheManager:
         self.coordinator: Coordinator = kind(
             pool, groups, scheduler_block_size, hash_block_size, eagle, retention_interval
         )
+
+    @staticmethod
+    def _managed_specs(kv_cache_config: KVCacheConfig, dcp_world_size: int, pcp_world_size: int) -> list:
+        """The groups' specs as the manager counts their blocks; refuses
+        context parallelism where a block cannot be split over ranks."""
+        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        if dcp_world_size * pcp_world_size == 1:
+            return specs
+        if len(specs) != 1:
+            raise RuleError("block-size-coherence",
+                            f"context parallelism (dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size}) "
+                            f"needs a model of one KV-cache group, got {len(specs)}")
+        if not isinstance(specs[0], FullAttentionSpec | CrossAttentionSpec):
+            raise RuleError("block-size-coherence",
+                            f"context parallelism does not split a {type(specs[0]).__name__} group's blocks over ranks")
+        return [managed_spec(specs[0], dcp_world_size, pcp_world_size)]
 
     @staticmethod
     def _check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size) -> None:

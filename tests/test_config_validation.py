@@ -25,7 +25,7 @@ from kvspec.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from kvspec.testing import GEOMETRY, config, full, swa
+from kvspec.testing import GEOMETRY, config, full, mamba, swa
 
 RETENTION = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
 
@@ -118,9 +118,23 @@ def test_context_parallelism_is_refused_for_hybrid(dcp, pcp):
         manager(full(4), swa(4, window=8), dcp_world_size=dcp, pcp_world_size=pcp)
 
 
-def test_context_parallelism_is_refused_for_single_groups_too():
-    with refused(r"dcp_world_size=4, pcp_world_size=1"):
-        manager(full(4), dcp_world_size=4)
+def test_context_parallelism_counts_every_rank_in_a_block():
+    """One full-attention group over 4 ranks: a block holds 16 tokens, the
+    scheduler and hash block sizes are given in them."""
+    cp = manager(full(4), sbs=16, hbs=16, dcp_world_size=2, pcp_world_size=2)
+    assert cp.coordinator.single_type_managers[0].block_size == 16
+    with refused(r"group 0 block_size=4 over 4 ranks \(16 tokens\) does not divide scheduler_block_size=4"):
+        manager(full(4), dcp_world_size=4)  # the sizes given per rank: refused
+
+
+@pytest.mark.parametrize("spec, what", [(swa(4, window=8), "a SlidingWindowSpec group"),
+                                        (mamba(4, "all"), "a MambaSpec group")])
+def test_context_parallelism_is_refused_where_a_block_cannot_be_split(spec, what):
+    with refused(rf"does not split {what} over ranks"):
+        manager(spec, sbs=8, hbs=8, dcp_world_size=2)
+
+
+def test_world_sizes_must_be_positive():
     with refused(r"dcp_world_size must be an int >= 1, got 0"):
         manager(full(4), dcp_world_size=0)
 

@@ -38,7 +38,7 @@ def _managers(layout: Layout) -> tuple[KVCacheManager, KVCacheManager]:
     def make() -> KVCacheManager:
         return KVCacheManager(layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size,
                               layout.hash_block_size, enable_caching=layout.enable_caching,
-                              use_eagle=layout.use_eagle, enable_kv_cache_events=True)
+                              use_eagle=layout.use_eagle, enable_kv_cache_events=True, **layout.target_options())
 
     fast, checked = make(), make()
     checked._steady = _NoSteady()

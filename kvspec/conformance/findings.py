@@ -32,10 +32,13 @@ AVOIDABLE: dict[str, str] = {
     "bad-input:bad_hash": "pool: get_cached_block with a str for a hash",
     "bad-input:no_tokens": "manager: allocate_slots with no tokens at all",
     "mamba-align-external": "manager: external (connector) tokens where a Mamba group caches in align mode",
+    "context-parallel:save-past-computed": "manager: on a context-parallel layout, asking which blocks a KV "
+                                           "connector saves while the request's table reaches past its computed "
+                                           "tokens (lookahead, rejected drafts)",
     ANY_BAD_CONFIG: "pool and manager: any incoherent configuration (a target that leaves its checks to its "
                     "caller)",
-    NON_POSITIVE_SIZE: "pool and manager: built with a block size, hash block size or max_model_len of 0 or "
-                       "less, or a pool of 0 blocks",
+    NON_POSITIVE_SIZE: "pool and manager: built with a block size, hash block size, max_model_len or "
+                       "dcp_world_size of 0 or less, or a pool of 0 blocks",
     **SCHEDULER_AVOIDABLE,
     "layout:NAME": "the layout NAME altogether (a finding the layout's configuration itself triggers)",
 }
@@ -103,6 +106,11 @@ FINDINGS: tuple[Finding, ...] = (
         "the pool's hash block size) or divide by zero on them (the manager's hash block size)",
         ("block-size-coherence",), NON_POSITIVE_SIZE, "F9-non-positive-sizes-accepted.json",
     ),
+    Finding(
+        "F10", "vllm", "Context parallelism: get_block_ids_for_computed_tokens counts a block as one rank's "
+        "tokens, so a KV connector is handed blocks past the computed tokens (lookahead, rejected drafts)",
+        ("content-soundness",), "context-parallel:save-past-computed", "F10-cp-connector-saves-uncomputed.json",
+    ),
 )
 
 
@@ -148,6 +156,9 @@ def matching_finding(target: str, scope: str, layout: str, trace: object) -> Fin
         if finding.avoid.startswith("bad-input:") and finding.scope == scope and finding.avoid.split(":")[1] in values:
             return finding
         if finding.avoid == "mamba-align-external" and "mamba" in layout and "external blocks" in labels:
+            return finding
+        if finding.avoid == "context-parallel:save-past-computed" and "-dcp" in layout and \
+                any("get_block_ids_for_computed_tokens" in op for op in failing.operations):
             return finding
     return None
 

@@ -1,7 +1,8 @@
 """F9, standalone: vLLM 0.25.1's ``KVCacheManager`` and ``BlockPool`` take
 sizes of 0 without a word -- a scheduler block size of 0 and a
 ``max_model_len`` of 0 build a manager, a hash block size of 0 builds a pool
--- and the manager built with a hash block size of 0 raises
+-- as is a ``dcp_world_size`` of 0 on a one-group model -- and the manager
+built with a hash block size of 0 raises
 ``ZeroDivisionError``, not a refusal.  Its other size checks are ``assert``
 statements (gone under ``python -O``).
 
@@ -62,6 +63,7 @@ results = [
     attempt("KVCacheManager(scheduler_block_size=0)", lambda: KVCacheManager(config(), 32, 0, BLOCK)),
     attempt("KVCacheManager(max_model_len=0)", lambda: KVCacheManager(config(), 0, BLOCK, BLOCK)),
     attempt("KVCacheManager(hash_block_size=0)", lambda: KVCacheManager(config(), 32, BLOCK, 0)),
+    attempt("KVCacheManager(dcp_world_size=0)", lambda: KVCacheManager(config(), 32, BLOCK, BLOCK, dcp_world_size=0)),
     attempt("BlockPool(hash_block_size=0)", lambda: BlockPool(8, True, 0)),
     attempt("BlockPool(hash_block_size=-2)", lambda: BlockPool(8, True, -2)),
 ]

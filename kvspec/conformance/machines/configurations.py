@@ -13,8 +13,8 @@ builds one variant per run (its ``configure`` rule), the spec first: the
 spec's refusal names the rule, and the target must refuse too.  The vectors
 carry every variant of a few layouts (``<scope>/configs/...``).
 ``bad-config:non-positive-size`` (an ``--avoid`` name) sends none of the
-variants with a block size, hash block size or ``max_model_len`` of 0 or
-less: vLLM 0.25.1 takes several (finding F9).
+variants with a block size, hash block size, ``max_model_len`` or
+``dcp_world_size`` of 0 or less: vLLM 0.25.1 takes several (finding F9).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ ANY_BAD_CONFIG = "bad-config:any"  # the --avoid name of every variant (a target
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """One incoherent configuration: what it breaks, whether it sets a block
-    size, hash block size or ``max_model_len`` of 0 or less, and the layout
+    size, hash block size, ``max_model_len`` or world size of 0 or less, and the layout
     (a manager's ``Layout`` or a ``PoolLayout``) that builds it
     (``make_target``)."""
 
@@ -56,17 +56,19 @@ def takes_keyword(factory: Callable[..., Any], keyword: str) -> bool:
     return any(p.name == keyword and p.kind is not p.POSITIONAL_ONLY or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
-def manager_variants(layout: Layout, retention: bool = True) -> tuple[Variant, ...]:
+def manager_variants(layout: Layout, retention: bool = True, context_parallel: bool = True) -> tuple[Variant, ...]:
     """Incoherent variants of a manager layout: every size that must nest,
-    broken one at a time; and, with ``retention`` (the target's factory takes
-    the keyword), a retention interval the layout cannot have."""
+    broken one at a time; with ``retention`` (the target's factory takes
+    the keyword), a retention interval the layout cannot have; with
+    ``context_parallel`` (it takes ``dcp_world_size``), context parallelism
+    the layout cannot have."""
     sbs, hbs = layout.scheduler_block_size, layout.hash_block_size
 
     def variant(name: str, non_positive: bool = False, **changed: Any) -> Variant:
         sizes = {"given_scheduler_block_size": sbs, "given_hash_block_size": hbs}
         return Variant(name, non_positive, dataclasses.replace(layout, **{**sizes, **changed}))
 
-    largest = max(g.block_size for g in layout.groups)
+    largest = max(g.block_size for g in layout.managed_groups)
     found = [
         variant("scheduler block not a multiple of a group's block", given_scheduler_block_size=largest + 1,
                 given_hash_block_size=1),
@@ -78,6 +80,12 @@ def manager_variants(layout: Layout, retention: bool = True) -> tuple[Variant, .
         # 2 * sbs is larger than every group's block, so no block is made of such hash blocks
         found.append(variant("hash block larger than the blocks", given_scheduler_block_size=2 * sbs,
                              given_hash_block_size=2 * sbs))
+    if context_parallel:
+        found.append(variant("dcp_world_size 0", True, dcp_world_size=0))
+        # vLLM's engine never builds it; its manager refuses it where prefix caching is on (its hybrid
+        # coordinator) and takes it without (its NoPrefixCacheCoordinator), so only the former is sent
+        if len(layout.groups) > 1 and layout.enable_caching:
+            found.append(variant("context parallelism with more than one group", dcp_world_size=2))
     if not retention:
         return tuple(found)
     if any(g.kind in (AttentionKind.SLIDING_WINDOW, AttentionKind.MAMBA) for g in layout.views):

@@ -13,6 +13,9 @@ from kvspec.testing import chunked, cross, full, mamba, mla, rswa, swa
 MANAGER_LAYOUTS: dict[str, Layout] = {
     "full": Layout((full(2),)),
     "mla": Layout((mla(2),)),
+    # Context parallelism (DeepSeek's MLA decoded over 2 ranks, prefilled over 2): each rank holds 1
+    # token of a block, so the manager counts blocks of 4 tokens and hashes every 4.
+    "mla-dcp2-pcp2": Layout((mla(1),), use_eagle=True, dcp_world_size=2, pcp_world_size=2),
     "full+swa": Layout((full(2), swa(2, window=4))),
     "full+swa-bigger-blocks": Layout((full(2), swa(4, window=6))),
     # Reference sliding window: the prompt stays, generated tokens beyond the window are released.

@@ -91,13 +91,15 @@ def manager_machine(
     when ``spec_factory`` is given, against the spec model in lockstep.
     ``avoid`` names inputs the machine does not send (see
     :mod:`kvspec.conformance.findings`): ``"bad-input:negative"``,
-    ``"bad-input:no_tokens"``, ``"mamba-align-external"``."""
+    ``"bad-input:no_tokens"``, ``"mamba-align-external"``,
+    ``"context-parallel:save-past-computed"``."""
 
     sbs = layout.scheduler_block_size
     has_rswa = any(group.kind == AttentionKind.RSWA for group in layout.views)
 
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
-    BAD_CONFIGS = manager_variants(layout, takes_keyword(target_factory, "retention_interval"))  # noqa: N806
+    BAD_CONFIGS = manager_variants(layout, takes_keyword(target_factory, "retention_interval"),  # noqa: N806
+                                   takes_keyword(target_factory, "dcp_world_size"))
     spec_builder = spec_factory or SpecManagerTarget  # the oracle of what is refused, at every level
 
     class ManagerMachine(CheckingMachine):
@@ -522,13 +524,24 @@ def manager_machine(
 
         def end(self, request: Request, status: RequestStatus) -> None:
             if status == RequestStatus.FINISHED_STOPPED and request in self.running and \
-                    hasattr(self.target, "get_block_ids_for_computed_tokens"):
+                    hasattr(self.target, "get_block_ids_for_computed_tokens") and not self.saves_past_computed(request):
                 # What a KV connector saves of a finished request (optional in a target; no draw).
                 self.apply("get_block_ids_for_computed_tokens", request.request_id, request.num_computed_tokens,
                            lockstep=False)
             self.each("free", request)
             (self.running if request in self.running else self.waiting).remove(request)
             request.status = status
+
+        def saves_past_computed(self, request: Request) -> bool:
+            """Whether a connector's save of ``request`` is a query this run
+            avoids: on a context-parallel layout, while its table reaches past
+            its computed tokens (lookahead, rejected drafts) -- vLLM 0.25.1
+            counts those blocks per rank there (finding F10)."""
+            if "context-parallel:save-past-computed" not in self.avoid or len(layout.views) != 1 or \
+                    layout.dcp_world_size * layout.pcp_world_size == 1:
+                return False
+            held = len(self.target.get_block_ids(request.request_id)[0])
+            return held > -(-request.num_computed_tokens // layout.views[0].block_size)
 
         def drop_out_of_window(self, data: st.DataObject) -> None:
             """Blocks that left every window are returned to the pool."""

@@ -499,8 +499,8 @@ def finding_vectors() -> list[Vector]:
                         f"{finding.id} ({finding.target}): {finding.title}", findings=[finding.id])
         spec = SpecBlockPool if trace.scope == "pool" else SpecManagerTarget
 
-        def make(*args: Any, _vector: Vector = vector, _spec: Any = spec) -> Recorder:
-            return Recorder(_spec(*args), _vector)
+        def make(*args: Any, _vector: Vector = vector, _spec: Any = spec, **options: Any) -> Recorder:
+            return Recorder(_spec(*args, **options), _vector)
 
         replay(trace, make, "L1")
         out.append(vector)
