@@ -13,8 +13,9 @@ that no caller can observe through the API:
   maintain it either way; the null block is skipped by ``touch`` and
   ``free_blocks``).
 
-Not modelled: partial-block prefix entries (``cache_partial_block``) and the
-metrics collector (accepted and ignored).
+Beyond the spec: partial-block prefix entries (``cache_partial_block``, vLLM
+0.25.1's pool primitive that neither its manager nor its scheduler calls) are
+implemented but not modelled by the spec, so no conformance run judges them.
 """
 
 from __future__ import annotations
@@ -148,7 +149,13 @@ class BlockPool:
         hash_block_size: the token granularity of request block hashes;
             every group's block size is a multiple of it.
         enable_kv_cache_events: whether to record events for ``take_events``.
-        metrics_collector: accepted for API compatibility; ignored.
+        metrics_collector: told of each block's residency (vLLM's
+            ``KVCacheMetricsCollector`` interface): ``on_block_allocated``
+            for every block handed out -- with caching on after
+            ``on_block_evicted`` for its previous residency --,
+            ``on_block_accessed`` for every hit block taken,
+            ``on_block_evicted`` for every id ``evict_blocks`` names, and
+            ``reset`` on a successful reset.
     """
 
     def __init__(
@@ -258,7 +265,16 @@ class BlockPool:
         queue.head.next_free_block = block
         block.prev_free_block = queue.head
         queue.num_free_blocks -= num_blocks
+        if self.metrics_collector is not None:
+            self._announce_allocated(ret)
         return ret
+
+    def _announce_allocated(self, blocks: list[KVCacheBlock]) -> None:
+        collector = self.metrics_collector
+        for block in blocks:
+            if self.enable_caching:  # the block's previous residency ends as it is reused
+                collector.on_block_evicted(block)
+            collector.on_block_allocated(block)
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Add one reference to each block (a cache hit); free blocks leave
@@ -278,6 +294,10 @@ class BlockPool:
                 taken += 1
             block.ref_cnt += 1
         self.free_block_queue.num_free_blocks -= taken
+        if self.metrics_collector is not None:
+            for block in blocks:
+                if not block.is_null:
+                    self.metrics_collector.on_block_accessed(block)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block, first-to-evict first.  Blocks
@@ -537,6 +557,8 @@ class BlockPool:
                 raise RuleError("allocation-accounting", f"block id {block_id} is outside the pool (0..{n - 1})")
         for block_id in ids:
             block = self.blocks[block_id]
+            if self.metrics_collector is not None and not block.is_null:
+                self.metrics_collector.on_block_evicted(block)
             if block._block_hash is not None:
                 self._evict_hash(block)
 
@@ -551,6 +573,8 @@ class BlockPool:
         self.cached_block_hashes_by_block.clear()
         for block in self.blocks:
             block.reset_hash()
+        if self.metrics_collector is not None:
+            self.metrics_collector.reset()
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(kv_events.EVENTS.cleared())
         return True

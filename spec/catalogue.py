@@ -61,7 +61,8 @@ RULES: dict[str, str] = {
         "The blocks an allocation pulls from the pool are the number it estimated, and every token it may "
         "write (computed, new and lookahead) has a slot in every attention group; a refused or impossible "
         "operation changes nothing (an allocation may first release the request's out-of-window blocks); the "
-        "usage reported is the share of usable blocks not free, and the prefix-cache stats count the lookups made."
+        "usage reported is the share of usable blocks not free, the prefix-cache stats count the lookups made, "
+        "and a metrics collector hears of every block taken, hit, evicted and reset."
     ),
     "free-order": (
         "Freed blocks return tail first within each group; blocks without a key are reused before cached "

@@ -188,6 +188,7 @@ class Layout:
                 options[name] = getattr(self, name)
         return options
 
-    def make_target(self, factory: Callable[..., Any], enable_kv_cache_events: bool = True) -> Any:
-        """``factory`` called with this layout's arguments and options."""
-        return factory(*self.target_args(enable_kv_cache_events), **self.target_options())
+    def make_target(self, factory: Callable[..., Any], enable_kv_cache_events: bool = True, **extra: Any) -> Any:
+        """``factory`` called with this layout's arguments and options (and
+        ``extra`` keywords: what the caller observes the target with)."""
+        return factory(*self.target_args(enable_kv_cache_events), **self.target_options(), **extra)

@@ -91,6 +91,9 @@ class ManagerStep:
     expected_pulled: int | None = None
     computed_before: int | None = None  # the request's num_computed_tokens at the call
     events: tuple[Any, ...] = ()  # the KV events the operation emitted, where the caller collected them
+    # The calls the target made to its metrics collector in the operation, as (call, block id) pairs
+    # (call: "allocated", "accessed", "evicted", "reset" with block id None); None: it was given none.
+    residency: tuple[tuple[str, int | None], ...] | None = None
 
 
 def _computed_at_call(step: ManagerStep) -> int:
@@ -469,6 +472,12 @@ def _describes(event: Stored, request: Any, layout: Layout) -> bool:
     return stored_event(request, hashes, list(range(first, end)), chosen, size, event.group) == event
 
 
+def _moving_blocks(view: GroupView) -> int:
+    """How many blocks at the end of a table move up it instead of being
+    released and taken anew: a Mamba align group's speculative blocks."""
+    return view.num_speculative_blocks if view.kind == AttentionKind.MAMBA and view.mamba_cache_mode == "align" else 0
+
+
 def _released(step: ManagerStep, rid: str, num_groups: int, layout: Layout | None) -> int:
     """How many blocks a request's operation released: blocks whose every
     reference left the request's slots (a Mamba align group's speculative
@@ -477,10 +486,7 @@ def _released(step: ManagerStep, rid: str, num_groups: int, layout: Layout | Non
     dropped: Counter[int] = Counter()
     for g, bt in enumerate(before):
         at = after[g] if g < len(after) else ()
-        moving = 0
-        view = layout.views[g] if layout is not None else None
-        if view is not None and view.kind == AttentionKind.MAMBA and view.mamba_cache_mode == "align":
-            moving = view.num_speculative_blocks
+        moving = _moving_blocks(layout.views[g]) if layout is not None else 0
         for i, b in enumerate(bt):
             if b != NULL and (i >= len(at) or at[i] != b) and i < len(bt) - moving:
                 dropped[b] += 1
@@ -707,21 +713,32 @@ def impossible_is_refused(step: ManagerStep, ctx: RequestContext) -> list[str]:
     return [f"allocate_slots accepted impossible input: {bad}"] if bad else []
 
 
+def taken_blocks(step: ManagerStep, layout: Layout) -> list[tuple[list[int], list[int]]]:
+    """Per group, what an accepted ``allocate_slots`` took, in table order:
+    the hit blocks it kept (touched: a hit out of the window is not) and the
+    blocks it took fresh from the free queue.  Null blocks are neither."""
+    if step.op != "allocate_slots" or step.error is not None or step.result is None:
+        return [([], []) for _ in layout.views]
+    rid = step.args["request"].request_id
+    hits = step.args.get("new_computed_blocks") or ()
+    before, after = _tables_of(step.before, rid, len(layout.views)), _tables_of(step.after, rid, len(layout.views))
+    taken = []
+    for g in range(len(layout.views)):
+        added = after[g][len(before[g]):]
+        num_hits = 0 if before[g] or g >= len(hits) else len(hits[g])  # only a request's first allocation hits
+        moving = _moving_blocks(layout.views[g])
+        moved = set(before[g][len(before[g]) - moving:]) if moving else set()  # up the table, not taken anew
+        taken.append(([b for b in added[:num_hits] if b != NULL],
+                      [b for b in added[num_hits:] if b != NULL and b not in moved]))
+    return taken
+
+
 def fresh_blocks(step: ManagerStep, layout: Layout) -> list[int]:
     """The blocks an accepted ``allocate_slots`` took fresh from the free
     queue (not as hits) for full-attention groups -- the blocks the worker
     zeroes before the step runs -- group by group, in table order."""
-    if step.op != "allocate_slots" or step.error is not None or step.result is None:
-        return []
-    rid = step.args["request"].request_id
-    hits = step.args.get("new_computed_blocks") or ()
-    before, after = _tables_of(step.before, rid, len(layout.views)), _tables_of(step.after, rid, len(layout.views))
-    fresh = []
-    for g, group in enumerate(layout.views):
-        if group.kind == AttentionKind.FULL_ATTENTION:
-            start = len(before[g]) if before[g] else len(hits[g]) if g < len(hits) else 0
-            fresh += [b for b in after[g][start:] if b != NULL]
-    return fresh
+    return [b for group, (_, fresh) in zip(layout.views, taken_blocks(step, layout), strict=True)
+            if group.kind == AttentionKind.FULL_ATTENTION for b in fresh]
 
 
 def stats_records(step: ManagerStep, layout: Layout) -> list[tuple[Any, ...]]:
@@ -770,6 +787,54 @@ def stats_count_the_lookups(step: ManagerStep, ctx: RequestContext) -> list[str]
         wrong = ", ".join(f"{k} {got[k]!r} (expected {v!r})" for k, v in expected.items() if got[k] != v)
         return [f"make_prefix_cache_stats() reports {wrong} for the lookups since the previous call"]
     return []
+
+
+def expected_residency(step: ManagerStep, layout: Layout) -> list[tuple[str, int | None]]:
+    """The calls a metrics collector hears in ``step`` (see
+    :func:`metrics_follow_the_blocks`), in the order they are due."""
+    if step.error is not None:
+        return []
+    if step.op == "allocate_slots":
+        calls: list[tuple[str, int | None]] = []
+        for kept, fresh in taken_blocks(step, layout):
+            calls += [("accessed", b) for b in kept]
+            for b in fresh:
+                calls += [("evicted", b), ("allocated", b)] if layout.enable_caching else [("allocated", b)]
+        return calls
+    if step.op == "evict_blocks":
+        return [("evicted", b) for b in sorted(step.args["block_ids"])]
+    if step.op == "reset_prefix_cache":
+        return [("reset", None)] if step.result is True else []
+    return []
+
+
+@step_rule("allocation-accounting")
+def metrics_follow_the_blocks(step: ManagerStep, ctx: RequestContext) -> list[str]:
+    """A metrics collector given to the manager (vLLM's
+    ``KVCacheMetricsCollector``: block lifetimes, idle times, reuse gaps)
+    hears of every block's residency as the pool lives it: each block taken
+    fresh from the free queue is ``allocated`` -- with caching on, its
+    previous residency ``evicted`` just before --, each hit block kept is
+    ``accessed``, each id ``evict_blocks`` names is ``evicted``, a
+    ``reset_prefix_cache`` that succeeds ``reset``s it; nothing else.  Calls
+    naming the null block are ignored (it is never allocated); the calls'
+    order matters only between a block's ``evicted`` and its ``allocated``."""
+    if step.residency is None or ctx.layout is None:
+        return []
+    heard = [call for call in step.residency if call[1] != NULL]
+    due = [call for call in expected_residency(step, ctx.layout) if call[1] != NULL]
+    problems = []
+    if Counter(heard) != Counter(due):
+        missing, extra = Counter(due) - Counter(heard), Counter(heard) - Counter(due)
+        what = [f"{call} {b}" for (call, b), n in sorted(missing.items(), key=str) for _ in range(n)]
+        more = [f"{call} {b}" for (call, b), n in sorted(extra.items(), key=str) for _ in range(n)]
+        problems.append(f"{step.op}: the metrics collector "
+                        + "; ".join(p for p in (f"missed {', '.join(what)}" if what else "",
+                                                f"heard {', '.join(more)} unduly" if more else "") if p))
+    for i, (call, b) in enumerate(heard):
+        if call == "allocated" and ctx.layout.enable_caching and (i == 0 or heard[i - 1] != ("evicted", b)):
+            problems.append(f"{step.op}: block {b} allocated without its previous residency evicted just before")
+    return problems
 
 
 @step_rule("content-soundness")

@@ -46,14 +46,16 @@ class Variant:
     layout: Any
 
 
-def takes_keyword(factory: Callable[..., Any], keyword: str) -> bool:
+def takes_keyword(factory: Callable[..., Any], keyword: str, named: bool = False) -> bool:
     """Whether ``factory`` can be called with ``keyword`` (a factory whose
-    signature cannot be read is given the benefit of the doubt)."""
+    signature cannot be read, or that takes ``**kwargs``, is given the
+    benefit of the doubt -- unless the keyword must be ``named``)."""
     try:
         parameters = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):
-        return True
-    return any(p.name == keyword and p.kind is not p.POSITIONAL_ONLY or p.kind is p.VAR_KEYWORD for p in parameters)
+        return not named
+    return any(p.name == keyword and p.kind is not p.POSITIONAL_ONLY or p.kind is p.VAR_KEYWORD and not named
+               for p in parameters)
 
 
 def manager_variants(layout: Layout, retention: bool = True, context_parallel: bool = True) -> tuple[Variant, ...]:

@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvspec.conformance.machines.configurations import construct_badly, manager_variants, sendable, takes_keyword
 from kvspec.conformance.machines.machinery import CheckingMachine, Refused, describe_call, describe_outcome, one_of
-from kvspec.conformance.machines.observe import observe
+from kvspec.conformance.machines.observe import MetricsLog, observe
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_block_hash, get_request_block_hasher
@@ -100,6 +100,8 @@ def manager_machine(
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
     BAD_CONFIGS = manager_variants(layout, takes_keyword(target_factory, "retention_interval"),  # noqa: N806
                                    takes_keyword(target_factory, "dcp_world_size"))
+    # observing is optional: only a factory that names the keyword is given a collector
+    COLLECTS = takes_keyword(target_factory, "metrics_collector", named=True)  # noqa: N806
     spec_builder = spec_factory or SpecManagerTarget  # the oracle of what is refused, at every level
 
     class ManagerMachine(CheckingMachine):
@@ -110,7 +112,10 @@ def manager_machine(
 
         def __init__(self) -> None:
             super().__init__()
-            self.target = layout.make_target(target_factory)
+            # A collector where the target takes one (rule allocation-accounting: what it hears).
+            self.metrics = MetricsLog() if COLLECTS else None
+            observed = {"metrics_collector": self.metrics} if COLLECTS else {}
+            self.target = layout.make_target(target_factory, **observed)
             self.spec = layout.make_target(spec_factory) if spec_factory else None
             self.hasher = get_request_block_hasher(layout.hash_block_size)
             self.waiting: list[Request] = []
@@ -143,7 +148,7 @@ def manager_machine(
             self.cover(op, step.result, step.error, step.after.pool, *self.depth(op, step.result, kwargs))
             events = self.target.take_events()
             self.mirror.apply(events)
-            step = replace(step, events=tuple(events))
+            step = replace(step, events=tuple(events), residency=self.metrics.take() if self.metrics else None)
             # before the model runner moves the request on
             spec_outcome = self.in_lockstep(op, args, kwargs) if lockstep else None
             if step.error is None and on_success is not None and step.result is not None:

@@ -41,6 +41,35 @@ def observe(target: ManagerTarget, op: str, *args: Any, expected_pulled: int | N
                        computed if type(computed) is int else None)
 
 
+class MetricsLog:
+    """A metrics collector with vLLM's ``KVCacheMetricsCollector`` interface
+    that records what it hears, blocks by id; rule allocation-accounting
+    (``metrics_follow_the_blocks``) judges each operation's calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int | None]] = []
+
+    def on_block_allocated(self, block: Any) -> None:
+        self.calls.append(("allocated", block.block_id))
+
+    def on_block_accessed(self, block: Any) -> None:
+        self.calls.append(("accessed", block.block_id))
+
+    def on_block_evicted(self, block: Any) -> None:
+        self.calls.append(("evicted", block.block_id))
+
+    def reset(self) -> None:
+        self.calls.append(("reset", None))
+
+    def drain_events(self) -> list[Any]:
+        return []  # residency metrics are not modelled: only which blocks the collector hears of
+
+    def take(self) -> tuple[tuple[str, int | None], ...]:
+        """The calls heard since the previous ``take``."""
+        calls, self.calls = tuple(self.calls), []
+        return calls
+
+
 _ESTIMATED = ("num_new_tokens", "num_new_computed_tokens", "new_computed_blocks", "num_lookahead_tokens",
               "num_external_computed_tokens", "num_encoder_tokens")
 

@@ -487,6 +487,31 @@ def _stats_fold_preempted(f: Family) -> list[Patch]:
     return [wrap(f.KVCacheManager, "make_prefix_cache_stats", make)]
 
 
+class _Muted:
+    """A metrics collector with one call muted; the rest reach the real one."""
+
+    def __init__(self, collector: Any, muted: str):
+        self._collector, self._muted = collector, muted
+
+    def __getattr__(self, name: str) -> Any:
+        return (lambda *_: None) if name == self._muted else getattr(self._collector, name)
+
+
+def _metrics_miss_reuse(f: Family) -> list[Patch]:
+    def make(get_new):
+        def get_new_blocks(self, num_blocks):
+            collector = self.metrics_collector
+            if collector is None:
+                return get_new(self, num_blocks)
+            self.metrics_collector = _Muted(collector, "on_block_evicted")  # a reused block's old record stays
+            try:
+                return get_new(self, num_blocks)
+            finally:
+                self.metrics_collector = collector
+        return get_new_blocks
+    return [wrap(f.BlockPool, "get_new_blocks", make)]
+
+
 def _lookahead_ignored(f: Family) -> list[Patch]:
     return [wrap(f.KVCacheManager, "allocate_slots", _with("num_lookahead_tokens", lambda _, __: 0))]
 
@@ -693,6 +718,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "the prefix-cache stats count a preempted request's lookup as a new request's: the hit rate the "
            "metrics report mixes recomputation into first-time traffic",
            _stats_fold_preempted),
+    Mutant("metrics-miss-reuse", "metrics collector off the blocks",
+           "the metrics collector is not told that a reused block's previous residency ended: its first record "
+           "stays, and the lifetimes and reuse gaps it reports span many owners (the leak vLLM's pool guards "
+           "against)",
+           _metrics_miss_reuse),
     Mutant("event-parent-cut", "wrong KV-event contents",
            "BlockStored events name no parent: a router roots every continuation at the top of its prefix tree",
            _stored_events_bent(_cut_parent)),

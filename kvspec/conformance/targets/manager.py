@@ -221,6 +221,7 @@ class ImplManagerTarget(KVCacheManagerTarget):
         enable_caching: bool = True,
         use_eagle: bool = False,
         enable_kv_cache_events: bool = False,
+        metrics_collector: Any = None,
         **options: Any,
     ):
         from kvspec.impl import KVCacheManager
@@ -235,6 +236,7 @@ class ImplManagerTarget(KVCacheManagerTarget):
                 enable_caching=enable_caching,
                 use_eagle=use_eagle,
                 enable_kv_cache_events=enable_kv_cache_events,
+                metrics_collector=metrics_collector,
                 **options,
             )
         )

@@ -71,6 +71,7 @@ class VllmManagerTarget(KVCacheManagerTarget):
         enable_kv_cache_events: bool = False,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
+        metrics_collector: Any = None,
         **options: Any,
     ):
         from vllm.utils.hashing import sha256_cbor
@@ -96,6 +97,7 @@ class VllmManagerTarget(KVCacheManagerTarget):
                 enable_caching=enable_caching,
                 use_eagle=use_eagle,
                 enable_kv_cache_events=enable_kv_cache_events,
+                metrics_collector=metrics_collector,
                 **options,
             )
         super().__init__(manager)
