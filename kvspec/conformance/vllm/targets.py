@@ -88,6 +88,8 @@ class VllmManagerTarget(KVCacheManagerTarget):
         self._max_tokens = max_model_len
         self._mirrors: dict[str, tuple[Request, Any]] = {}
         options.setdefault("log_stats", True)  # as vLLM's engine runs by default: the stats are observed
+        if metrics_collector is not None:  # passed only when given: a release without the keyword still builds
+            options["metrics_collector"] = metrics_collector
         with _retention_env(retention_interval), _assertion_is_refusal():
             manager = KVCacheManager(
                 to_vllm_config(kv_cache_config),
@@ -97,7 +99,6 @@ class VllmManagerTarget(KVCacheManagerTarget):
                 enable_caching=enable_caching,
                 use_eagle=use_eagle,
                 enable_kv_cache_events=enable_kv_cache_events,
-                metrics_collector=metrics_collector,
                 **options,
             )
         super().__init__(manager)
