@@ -98,7 +98,10 @@ class Layout:
     ``eagle_groups``: the groups the config marks as the drafter's.  A
     ``scheduler_block_size``/``hash_block_size`` not given (``None``) is derived.
     ``retention_interval``: ``None`` (dense caching) or the interval;
-    ``dcp_world_size``/``pcp_world_size``: context parallelism's ranks --
+    ``dcp_world_size``/``pcp_world_size``: context parallelism's ranks;
+    ``max_num_batched_tokens``: the scheduler's token budget per step
+    (``None``: ``max_model_len``), which caps what a sliding-window or
+    chunked request can hold and so the full-sequence admission estimate --
     keywords a target factory is given only when they are set."""
 
     groups: tuple[KVCacheSpec, ...]
@@ -112,6 +115,7 @@ class Layout:
     retention_interval: int | None = None
     dcp_world_size: int = 1
     pcp_world_size: int = 1
+    max_num_batched_tokens: int | None = None
 
     @classmethod
     def from_config(cls, kv_cache_config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int,
@@ -182,7 +186,9 @@ class Layout:
         """Keyword arguments of a ManagerTarget factory: only what this layout
         sets, so a factory that knows no retention interval (or no context
         parallelism) builds every layout that has none."""
-        options = {} if self.retention_interval is None else {"retention_interval": self.retention_interval}
+        options: dict[str, int] = {name: getattr(self, name) for name in ("retention_interval",
+                                                                        "max_num_batched_tokens")
+                                    if getattr(self, name) is not None}
         for name in CONTEXT_PARALLEL_OPTIONS:
             if getattr(self, name) != 1:
                 options[name] = getattr(self, name)

@@ -578,7 +578,8 @@ def common_prefix_is_shared(step: ManagerStep, ctx: RequestContext) -> list[str]
     every request holding a table holds at the same positions.  An
     over-count makes cascade attention read one request's K/V as every
     request's prefix; fewer is allowed (vLLM answers 0 for windowed and Mamba
-    groups, and counts requests whose tables are empty)."""
+    groups, and counts requests whose tables are empty), a negative count is
+    not."""
     if step.op != "get_num_common_prefix_blocks" or step.error is not None or step.result is None:
         return []
     rid = step.args.get("running_request_id")
@@ -586,6 +587,9 @@ def common_prefix_is_shared(step: ManagerStep, ctx: RequestContext) -> list[str]
     mine = tables.get(rid)
     problems = []
     for g, claimed in enumerate(step.result):
+        if type(claimed) is not int or claimed < 0:
+            problems.append(f"get_num_common_prefix_blocks({rid}) answers {claimed!r} for group {g}: not a count")
+            continue
         shared = 0
         for i, b in enumerate(mine[g] if mine is not None and g < len(mine) else ()):
             if b == NULL or any(i >= len(t[g]) or t[g][i] != b for t in tables.values() if g < len(t)):

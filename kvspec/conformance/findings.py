@@ -27,7 +27,7 @@ AVOIDABLE: dict[str, str] = {
     "bad-input:too_many": "pool: get_new_blocks for more blocks than are free",
     "bad-input:negative": "pool: get_new_blocks(-k); manager: allocate_slots with num_new_tokens=-1",
     "bad-input:bool_count": "pool: get_new_blocks(True)",
-    "bad-input:bad_free": "pool: free_blocks of a block nobody holds",
+    "bad-input:bad_free": "pool: free_blocks of a block nobody holds (after up to two held ones)",
     "bad-input:bad_evict": "pool: evict_blocks of an id the pool does not have",
     "bad-input:bad_hash": "pool: get_cached_block with a str for a hash",
     "bad-input:no_tokens": "manager: allocate_slots with no tokens at all",
@@ -53,6 +53,7 @@ class Finding:
     rules: tuple[str, ...]  # the rules broken ("" entries: a divergence from the spec)
     avoid: str  # the machine input it needs (a knob of the machines), or "" if it cannot be steered around
     trace: str  # file name under docs/findings/
+    also: tuple[str, ...] = ()  # further scopes whose machines send its input (steered there too)
 
     @property
     def scope(self) -> str:
@@ -104,7 +105,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding(
         "F9", "vllm", "KVCacheManager and BlockPool take sizes of 0 or less (scheduler block size, max_model_len, "
         "the pool's hash block size) or divide by zero on them (the manager's hash block size)",
-        ("block-size-coherence",), NON_POSITIVE_SIZE, "F9-non-positive-sizes-accepted.json",
+        ("block-size-coherence",), NON_POSITIVE_SIZE, "F9-non-positive-sizes-accepted.json", also=("pool",),
     ),
     Finding(
         "F10", "vllm", "Context parallelism: get_block_ids_for_computed_tokens counts a block as one rank's "
@@ -125,7 +126,7 @@ def known_findings(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "
     """``target``'s known findings at ``scopes``: at scheduler scope, those
     of vLLM's scheduler (kvspec.conformance.vllm.scheduler_findings), which
     every block manager under it inherits."""
-    found = tuple(f for f in FINDINGS if f.target == target and f.scope in scopes)
+    found = tuple(f for f in FINDINGS if f.target == target and ({f.scope, *f.also} & set(scopes)))
     if "scheduler" in scopes:
         from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS
 

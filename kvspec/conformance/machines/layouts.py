@@ -58,6 +58,9 @@ MANAGER_LAYOUTS: dict[str, Layout] = {
     "full+swa+mamba-retention": Layout(
         (full(2), swa(2, window=4), mamba(2, "align")), num_blocks=32, retention_interval=8
     ),
+    # A token budget per step (6) below the model's length: a sliding-window request holds at most the
+    # window plus one step's tokens, so the full-sequence admission estimate is capped (at 6 blocks here).
+    "full+swa-budget6": Layout((full(2), swa(2, window=4)), max_num_batched_tokens=6),
     # Retention 0: Mamba keeps only the state a replay of the prompt hits.
     "full+mamba-align-retention0": Layout((full(2), mamba(2, "align")), retention_interval=0),
 }

@@ -95,6 +95,7 @@ def manager_machine(
     ``"context-parallel:save-past-computed"``."""
 
     sbs = layout.scheduler_block_size
+    budget = layout.max_num_batched_tokens or layout.max_model_len  # tokens a step computes at most (a scheduler's)
     has_rswa = any(group.kind == AttentionKind.RSWA for group in layout.views)
 
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
@@ -375,7 +376,7 @@ def manager_machine(
                   resumed: bool = False) -> None:
             """The scheduler looks up the longest cached prefix, maybe adds
             connector-held tokens, and allocates the first chunk (``whole``:
-            the whole prompt at once, no connector; ``resumed``: a connector
+            the whole prompt at once -- up to the step's token budget --, no connector; ``resumed``: a connector
             even where the swarm left it out)."""
             if request is None:
                 request = self.waiting[data.draw(st.integers(0, len(self.waiting) - 1), label="waiting")]
@@ -392,7 +393,7 @@ def manager_machine(
                 most = 1 if resumed else (room - 1) // sbs
                 external = data.draw(st.integers(1, most), label="external blocks") * sbs
             if whole:
-                num_new = request.num_tokens - hit
+                num_new = min(request.num_tokens - hit, budget)
             elif resumed and external:  # the smallest first chunk (the pool is as full as it gets) ...
                 start = hit + external  # ... ending on a scheduler block where Mamba's align mode needs it
                 num_new = min((start // sbs + 1) * sbs, request.num_tokens) - start if layout.has_mamba_align else 1
@@ -448,7 +449,7 @@ def manager_machine(
             """How many tokens of ``[start, end)`` this step computes.  Chunks
             that stop before the end stop on a scheduler-block boundary when a
             Mamba group caches in align mode (vLLM's scheduler splits so)."""
-            num = data.draw(st.integers(1, end - start), label="chunk")
+            num = data.draw(st.integers(1, min(end - start, budget)), label="chunk")
             if layout.has_mamba_align and start + num < end:
                 aligned = (start + num) // sbs * sbs
                 num = aligned - start if aligned > start else end - start

@@ -342,7 +342,9 @@ def pool_machine(
                 "too_many": ("get_new_blocks", self.target.get_num_free_blocks() + k),
                 "negative": ("get_new_blocks", -k),
                 "bool_count": ("get_new_blocks", True),
-                "bad_free": ("free_blocks", unheld[:1] * k) if unheld else ("get_new_blocks", True),
+                # a block nobody holds, after k - 1 held ones: the refusal must give those back their references
+                "bad_free": ("free_blocks", [b for b in range(1, n) if held[b]][: k - 1] + unheld[:1])
+                if unheld else ("get_new_blocks", True),
                 "bad_evict": ("evict_blocks", [n - 1 + k]),
                 "bad_hash": ("get_cached_block", "not-bytes", [0]),
             }

@@ -260,7 +260,8 @@ def target_of(scope: str, config: dict[str, Any], factory: Callable[..., Any]) -
                     given_scheduler_block_size=config["scheduler_block_size"],
                     given_hash_block_size=config["hash_block_size"],
                     retention_interval=config.get("retention_interval"),
-                    dcp_world_size=config.get("dcp_world_size", 1), pcp_world_size=config.get("pcp_world_size", 1))
+                    dcp_world_size=config.get("dcp_world_size", 1), pcp_world_size=config.get("pcp_world_size", 1),
+                    max_num_batched_tokens=config.get("max_num_batched_tokens"))
     return layout.make_target(factory, config["enable_kv_cache_events"])
 
 
