@@ -274,8 +274,10 @@ function replay(vector) {
     }
     Object.assign(expected, step.state ?? {});
     compareState(where);
+    // evict_blocks takes a set: the order of its "removed" events is not part of the contract
+    const unordered = (list) => (step.op === "evict_blocks" ? [...list].map(canonical).sort() : list);
     const events = pool.events.splice(0);
-    if (!same(events, step.events ?? [])) problems.push(`${where}: events ${canonical(events)}, expected ${canonical(step.events ?? [])}`);
+    if (!same(unordered(events), unordered(step.events ?? []))) problems.push(`${where}: events ${canonical(events)}, expected ${canonical(step.events ?? [])}`);
     if (problems.length) return problems;
   }
   return problems;
