@@ -49,15 +49,17 @@ from kvspec.kv_cache_interface import (
     spec_is,
 )
 
-CONTEXT_PARALLEL_OPTIONS = ("dcp_world_size", "pcp_world_size")
-"""The keywords that set context parallelism's ranks."""
+TARGET_OPTIONS = {"retention_interval": None, "max_num_batched_tokens": None, "dcp_world_size": 1,
+                  "pcp_world_size": 1}
+"""The layout fields a target factory is given as keywords, with the value
+that means "not set" (a field at it is not passed)."""
 
 
-def managed_spec(spec: KVCacheSpec, dcp_world_size: int = 1, pcp_world_size: int = 1) -> KVCacheSpec:
+def managed_spec(spec: KVCacheSpec, ranks: int = 1) -> KVCacheSpec:
     """``spec`` as the block manager counts it: with context parallelism
-    (``dcp_world_size * pcp_world_size`` ranks, each holding ``block_size``
-    of a block's tokens) one block holds ``block_size`` times the ranks."""
-    ranks = dcp_world_size * pcp_world_size
+    (``ranks`` = ``dcp_world_size * pcp_world_size``, each rank holding
+    ``block_size`` of a block's tokens) one block holds ``block_size`` times
+    the ranks."""
     return spec if ranks == 1 else dataclasses.replace(spec, block_size=spec.block_size * ranks)
 
 
@@ -128,11 +130,16 @@ class Layout:
                    scheduler_block_size, hash_block_size, dcp_world_size=dcp_world_size,
                    pcp_world_size=pcp_world_size)
 
+    @property
+    def context_parallel_ranks(self) -> int:
+        """The ranks each block's tokens are spread over (1: no context parallelism)."""
+        return self.dcp_world_size * self.pcp_world_size
+
     @cached_property
     def managed_groups(self) -> tuple[KVCacheSpec, ...]:
         """The group specs as the block manager counts them: with context
         parallelism a block holds every rank's slice (:func:`managed_spec`)."""
-        return tuple(managed_spec(g, self.dcp_world_size, self.pcp_world_size) for g in self.groups)
+        return tuple(managed_spec(g, self.context_parallel_ranks) for g in self.groups)
 
     @cached_property
     def scheduler_block_size(self) -> int:
@@ -186,13 +193,7 @@ class Layout:
         """Keyword arguments of a ManagerTarget factory: only what this layout
         sets, so a factory that knows no retention interval (or no context
         parallelism) builds every layout that has none."""
-        options: dict[str, int] = {name: getattr(self, name) for name in ("retention_interval",
-                                                                        "max_num_batched_tokens")
-                                    if getattr(self, name) is not None}
-        for name in CONTEXT_PARALLEL_OPTIONS:
-            if getattr(self, name) != 1:
-                options[name] = getattr(self, name)
-        return options
+        return {name: getattr(self, name) for name, unset in TARGET_OPTIONS.items() if getattr(self, name) != unset}
 
     def make_target(self, factory: Callable[..., Any], enable_kv_cache_events: bool = True, **extra: Any) -> Any:
         """``factory`` called with this layout's arguments and options (and

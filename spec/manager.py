@@ -200,7 +200,8 @@ class SpecKVCacheManager:
         """The groups' specs as the manager counts their blocks; refuses
         context parallelism where a block cannot be split over ranks."""
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-        if dcp_world_size * pcp_world_size == 1:
+        ranks = dcp_world_size * pcp_world_size
+        if ranks == 1:
             return specs
         if len(specs) != 1:
             raise RuleError("block-size-coherence",
@@ -209,7 +210,7 @@ class SpecKVCacheManager:
         if not isinstance(specs[0], FullAttentionSpec | CrossAttentionSpec):
             raise RuleError("block-size-coherence",
                             f"context parallelism does not split a {type(specs[0]).__name__} group's blocks over ranks")
-        return [managed_spec(specs[0], dcp_world_size, pcp_world_size)]
+        return [managed_spec(specs[0], ranks)]
 
     @staticmethod
     def _check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size) -> None:

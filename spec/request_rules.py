@@ -827,14 +827,11 @@ def metrics_follow_the_blocks(step: ManagerStep, ctx: RequestContext) -> list[st
         return []
     heard = [call for call in step.residency if call[1] != NULL]
     due = [call for call in expected_residency(step, ctx.layout) if call[1] != NULL]
-    problems = []
-    if Counter(heard) != Counter(due):
-        missing, extra = Counter(due) - Counter(heard), Counter(heard) - Counter(due)
-        what = [f"{call} {b}" for (call, b), n in sorted(missing.items(), key=str) for _ in range(n)]
-        more = [f"{call} {b}" for (call, b), n in sorted(extra.items(), key=str) for _ in range(n)]
-        problems.append(f"{step.op}: the metrics collector "
-                        + "; ".join(p for p in (f"missed {', '.join(what)}" if what else "",
-                                                f"heard {', '.join(more)} unduly" if more else "") if p))
+    heard_n, due_n = Counter(heard), Counter(due)
+    problems = [f"{step.op}: the metrics collector missed {call} {b}"
+                for call, b in sorted((due_n - heard_n).elements(), key=str)]
+    problems += [f"{step.op}: the metrics collector heard {call} {b} unduly"
+                 for call, b in sorted((heard_n - due_n).elements(), key=str)]
     for i, (call, b) in enumerate(heard):
         if call == "allocated" and ctx.layout.enable_caching and (i == 0 or heard[i - 1] != ("evicted", b)):
             problems.append(f"{step.op}: block {b} allocated without its previous residency evicted just before")

@@ -161,8 +161,9 @@ def test_a_predicate_past_its_guards_is_one_whose_body_ran():
 
 
 def test_a_factory_without_a_layout_option_has_that_layout_skipped_not_failed(tmp_path, monkeypatch):
-    """The retention layouts give the factory ``retention_interval``; a
-    third-party factory that takes no such keyword is not judged on them:
+    """The retention layouts give the factory ``retention_interval`` (the
+    context-parallel and token-budget ones theirs); a third-party factory
+    that takes no such keyword is not judged on them:
     they are skipped, with the reason, and every other layout runs."""
     from test_cli import target_module
 
@@ -171,8 +172,11 @@ def test_a_factory_without_a_layout_option_has_that_layout_skipped_not_failed(tm
         "def make(config, max_model_len, sbs, hbs, caching=True, eagle=False, events=False):\n"
         "    return ImplManagerTarget(config, max_model_len, sbs, hbs, caching, eagle, events)\n"))
     report = run_gate(GateOptions(target=target, scope="manager", examples=2,
-                                  layouts=["full", "full+swa+mamba-retention", "full+mamba-align-retention0"]))
+                                  layouts=["full", "full+swa+mamba-retention", "full+mamba-align-retention0",
+                                           "mla-dcp2-pcp2", "full+swa-budget6"]))
     by_layout = {r.layout: r for r in report.results}
     assert by_layout["full"].skipped is None and by_layout["full"].conforms
     for name in ("full+swa+mamba-retention", "full+mamba-align-retention0"):
         assert by_layout[name].skipped == "the target factory takes no retention_interval keyword"
+    assert by_layout["mla-dcp2-pcp2"].skipped == "the target factory takes no dcp_world_size, pcp_world_size keyword"
+    assert by_layout["full+swa-budget6"].skipped == "the target factory takes no max_num_batched_tokens keyword"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvspec.conformance.machines.configurations import ANY_BAD_CONFIG, NON_POSITIVE_SIZE
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.machines.scheduler import AVOIDABLE as SCHEDULER_AVOIDABLE
 
 FINDINGS_DIR = Path(__file__).resolve().parents[2] / "docs" / "findings"
@@ -158,7 +159,8 @@ def matching_finding(target: str, scope: str, layout: str, trace: object) -> Fin
             return finding
         if finding.avoid == "mamba-align-external" and "mamba" in layout and "external blocks" in labels:
             return finding
-        if finding.avoid == "context-parallel:save-past-computed" and "-dcp" in layout and \
+        if finding.avoid == "context-parallel:save-past-computed" and layout in MANAGER_LAYOUTS and \
+                MANAGER_LAYOUTS[layout].context_parallel_ranks > 1 and \
                 any("get_block_ids_for_computed_tokens" in op for op in failing.operations):
             return finding
     return None

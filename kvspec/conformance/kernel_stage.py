@@ -89,7 +89,6 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
         raise SetupError(f"the kernel stage needs torch ({error}); install kvspec[kernels]") from None
     from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
     from kvspec.conformance.settings import kernel_settings
-    from kvspec.spec.layout import CONTEXT_PARALLEL_OPTIONS
 
     if o.examples is not None and o.examples <= 0:
         raise SetupError(f"--examples must be positive, got {o.examples}")
@@ -122,7 +121,7 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
         elif name.removeprefix("model:") in ARCHITECTURES:
             setups.append(setup(name.removeprefix("model:"), o.scale, layers=o.layers))
         elif name in MANAGER_LAYOUTS:
-            if MANAGER_LAYOUTS[name].target_options().keys() & CONTEXT_PARALLEL_OPTIONS:
+            if MANAGER_LAYOUTS[name].context_parallel_ranks > 1:
                 raise SetupError(f"layout {name!r} is context-parallel: the kernel stage has one rank, which "
                                  "holds a slice of each block (not modelled); choose another layout")
             setups.append(setup_from_layout(name, MANAGER_LAYOUTS[name], layers=o.layers))

@@ -543,8 +543,7 @@ def manager_machine(
             avoids: on a context-parallel layout, while its table reaches past
             its computed tokens (lookahead, rejected drafts) -- vLLM 0.25.1
             counts those blocks per rank there (finding F10)."""
-            if "context-parallel:save-past-computed" not in self.avoid or len(layout.views) != 1 or \
-                    layout.dcp_world_size * layout.pcp_world_size == 1:
+            if "context-parallel:save-past-computed" not in self.avoid or layout.context_parallel_ranks == 1:
                 return False
             held = len(self.target.get_block_ids(request.request_id)[0])
             return held > -(-request.num_computed_tokens // layout.views[0].block_size)
