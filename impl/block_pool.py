@@ -13,9 +13,9 @@ that no caller can observe through the API:
   maintain it either way; the null block is skipped by ``touch`` and
   ``free_blocks``).
 
-Beyond the spec: partial-block prefix entries (``cache_partial_block``, vLLM
-0.25.1's pool primitive that neither its manager nor its scheduler calls) are
-implemented but not modelled by the spec, so no conformance run judges them.
+Partial-block prefix entries (``cache_partial_block``) are vLLM 0.25.1's pool
+primitive that neither its manager nor its scheduler calls; the pool machine
+calls it.
 """
 
 from __future__ import annotations
@@ -480,6 +480,8 @@ class BlockPool:
         promotion to a full block).  Returns the key; ``None`` for the null block."""
         if block.is_null:
             return None
+        if not self.enable_caching:
+            raise RuleError("hash-map-consistency", "prefix caching is disabled on this pool")
         hbs = self.hash_block_size
         if not (block_size > hbs and block_size % hbs == 0):
             raise RuleError("block-size-coherence",
@@ -491,6 +493,8 @@ class BlockPool:
         if num_hashes > len(request.block_hashes):
             raise RuleError("hash-map-consistency",
                             f"the request has {len(request.block_hashes)} block hashes, {num_hashes} needed")
+        if block.ref_cnt <= 0:
+            raise RuleError("content-soundness", f"block {block.block_id} is cached but nobody holds it")
         block_hash = request.block_hashes[num_hashes - 1]
         key = make_block_hash_with_group_id(block_hash, kv_cache_group_id)
         cached = block._block_hash == key or self.cached_block_hash_to_block.contain(key, block.block_id)

@@ -65,8 +65,7 @@ from kvspec.kv_cache_interface import (
     CrossAttentionSpec,
     KVCacheConfig,
     cdiv,
-    get_kv_cache_spec_kind,
-    get_kv_cache_spec_sliding_window,
+    event_metadata,
     spec_is,
 )
 from kvspec.request import RequestStatus
@@ -232,10 +231,7 @@ class KVCacheManager:
         self.block_pool: BlockPool = self.coordinator.block_pool
         # Blocks kept free when admitting waiting/preempted requests, against thrashing.
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        self.kv_cache_event_metadata = tuple(
-            (get_kv_cache_spec_kind(g.kv_cache_spec).value, get_kv_cache_spec_sliding_window(g.kv_cache_spec))
-            for g in kv_cache_config.kv_cache_groups
-        )
+        self.kv_cache_event_metadata = tuple(event_metadata(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups)
         # Shared and immutable: "no blocks" without allocating.
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
         # request id -> the coordinator's steady_limits after its last allocation

@@ -367,6 +367,13 @@ def get_kv_cache_spec_sliding_window(spec: KVCacheSpec) -> int | None:
     return spec.sliding_window if spec_is(spec, SlidingWindowSpec) else None
 
 
+def event_metadata(spec: KVCacheSpec) -> tuple[str, int | None]:
+    """What a manager's ``Stored`` events say about their group: the kind of
+    its spec (vLLM's name) and its sliding window, if it has one -- so that
+    a consumer of the events can tell the groups apart as it learns them."""
+    return get_kv_cache_spec_kind(spec).value, get_kv_cache_spec_sliding_window(spec)
+
+
 @dataclass
 class KVCacheTensor:
     """How a worker lays out one KV-cache tensor (carried, not used here)."""

@@ -29,9 +29,10 @@ RULES: dict[str, str] = {
         "holding a table shares."
     ),
     "hash-map-consistency": (
-        "The hash table and each block's own key agree; no block carries two keys; a block taken from the "
-        "free queue for reuse loses its key first; the events, replayed, give the table, and each stored event "
-        "names its blocks' parent, tokens, adapter and extra keys as the request that filled them."
+        "The hash table and each block's keys agree; a block carries at most one key of its own, and partial "
+        "entries (prefixes ending inside it) only beside one; a block taken from the free queue for reuse "
+        "loses every key first; the events, replayed, give the table, and each stored event names its blocks' "
+        "parent, tokens, adapter and extra keys as the request that filled them."
     ),
     "content-soundness": (
         "A block holds what its key names -- the tokens of the whole prefix and the extra keys (LoRA, "

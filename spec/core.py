@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.kv_cache_interface import KVCacheConfig, cdiv
-from kvspec.spec.interface import ManagerSnapshot
+from kvspec.spec.interface import ManagerSnapshot, annotated
 from kvspec.spec.pool import SpecBlockPool
 
 
@@ -45,6 +45,7 @@ class CoreManager:
         assert group.kv_cache_spec.block_size == hash_block_size and not use_eagle, "not a core layout"
         self.block_size = hash_block_size
         self.max_model_len = max_model_len
+        self.kv_cache_config = kv_cache_config
         self.caching = enable_caching
         self.pool = SpecBlockPool(kv_cache_config.num_blocks, enable_caching, hash_block_size, enable_kv_cache_events)
         self.tables: dict[str, list[int]] = {}
@@ -154,7 +155,8 @@ class CoreManager:
         return [common]
 
     def take_events(self) -> list[Any]:
-        return self.pool.take_events()
+        """The pool's events, each ``Stored`` one naming the group's kind."""
+        return annotated(self.pool.take_events(), self.kv_cache_config)
 
     def snapshot(self) -> ManagerSnapshot:
         tables = {rid: (tuple(t),) for rid, t in self.tables.items() if t}

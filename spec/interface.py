@@ -14,8 +14,10 @@ Observations are plain, comparable values:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
+
+from kvspec.kv_cache_interface import event_metadata
 
 NULL_BLOCK_ID = 0
 """Block 0 is the null block: a placeholder in block tables, never real data."""
@@ -30,6 +32,9 @@ class Stored:
 
     ``block_hashes`` are the new hashes in block order (skipped null or masked
     blocks have none); ``token_ids`` cover the whole cached range.
+    ``spec_kind`` and ``sliding_window`` are what a *manager* says of the
+    group (:func:`kvspec.kv_cache_interface.event_metadata`); a pool, which
+    knows no kinds, leaves them ``None``.
     """
 
     group: int
@@ -40,6 +45,8 @@ class Stored:
     lora_id: int | None = None
     lora_name: str | None = None
     extra_keys: tuple[Any, ...] | None = None
+    spec_kind: str | None = None
+    sliding_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,20 @@ class Cleared:
 Event = Stored | Removed | Cleared
 
 
+def annotated(events: list[Event], kv_cache_config: Any) -> list[Event]:
+    """A manager's events: the pool's, each ``Stored`` event naming its
+    group's kind and sliding window (the pool emits structure; the manager
+    knows what each group is)."""
+    groups = kv_cache_config.kv_cache_groups
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, Stored):
+            kind, window = event_metadata(groups[e.group].kv_cache_spec)
+            e = replace(e, spec_kind=kind, sliding_window=window)
+        out.append(e)
+    return out
+
+
 # --- state -------------------------------------------------------------------
 
 
@@ -69,7 +90,8 @@ class PoolSnapshot:
     whatever the pool keeps; rules ignore it).  ``free`` is the free queue,
     next-to-reuse first.  ``key_of`` maps each block that carries a hash key
     to that key.  ``table`` maps each key to the blocks it names, oldest
-    first.
+    first.  ``partial_of`` maps each block that owns partial entries to
+    their keys (see :meth:`kvspec.spec.pool.SpecBlockPool.cache_partial_block`).
     """
 
     num_blocks: int
@@ -77,6 +99,7 @@ class PoolSnapshot:
     free: tuple[int, ...]
     key_of: dict[int, bytes] = field(hash=False)
     table: dict[bytes, tuple[int, ...]] = field(hash=False)
+    partial_of: dict[int, frozenset[bytes]] = field(default_factory=dict, hash=False)
 
     @property
     def num_free(self) -> int:
@@ -90,7 +113,7 @@ class PoolSnapshot:
         """The same snapshot with the null block's ref count set to 0
         (vLLM lets it drift; it is not part of any rule)."""
         ref = (0,) + self.ref[1:]
-        return PoolSnapshot(self.num_blocks, ref, self.free, self.key_of, self.table)
+        return PoolSnapshot(self.num_blocks, ref, self.free, self.key_of, self.table, self.partial_of)
 
 
 # --- the target interface ------------------------------------------------------
@@ -133,6 +156,13 @@ class PoolTarget(Protocol):
     def reset_prefix_cache(self) -> bool: ...
 
     def get_num_free_blocks(self) -> int: ...
+
+    def cache_partial_block(
+        self, request: Any, block_id: int, num_tokens: int, group_id: int, block_size: int
+    ) -> bytes | None:
+        """Optional: called where a target has it (a pool that predates
+        partial-block entries is judged without them)."""
+        ...
 
     def get_usage(self) -> float: ...
 

@@ -64,7 +64,7 @@ from kvspec.spec.coordinator import (
     Tables,
     UnitaryCoordinator,
 )
-from kvspec.spec.interface import Event, ManagerSnapshot
+from kvspec.spec.interface import Event, ManagerSnapshot, annotated
 from kvspec.spec.layout import managed_spec
 from kvspec.spec.pool import SpecBlockPool, TrialPool
 
@@ -592,8 +592,9 @@ class SpecKVCacheManager:
         self.coordinator.new_step_starts()
 
     def take_events(self) -> list[Event]:
-        """The KV events since the last call (when events are enabled)."""
-        return self.pool.take_events()
+        """The KV events since the last call (when events are enabled), each
+        ``Stored`` event naming its group's kind and sliding window."""
+        return annotated(self.pool.take_events(), self.kv_cache_config)
 
     # -- observation ------------------------------------------------------------------------------------------
 

@@ -12,7 +12,11 @@ Each block has
 - a **reference count** -- how many (request, KV-cache group) slots hold it;
 - optionally a **hash key** -- the name of the exact token prefix the block
   holds (see :mod:`kvspec.hashing`), present once the block is full and
-  *cached*.
+  *cached*;
+- optionally **partial entries** -- further keys naming shorter prefixes that
+  end *inside* the block, at a ``hash_block_size`` boundary (a block of 4
+  hash blocks holding a 3-hash-block prefix can serve that prefix).  A block
+  owns its partial entries: they leave the table with its own key.
 
 The pool keeps
 
@@ -86,6 +90,8 @@ class PoolState:
     ref: list[int]
     free: list[int]
     key_of: dict[int, bytes] = field(default_factory=dict)
+    tokens_of: dict[int, int] = field(default_factory=dict)  # the prefix length each own key names
+    partial_of: dict[int, list[bytes]] = field(default_factory=dict)  # further keys a block owns
     table: dict[bytes, list[int]] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
 
@@ -305,7 +311,10 @@ class SpecBlockPool:
         pool caches at all; the request has at least ``num_full_blocks``
         hashes at that size; the mask,
         if given, has one entry per new block; every block to cache is held
-        and carries no hash yet.
+        and carries no hash yet -- unless its own key is a partial entry of
+        this very block (a prefix ending inside it), which the full block's
+        key now replaces: every key of the block is dropped first, each with
+        a ``Removed`` event, before the call's ``Stored`` event.
         """
         s = self.state
         if not s.enable_caching:
@@ -352,38 +361,111 @@ class SpecBlockPool:
                 raise RuleError(
                     "content-soundness", f"block {b} is cached but nobody holds it"
                 )
-            if b in s.key_of:
+            if b in s.key_of and not self._is_partial_of(b, i, block_size):
                 raise RuleError(
                     "hash-map-consistency", f"block {b} already carries a hash"
                 )
         if len({block_ids[i] for i in chosen}) != len(chosen):
             raise RuleError("no-aliasing", "the same block appears twice among new full blocks")
+        keys = [make_block_hash_with_group_id(require_hash(hashes[i]), group_id) for i in chosen]
 
-        for i in chosen:
-            key = make_block_hash_with_group_id(require_hash(hashes[i]), group_id)
-            s.key_of[block_ids[i]] = key
-            s.table.setdefault(key, []).append(block_ids[i])
+        for i, key in zip(chosen, keys, strict=True):
+            self._evict(block_ids[i])  # a partial entry promoted: its keys go first
+            self._insert(block_ids[i], key, (i + 1) * block_size)
         if s.events_enabled:
             s.events.append(
                 stored_event(request, hashes, new, chosen, block_size, group_id)
             )
 
+    def cache_partial_block(
+        self, request: Any, block_id: int, num_tokens: int, group_id: int, block_size: int
+    ) -> bytes | None:
+        """Make block ``block_id`` a hit for the request's first ``num_tokens``
+        tokens, a prefix that ends inside the block: a *partial entry*.
+
+        Requires: the pool caches at all; ``block_size`` a multiple of
+        ``hash_block_size`` larger than it; ``num_tokens`` a positive
+        multiple of ``hash_block_size`` that is not a multiple of
+        ``block_size``; the request has ``num_tokens // hash_block_size``
+        hashes; the block is held.
+
+        Guarantees: the key is (the request's hash at that boundary,
+        ``group_id``).  If the block is already listed under it, nothing
+        changes.  Otherwise, if the block's own key names a shorter prefix,
+        every key of the block is dropped (a ``Removed`` event each) and the
+        new key becomes its own; if the block has no key, the new key becomes
+        its own; else the new key is a further partial entry the block owns.
+        A ``Stored`` event names the one new hash, its parent, and the tokens
+        of the last hash block of the prefix.  Returns the key; ``None`` --
+        and nothing changes -- for the null block.
+        """
+        s = self.state
+        if require_block_id(s, block_id) == NULL_BLOCK_ID:
+            return None
+        require_group_id(group_id)
+        require_count(block_size, "block_size")
+        require_count(num_tokens, "num_tokens")
+        if not s.enable_caching:
+            raise RuleError("hash-map-consistency", "prefix caching is disabled on this pool")
+        hbs = s.hash_block_size
+        if block_size <= hbs or block_size % hbs:
+            raise RuleError("block-size-coherence",
+                            f"partial entries need a block_size that is a larger multiple of {hbs}, got {block_size}")
+        if num_tokens == 0 or num_tokens % hbs or num_tokens % block_size == 0:
+            raise RuleError("hash-map-consistency", f"{num_tokens} tokens is not a partial block boundary "
+                            f"(a multiple of {hbs} inside a block of {block_size})")
+        n = num_tokens // hbs
+        if n > len(request.block_hashes):
+            raise RuleError("hash-map-consistency",
+                            f"the request has {len(request.block_hashes)} block hashes, {n} needed")
+        if s.ref[block_id] <= 0:
+            raise RuleError("content-soundness", f"block {block_id} is cached but nobody holds it")
+        key = make_block_hash_with_group_id(require_hash(request.block_hashes[n - 1]), group_id)
+        if block_id in s.table.get(key, ()):
+            return key
+        if s.tokens_of.get(block_id, num_tokens) < num_tokens:
+            self._evict(block_id)  # a longer prefix of the same block replaces the shorter one
+        self._insert(block_id, key, num_tokens)
+        if s.events_enabled:
+            s.events.append(partial_stored_event(request, n, hbs, group_id))
+        return key
+
+    def _is_partial_of(self, block_id: int, i: int, block_size: int) -> bool:
+        """Whether ``block_id``'s own key is a partial entry of position
+        ``i`` at ``block_size``: a prefix ending strictly inside that block."""
+        tokens = self.state.tokens_of[block_id]
+        return i * block_size < tokens < (i + 1) * block_size
+
+    def _insert(self, block_id: int, key: bytes, num_tokens: int) -> None:
+        """List ``block_id`` under ``key``: as its own key if it has none
+        (naming a prefix of ``num_tokens`` tokens), else as a partial entry."""
+        s = self.state
+        if block_id in s.key_of:
+            s.partial_of.setdefault(block_id, []).append(key)
+        else:
+            s.key_of[block_id] = key
+            s.tokens_of[block_id] = num_tokens
+        s.table.setdefault(key, []).append(block_id)
+
     # -- eviction and reset ---------------------------------------------------
 
     def _evict(self, block_id: int) -> None:
-        """Drop ``block_id``'s key from the table (if it has one), emitting
-        ``Removed``.  The block keeps its place and its references."""
+        """Drop every key of ``block_id`` from the table -- its own, then its
+        partial entries -- emitting ``Removed`` for each.  The block keeps its
+        place and its references."""
         s = self.state
         key = s.key_of.pop(block_id, None)
         if key is None:
             return
-        s.table[key].remove(block_id)
-        if not s.table[key]:
-            del s.table[key]
-        if s.events_enabled:
-            s.events.append(
-                Removed(group=get_group_id(key), block_hash=maybe_convert_block_hash(get_block_hash(key)))
-            )
+        del s.tokens_of[block_id]
+        for k in [key, *s.partial_of.pop(block_id, [])]:
+            s.table[k].remove(block_id)
+            if not s.table[k]:
+                del s.table[k]
+            if s.events_enabled:
+                s.events.append(
+                    Removed(group=get_group_id(k), block_hash=maybe_convert_block_hash(get_block_hash(k)))
+                )
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Forget the cached content of these blocks (an external cache
@@ -400,6 +482,8 @@ class SpecBlockPool:
         if len(s.free) != self.num_blocks - 1:
             return False
         s.key_of.clear()
+        s.tokens_of.clear()
+        s.partial_of.clear()
         s.table.clear()
         if s.events_enabled:
             s.events.append(Cleared())
@@ -420,6 +504,7 @@ class SpecBlockPool:
             free=tuple(s.free),
             key_of=dict(s.key_of),
             table={k: tuple(v) for k, v in s.table.items()},
+            partial_of={b: frozenset(keys) for b, keys in s.partial_of.items()},
         )
 
 
@@ -478,4 +563,25 @@ def stored_event(request: Any, hashes: Any, new: list[int], chosen: list[int], b
         lora_id=getattr(lora, "adapter_id", None) if lora else None,
         lora_name=getattr(lora, "name", None) if lora else None,
         extra_keys=tuple(extra_keys) if extra_keys else None,
+    )
+
+
+def partial_stored_event(request: Any, num_hashes: int, hash_block_size: int, group_id: int) -> Stored:
+    """The ``Stored`` event of a partial entry at the request's hash number
+    ``num_hashes`` (1-based): one hash block -- its hash, its parent's (the
+    hash before it; ``None`` for the first) and its tokens, with that hash
+    block's extra keys."""
+    start, end = (num_hashes - 1) * hash_block_size, num_hashes * hash_block_size
+    hashes = request.block_hashes
+    keys, _ = generate_block_hash_extra_keys(request, start, end, -1 if start > 0 else 0)
+    lora = getattr(request, "lora_request", None)
+    return Stored(
+        group=group_id,
+        block_hashes=(maybe_convert_block_hash(hashes[num_hashes - 1]),),
+        parent_block_hash=None if num_hashes == 1 else maybe_convert_block_hash(hashes[num_hashes - 2]),
+        token_ids=tuple(request.all_token_ids[start:end]),
+        block_size=hash_block_size,
+        lora_id=getattr(lora, "adapter_id", None) if lora else None,
+        lora_name=getattr(lora, "name", None) if lora else None,
+        extra_keys=(event_extra_keys(keys),),
     )

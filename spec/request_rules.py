@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id, maybe_convert_block_hash
-from kvspec.kv_cache_interface import AttentionKind
+from kvspec.kv_cache_interface import AttentionKind, event_metadata
 from kvspec.spec import rules as pool_rules
 from kvspec.spec.content import (
     ATTENTION_KINDS,
@@ -438,8 +438,10 @@ def stored_events_describe_their_blocks(step: ManagerStep, ctx: RequestContext) 
     request as the request filled them: its parent is the hash of the block
     before the first (none from the request's first block), its tokens are
     the range's, its LoRA adapter and each block's extra keys the request's
-    (:func:`~kvspec.spec.pool.stored_event`) -- so a consumer of the events,
-    a KV-aware router, rebuilds the prefix tree the pool holds."""
+    (:func:`~kvspec.spec.pool.stored_event`), and it names its group's kind
+    and sliding window (:func:`~kvspec.kv_cache_interface.event_metadata`)
+    -- so a consumer of the events, a KV-aware router, rebuilds the prefix
+    tree the pool holds and tells the groups apart."""
     if ctx.layout is None:
         return []
     problems = []
@@ -469,7 +471,9 @@ def _describes(event: Stored, request: Any, layout: Layout) -> bool:
         return False
     stored = set(event.block_hashes)
     chosen = [i for i in range(first, end) if names[i] in stored]
-    return stored_event(request, hashes, list(range(first, end)), chosen, size, event.group) == event
+    kind, window = event_metadata(layout.groups[event.group])
+    expected = stored_event(request, hashes, list(range(first, end)), chosen, size, event.group)
+    return replace(expected, spec_kind=kind, sliding_window=window) == event
 
 
 def _moving_blocks(view: GroupView) -> int:
@@ -919,7 +923,7 @@ def _after_frees(before: PoolSnapshot, calls: list[list[int]]) -> PoolSnapshot:
             if ref[b] == 0:
                 (cached if b in before.key_of else plain).append(b)
         free = plain + free + cached
-    return PoolSnapshot(before.num_blocks, tuple(ref), tuple(free), before.key_of, before.table)
+    return PoolSnapshot(before.num_blocks, tuple(ref), tuple(free), before.key_of, before.table, before.partial_of)
 
 
 @step_rule("free-order")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.hashing import get_block_hash, get_group_id, maybe_convert_block_hash
+from kvspec.hashing import get_block_hash, get_group_id, make_block_hash_with_group_id, maybe_convert_block_hash
 from kvspec.spec.interface import NULL_BLOCK_ID, Cleared, Event, PoolSnapshot, Removed, Stored
 
 
@@ -127,9 +127,10 @@ def null_exclusion(snap: PoolSnapshot) -> list[str]:
 
 @state_rule("hash-map-consistency")
 def hash_map_consistency(snap: PoolSnapshot) -> list[str]:
-    """The table and each block's own key agree: a block with key ``k`` is
-    listed under ``k`` (once), and every block listed under ``k`` carries
-    ``k``.  No key maps to an empty list."""
+    """The table and each block's keys agree: a block with key ``k`` -- its
+    own or a partial entry -- is listed under ``k`` (once), and every block
+    listed under ``k`` carries ``k``.  No key maps to an empty list, and only
+    a block with a key of its own owns partial entries."""
     problems = []
     for key, blocks in snap.table.items():
         if not blocks:
@@ -137,11 +138,16 @@ def hash_map_consistency(snap: PoolSnapshot) -> list[str]:
         for b, n in Counter(blocks).items():
             if n > 1:
                 problems.append(f"block {b} is listed {n} times under one key")
-            if snap.key_of.get(b) != key:
+            if snap.key_of.get(b) != key and key not in snap.partial_of.get(b, ()):
                 problems.append(f"block {b} is listed under a key it does not carry")
     for b, key in snap.key_of.items():
         if b not in snap.table.get(key, ()):
             problems.append(f"block {b} carries a key the table does not list it under")
+    for b, keys in snap.partial_of.items():
+        if b not in snap.key_of:
+            problems.append(f"block {b} owns partial entries but has no key of its own")
+        problems += [f"block {b} owns a partial entry the table does not list it under"
+                     for k in keys if b not in snap.table.get(k, ())]
     return problems
 
 
@@ -194,7 +200,8 @@ def reused_block_loses_its_hash(step: Step) -> list[str]:
     reuse: it is no longer a hit for its old content."""
     if step.op != "get_new_blocks" or step.error is not None:
         return []
-    return [f"reused block {b} still carries a hash" for b in step.result if b in step.after.key_of]
+    after = step.after
+    return [f"reused block {b} still carries a hash" for b in step.result if b in after.key_of or b in after.partial_of]
 
 
 @step_rule("hash-map-consistency")
@@ -208,8 +215,7 @@ def lookup_answers_from_the_table(step: Step) -> list[str]:
         return [f"a lookup for {len(group_ids)} groups returned {len(step.result)} blocks"]
     problems = []
     for g, b in zip(group_ids, step.result, strict=True):
-        key = step.before.key_of.get(b)
-        if key is None or get_block_hash(key) != block_hash or get_group_id(key) != g:
+        if b not in step.before.table.get(make_block_hash_with_group_id(block_hash, g), ()):
             problems.append(f"the lookup for group {g} returned block {b}, which is not cached under "
                             f"that hash for group {g}")
     return problems
@@ -273,7 +279,7 @@ def reset_only_when_idle(step: Step) -> list[str]:
     idle = not step.before.held()
     if step.result != idle:
         return [f"reset returned {step.result} with blocks {sorted(step.before.held())} in use"]
-    if step.result and (step.after.key_of or step.after.table):
+    if step.result and (step.after.key_of or step.after.table or step.after.partial_of):
         return ["reset succeeded but hashes remain"]
     if not step.result:
         return _unchanged(step)

@@ -34,7 +34,7 @@ def test_the_catalogue():
                    "refused allocation that changes state", "Mamba same-step hit", "reset leaving hashes",
                    "connector block accounting", "late release", "wrong KV-event contents",
                    "cascade prefix over-count", "usage off the ledger", "stale KV not zeroed",
-                   "connector saves unwritten slots"):
+                   "connector saves unwritten slots", "partial entry outlives its block"):
         assert wanted in classes, wanted
     assert all(m.what and m.bug_class for m in MUTANTS)
 
@@ -67,6 +67,7 @@ def killed_at_l1(mutant: str, scope: str, layout: str, examples: int = 300) -> s
 
 @pytest.mark.parametrize("mutant, scope, layout, rule", [
     ("hit-first-group-only", "pool", "two-groups", "hash-map-consistency"),  # a lookup answers from the table
+    ("partial-entry-outlives-block", "pool", "two-groups", "hash-map-consistency"),  # a block's keys go with it
     ("free-skips-last", "manager", "full", "ref-conservation"),
     ("window-released-late", "manager", "full+swa", "content-soundness"),  # released in time
     ("event-parent-cut", "manager", "full", "hash-map-consistency"),  # a stored event names its parent

@@ -14,6 +14,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.conformance.machines.pool import LAYOUTS, pool_machine
 from kvspec.conformance.settings import load_profile
 from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget
+from kvspec.hashing import make_block_hash_with_group_id
 from operations import record
 
 
@@ -35,3 +36,48 @@ def test_spec_keeps_its_own_rules():
     run_state_machine_as_test(machine, settings=settings(load_profile(), max_examples=50))
 
 
+
+
+class CountingPartials(ImplPoolTarget):
+    """impl, counting partial entries made and the lookups they answered."""
+
+    made = 0
+    hits = 0
+
+    def cache_partial_block(self, request, block_id, num_tokens, group_id, block_size):
+        key = super().cache_partial_block(request, block_id, num_tokens, group_id, block_size)
+        CountingPartials.made += key is not None
+        return key
+
+    def get_cached_block(self, block_hash, group_ids):
+        found = super().get_cached_block(block_hash, group_ids)
+        sizes = LAYOUTS["two-groups"].group_block_sizes
+        for g, b in zip(group_ids, found or (), strict=False):
+            block = self.pool.blocks[b]
+            own = block.block_hash == make_block_hash_with_group_id(block_hash, g)
+            CountingPartials.hits += not own or block.block_hash_num_tokens % sizes[g] != 0
+        return found
+
+
+def test_the_machine_makes_and_hits_partial_entries():
+    """Partial-block entries are gate input: the pool machine makes them (a
+    block's own key and further entries beside it) and looks them up."""
+    machine = pool_machine(CountingPartials, LAYOUTS["two-groups"])
+    run_state_machine_as_test(machine, settings=settings(load_profile(), max_examples=60))
+    assert CountingPartials.made > 0 and CountingPartials.hits > 0, (CountingPartials.made, CountingPartials.hits)
+
+
+class PredatesPartials(ImplPoolTarget):
+    """A pool from before partial entries: the adapter says it has none."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.offers_partial_entries = False
+
+    def cache_partial_block(self, *args):
+        raise AssertionError("called on a pool that has no partial entries")
+
+
+def test_a_pool_without_partial_entries_is_judged_without_them():
+    run_state_machine_as_test(pool_machine(PredatesPartials, LAYOUTS["two-groups"]),
+                              settings=settings(load_profile(), max_examples=20))

@@ -845,9 +845,10 @@ def _event_step(events, layout, requests):
 
 def test_a_stored_event_must_describe_its_request_blocks():
     """A router rebuilds the prefix tree from BlockStored events: the event
-    of a continuation names its parent, the range's tokens and the request's
-    adapter -- an event with the chain cut, the tokens shifted or another
-    adapter describes no request's blocks."""
+    of a continuation names its parent, the range's tokens, the request's
+    adapter and its group's kind -- an event with the chain cut, the tokens
+    shifted, another adapter or another kind (or none: a pool's event handed
+    on unannotated) describes no request's blocks."""
     from kvspec.request import LoRARequest
     from kvspec.spec.pool import stored_event
 
@@ -857,13 +858,14 @@ def test_a_stored_event_must_describe_its_request_blocks():
     requests = {"a": a}
     for group, size in ((0, 2), (1, 4)):
         hashes = a.block_hashes if size == 2 else [a.block_hashes[i] for i in (1, 3)]
-        first = stored_event(a, hashes, [0], [0], size, group)
-        later = stored_event(a, hashes, [1], [1], size, group)
+        first = replace(stored_event(a, hashes, [0], [0], size, group), spec_kind="full_attention")
+        later = replace(stored_event(a, hashes, [1], [1], size, group), spec_kind="full_attention")
         assert later.parent_block_hash is not None
         assert _event_step([first, later], layout, requests) == []
         for bent in (replace(later, parent_block_hash=None), replace(later, parent_block_hash=later.block_hashes[0]),
                      replace(later, token_ids=(*later.token_ids[1:], 0)), replace(later, lora_name="adapter-b"),
-                     replace(first, group=1 - group)):
+                     replace(first, group=1 - group), replace(first, spec_kind=None),
+                     replace(first, spec_kind="sliding_window", sliding_window=4)):
             problems = _event_step([bent], layout, requests)
             assert problems and "describes no request's blocks" in problems[0], bent
 

@@ -53,6 +53,8 @@ class Pool {
     this.ref = new Array(num_blocks).fill(0);
     this.free = Array.from({ length: num_blocks - 1 }, (_, i) => i + 1); // head first; block 0 is the null block
     this.keyOf = new Map(); // block -> key (hash hex + group as 4 big-endian bytes)
+    this.tokensOf = new Map(); // block -> the prefix length its own key names
+    this.partialOf = new Map(); // block -> further keys it owns (prefixes ending inside it)
     this.table = new Map(); // key -> blocks, oldest first
     this.events = [];
   }
@@ -73,18 +75,34 @@ class Pool {
     return hashHex + group.toString(16).padStart(2 * GROUP_ID_BYTES, "0");
   }
 
+  // Every key of the block leaves the table -- its own, then its partial entries.
   evict(block) {
     const key = this.keyOf.get(block);
     if (key === undefined) return;
+    const keys = [key, ...(this.partialOf.get(block) ?? [])];
     this.keyOf.delete(block);
-    const blocks = this.table.get(key).filter((b) => b !== block);
-    if (blocks.length) this.table.set(key, blocks);
-    else this.table.delete(key);
-    if (this.eventsOn) {
-      const hashHex = key.slice(0, -2 * GROUP_ID_BYTES);
-      const group = parseInt(key.slice(-2 * GROUP_ID_BYTES), 16);
-      this.events.push({ event: "removed", group, block_hash: eventHash(hashHex) });
+    this.tokensOf.delete(block);
+    this.partialOf.delete(block);
+    for (const k of keys) {
+      const blocks = this.table.get(k).filter((b) => b !== block);
+      if (blocks.length) this.table.set(k, blocks);
+      else this.table.delete(k);
+      if (this.eventsOn) {
+        const hashHex = k.slice(0, -2 * GROUP_ID_BYTES);
+        const group = parseInt(k.slice(-2 * GROUP_ID_BYTES), 16);
+        this.events.push({ event: "removed", group, block_hash: eventHash(hashHex) });
+      }
     }
+  }
+
+  // The key becomes the block's own (naming a prefix of `tokens` tokens), or a partial entry if it has one.
+  insert(block, key, tokens) {
+    if (this.keyOf.has(block)) this.partialOf.set(block, [...(this.partialOf.get(block) ?? []), key]);
+    else {
+      this.keyOf.set(block, key);
+      this.tokensOf.set(block, tokens);
+    }
+    this.table.set(key, [...(this.table.get(key) ?? []), block]);
   }
 
   // --- operations (each refusal leaves the pool unchanged) ---
@@ -159,16 +177,56 @@ class Pool {
     for (const i of chosen) {
       const b = block_ids[i];
       if (this.ref[b] <= 0) throw new Refusal("ValueError", `block ${b} is cached but nobody holds it`);
-      if (this.keyOf.has(b)) throw new Refusal("ValueError", `block ${b} already carries a hash`);
+      // a block may already carry a key only when it is a partial entry of this very block (it is promoted)
+      const t = this.tokensOf.get(b);
+      if (this.keyOf.has(b) && !(i * block_size < t && t < (i + 1) * block_size)) {
+        throw new Refusal("ValueError", `block ${b} already carries a hash`);
+      }
     }
     if (new Set(chosen.map((i) => block_ids[i])).size !== chosen.length) throw new Refusal("ValueError", "aliasing");
     for (const i of chosen) {
-      const key = Pool.key(hashes[i], group_id);
-      this.keyOf.set(block_ids[i], key);
-      this.table.set(key, [...(this.table.get(key) ?? []), block_ids[i]]);
+      this.evict(block_ids[i]);
+      this.insert(block_ids[i], Pool.key(hashes[i], group_id), (i + 1) * block_size);
     }
     if (this.eventsOn) this.events.push(storedEvent(request, hashes, fresh, chosen, block_size, group_id));
     return null;
+  }
+
+  // A partial entry: the block serves a prefix of num_tokens tokens that ends inside it.
+  cache_partial_block({ request, block_id, num_tokens, group_id, block_size }) {
+    if (this.requireBlock(block_id) === NULL_BLOCK) return null;
+    Pool.requireGroup(group_id);
+    requireCount(block_size, "block_size");
+    requireCount(num_tokens, "num_tokens");
+    if (!this.caching) throw new Refusal("ValueError", "prefix caching is disabled on this pool");
+    const hbs = this.hashBlockSize;
+    if (block_size <= hbs || block_size % hbs) throw new Refusal("ValueError", "block size incoherent");
+    if (num_tokens === 0 || num_tokens % hbs || num_tokens % block_size === 0) {
+      throw new Refusal("ValueError", `${num_tokens} tokens is not a partial block boundary`);
+    }
+    const n = num_tokens / hbs;
+    const fine = request.block_hashes;
+    if (n > fine.length) throw new Refusal("ValueError", "too few hashes");
+    if (this.ref[block_id] <= 0) throw new Refusal("ValueError", `block ${block_id} is cached but nobody holds it`);
+    const key = Pool.key(fine[n - 1], group_id);
+    if ((this.table.get(key) ?? []).includes(block_id)) return { bytes: key };
+    if (this.tokensOf.has(block_id) && this.tokensOf.get(block_id) < num_tokens) this.evict(block_id);
+    this.insert(block_id, key, num_tokens);
+    if (this.eventsOn) {
+      const start = (n - 1) * hbs;
+      const keys = [];
+      if (request.lora) keys.push(request.lora.lora[0]);
+      if (request.mm_features.length || request.prompt_embeds) throw new Error("multimodal and embedded prompts are not part of this replayer");
+      if (start === 0 && request.cache_salt) keys.push(request.cache_salt);
+      this.events.push({
+        event: "stored", group: group_id, block_hashes: [eventHash(fine[n - 1])],
+        parent_block_hash: n === 1 ? null : eventHash(fine[n - 2]),
+        token_ids: request.all_token_ids.slice(start, num_tokens), block_size: hbs,
+        lora_id: request.lora ? request.lora.lora[1] : null, lora_name: request.lora ? request.lora.lora[0] : null,
+        extra_keys: [keys.length ? keys : null],
+      });
+    }
+    return { bytes: key };
   }
 
   evict_blocks({ block_ids }) {
@@ -180,6 +238,8 @@ class Pool {
   reset_prefix_cache() {
     if (this.free.length !== this.numBlocks - 1) return false;
     this.keyOf.clear();
+    this.tokensOf.clear();
+    this.partialOf.clear();
     this.table.clear();
     if (this.eventsOn) this.events.push({ event: "cleared" });
     return true;
@@ -190,7 +250,9 @@ class Pool {
     for (const b of [...this.keyOf.keys()].sort((x, y) => x - y)) cached[String(b)] = this.keyOf.get(b);
     const table = {};
     for (const k of [...this.table.keys()].sort()) table[k] = this.table.get(k);
-    return { ref: [0, ...this.ref.slice(1)], free: this.free, cached, table };
+    const partial = {};
+    for (const b of [...this.partialOf.keys()].sort((x, y) => x - y)) partial[String(b)] = [...this.partialOf.get(b)].sort();
+    return { ref: [0, ...this.ref.slice(1)], free: this.free, cached, table, partial };
   }
 }
 

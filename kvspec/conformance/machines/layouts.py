@@ -61,6 +61,9 @@ MANAGER_LAYOUTS: dict[str, Layout] = {
     # A token budget per step (6) below the model's length: a sliding-window request holds at most the
     # window plus one step's tokens, so the full-sequence admission estimate is capped (at 6 blocks here).
     "full+swa-budget6": Layout((full(2), swa(2, window=4)), max_num_batched_tokens=6),
+    # Mamba blocks (2) smaller than the scheduler block (4): every state is cached, but a hit must end
+    # where full attention's can, so a state at an odd Mamba block boundary is never one.
+    "full4+mamba2-all": Layout((full(4), mamba(2, "all"))),
     # Retention 0: Mamba keeps only the state a replay of the prompt hits.
     "full+mamba-align-retention0": Layout((full(2), mamba(2, "align")), retention_interval=0),
 }

@@ -139,6 +139,9 @@ def pool_machine(
             self.hasher = get_request_block_hasher(layout.hash_block_size)
             self.next_id = 0
             self.configured = False  # whether this run built its incoherent configuration (configure)
+            # partial-block entries: called where the target has them (a fork may predate them)
+            self.partial_entries = layout.enable_caching and getattr(self.target, "offers_partial_entries", True) \
+                and callable(getattr(self.target, "cache_partial_block", None))
             # Who holds what, by the interface's own accounting: an allocation
             # or a touch adds a hold, a free removes one.
             self.ledger: Counter[int] = Counter()
@@ -209,13 +212,50 @@ def pool_machine(
             for i, block_hash in enumerate(self.hashes(owner)):
                 found = self.apply("get_cached_block", block_hash, [owner.group])
                 if found is None:
-                    return
+                    break
                 (block,) = found
                 if self.shadow.get(block) != owner.prefix_key(i):
                     self.fail([Violation("content-soundness", f"block {block} was hit for content it does not hold")])
                 self.apply("touch", [block])
                 owner.blocks.append(block)
                 owner.num_cached = len(owner.blocks)
+            if self.partial_entries:
+                self.look_up_partial(owner)
+
+        def partial_boundaries(self, owner: Owner, start: int) -> list[int]:
+            """The prefix lengths from ``start`` on that end inside one of the
+            owner's blocks at a hash-block boundary: where a partial entry may be."""
+            hbs, size, n = layout.hash_block_size, owner.block_size, len(owner.request.all_token_ids)
+            first = start // hbs + 1
+            return [k * hbs for k in range(first, n // hbs + 1) if (k * hbs) % size]
+
+        def look_up_partial(self, owner: Owner) -> None:
+            """The longest prefix ending inside the block after the owner's full
+            hits, looked up as a partial entry: a block found must hold that
+            prefix (the owner does not take it -- writing past a shared
+            prefix would need a copy, which this pool's managers never make)."""
+            size = owner.block_size
+            inside = [t for t in self.partial_boundaries(owner, len(owner.blocks) * size)
+                      if t < (len(owner.blocks) + 1) * size]
+            if not inside:
+                return
+            t = inside[-1]
+            found = self.apply("get_cached_block", owner.request.block_hashes[t // layout.hash_block_size - 1],
+                               [owner.group])
+            if found is None:
+                return
+            (block,) = found
+            if not self.holds_prefix(block, owner, t):
+                self.fail([Violation("content-soundness",
+                                     f"block {block} was hit for a {t}-token prefix it does not hold")])
+
+        def holds_prefix(self, block: int, owner: Owner, t: int) -> bool:
+            """Whether ``block`` holds the owner's first ``t`` tokens' block: the
+            same group and tenant, those tokens written, at that position."""
+            held, wanted = self.shadow.get(block), owner.prefix_key(0)
+            return (held is not None and held[:3] == wanted[:3] and len(held[3]) >= t
+                    and held[3][:t] == tuple(owner.request.all_token_ids[:t])
+                    and (len(held[3]) - 1) // owner.block_size == t // owner.block_size)
 
         def allocate_for(self, owner: Owner, n: int) -> bool:
             try:
@@ -264,6 +304,23 @@ def pool_machine(
                 self.fail(divergence=f"get_new_blocks({needed}) refused with enough blocks free")
             self.write(owner, start, request.num_tokens)
             self.cache(owner, data)
+
+        @precondition(lambda self: self.partial_entries and any(o.block_size > layout.hash_block_size
+                                                                 for o in self.owners))
+        @rule(data=st.data())
+        @recorded
+        def cache_partial(self, data: st.DataObject) -> None:
+            """An owner makes one of its blocks a hit for a prefix that ends
+            inside it -- its partly written last block, or a boundary inside
+            a full one (a further entry the block owns)."""
+            owners = [o for o in self.owners if o.block_size > layout.hash_block_size]
+            owner = owners[data.draw(st.integers(0, len(owners) - 1), label="owner")]
+            boundaries = self.partial_boundaries(owner, 0)
+            if not boundaries:
+                return
+            t = data.draw(one_of(tuple(boundaries)), label="num_tokens")
+            self.apply("cache_partial_block", owner.request, owner.blocks[t // owner.block_size], t,
+                       owner.group, owner.block_size)
 
         @precondition(lambda self: any(b != NULL_BLOCK_ID for o in self.owners for b in o.blocks))
         @rule(data=st.data())

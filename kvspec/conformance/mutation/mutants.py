@@ -512,6 +512,20 @@ def _metrics_miss_reuse(f: Family) -> list[Patch]:
     return [wrap(f.BlockPool, "get_new_blocks", make)]
 
 
+def _partial_entry_outlives_block(f: Family) -> list[Patch]:
+    def make(get_new):
+        def get_new_blocks(self, num_blocks):
+            owned = self.cached_block_hashes_by_block
+            self.cached_block_hashes_by_block = {}  # eviction finds no partial entries to drop
+            try:
+                return get_new(self, num_blocks)
+            finally:
+                owned.update(self.cached_block_hashes_by_block)
+                self.cached_block_hashes_by_block = owned
+        return get_new_blocks
+    return [wrap(f.BlockPool, "get_new_blocks", make)]
+
+
 def _lookahead_ignored(f: Family) -> list[Patch]:
     return [wrap(f.KVCacheManager, "allocate_slots", _with("num_lookahead_tokens", lambda _, __: 0))]
 
@@ -723,6 +737,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "stays, and the lifetimes and reuse gaps it reports span many owners (the leak vLLM's pool guards "
            "against)",
            _metrics_miss_reuse),
+    Mutant("partial-entry-outlives-block", "partial entry outlives its block",
+           "a reused block loses its own key but keeps its partial entries: the prefix they name is served from a "
+           "block that now holds another request's KV",
+           _partial_entry_outlives_block),
     Mutant("event-parent-cut", "wrong KV-event contents",
            "BlockStored events name no parent: a router roots every continuation at the top of its prefix tree",
            _stored_events_bent(_cut_parent)),

@@ -32,6 +32,8 @@ def _neutral_event(event: Any) -> Event:
             lora_id=event.lora_id,
             lora_name=event.lora_name,
             extra_keys=tuple(event.extra_keys) if event.extra_keys else None,
+            spec_kind=getattr(event, "kv_cache_spec_kind", None),
+            sliding_window=getattr(event, "kv_cache_spec_sliding_window", None),
         )
     if kind == "BlockRemoved":
         (block_hash,) = event.block_hashes
@@ -71,6 +73,7 @@ class VllmApiPoolTarget:
         self.pool = pool
         self.num_blocks = pool.num_gpu_blocks
         self.hash_block_size = pool.hash_block_size
+        self.offers_partial_entries = hasattr(pool, "cache_partial_block")  # a fork may predate them
 
     def _blocks(self, block_ids: Any) -> list[Any]:
         # Ids are resolved here, so an id the pool does not have is the
@@ -113,6 +116,12 @@ class VllmApiPoolTarget:
             group_id, block_mask,
         )
 
+    def cache_partial_block(
+        self, request: Any, block_id: int, num_tokens: int, group_id: int, block_size: int
+    ) -> bytes | None:
+        (block,) = self._blocks([block_id])
+        return self.pool.cache_partial_block(_AsLaterReleasesRead(request), block, num_tokens, group_id, block_size)
+
     def evict_blocks(self, block_ids: set[int]) -> None:
         self.pool.evict_blocks(block_ids)
 
@@ -136,6 +145,8 @@ class VllmApiPoolTarget:
             free=self._free_queue(),
             key_of={b.block_id: b.block_hash for b in pool.blocks if b.block_hash is not None},
             table=self._table(),
+            partial_of={b: frozenset(keys) for b, keys in getattr(pool, "cached_block_hashes_by_block", {}).items()
+                        if keys},
         )
 
     def _free_queue(self) -> tuple[int, ...]:

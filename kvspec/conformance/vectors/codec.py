@@ -51,6 +51,7 @@ HASH_SEED = "0"
 """Every vector's hash chains are rooted as under ``PYTHONHASHSEED=0``."""
 PROTOCOLS = {"pool": PoolTarget, "manager": ManagerTarget}
 EVENT_TYPES = {"stored": Stored, "removed": Removed, "cleared": Cleared}
+MANAGER_ANNOTATIONS = ("spec_kind", "sliding_window")  # what a manager says of a Stored event's group; absent: unset
 SAFE_INT = 2**53
 CORPUS_FILES = ("index.json", "coverage.json")  # what a corpus holds beside its vectors
 
@@ -83,7 +84,8 @@ def to_json(value: Any) -> Any:
         return {"mm": [value.identifier, value.mm_position.offset, value.mm_position.length]}
     if isinstance(value, (Stored, Removed, Cleared)):
         name = next(k for k, t in EVENT_TYPES.items() if isinstance(value, t))
-        return {"event": name, **{f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+        return {"event": name, **{f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)
+                                  if not (f.name in MANAGER_ANNOTATIONS and getattr(value, f.name) is None)}}
     raise VectorError(f"a {type(value).__name__} cannot be written in a vector: {value!r}")
 
 
@@ -129,12 +131,14 @@ def _as_tuples(value: Any) -> Any:
 def pool_state(snap: PoolSnapshot) -> dict[str, Any]:
     """A pool's state as a vector records it: ref counts (the null block's
     as 0: it is not maintained), the free queue head first, each cached
-    block's key and the table (key -> blocks, oldest first)."""
+    block's key, the table (key -> blocks, oldest first) and each block's
+    partial entries (sorted: they are a set)."""
     return {
         "ref": [0, *snap.ref[1:]],
         "free": list(snap.free),
         "cached": {str(b): k.hex() for b, k in sorted(snap.key_of.items())},
         "table": {k.hex(): list(v) for k, v in sorted(snap.table.items())},
+        "partial": {str(b): sorted(k.hex() for k in keys) for b, keys in sorted(snap.partial_of.items())},
     }
 
 

@@ -194,6 +194,42 @@ def _bad_input(p, req):
     _refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0)  # already carry hashes
     p.free_blocks(blocks[::-1])
     _refused(p.cache_full_blocks, req("b", [1, 1]), [blocks[0]], 0, 1, 2, 0)  # nobody holds it
+    (block,) = p.get_new_blocks(1)
+    _refused(p.cache_partial_block, r, block, 2, 0, 2)  # a block of 2 has no boundary inside
+    _refused(p.cache_partial_block, r, block, 4, 0, 4)  # 4 tokens end the block of 4: not partial
+    _refused(p.cache_partial_block, r, block, 3, 0, 4)  # not a whole hash block
+    _refused(p.cache_partial_block, req("c", [1]), block, 2, 0, 4)  # the request has no hash yet
+    p.free_blocks([block])
+    _refused(p.cache_partial_block, r, block, 2, 0, 4)  # nobody holds it
+
+
+def _partial_entries(p, req):
+    a = req("a", [0, 1, 1, 1, 0, 0, 1])  # blocks of 4 over hashes of 2
+    blocks = p.get_new_blocks(2)
+    p.cache_full_blocks(a, blocks, 0, 1, 4, 0)
+    p.cache_partial_block(a, blocks[0], 2, 0, 4)  # inside a full block: a further entry it owns
+    p.cache_partial_block(a, blocks[1], 6, 0, 4)  # the tail's 2 written tokens: its own key
+    p.cache_partial_block(a, blocks[1], 6, 0, 4)  # already there: nothing changes
+    b = req("b", [0, 1, 1, 1, 0, 0, 0, 0])
+    p.get_cached_block(b.block_hashes[2], [0])  # b's 6-token prefix ends inside a's tail block: a hit
+    p.get_cached_block(b.block_hashes[0], [0, 1])  # group 1 never cached it: no hit at all
+    a.append_output_token_ids([1])
+    p.cache_full_blocks(a, blocks, 1, 2, 4, 0)  # the tail fills: its partial key is replaced by the full one
+    p.free_blocks(blocks[::-1])
+    p.get_new_blocks(3)  # every free block reused: each loses every key it had
+    p.get_cached_block(a.block_hashes[0], [0])
+
+
+def _partial_replaced(p, req):
+    a = req("a", [1, 1, 0, 1, 0, 0, 1], lora_request=LoRARequest("adapter-a", 1))  # blocks of 6 over hashes of 2
+    (block,) = p.get_new_blocks(1)
+    p.cache_partial_block(a, block, 2, 1, 6)
+    p.cache_partial_block(a, block, 4, 1, 6)  # a longer prefix of the same block: the shorter key goes first
+    p.cache_partial_block(a, block, 2, 1, 6)  # a shorter one now: an entry beside the block's own key
+    p.evict_blocks({block})  # a connector reports it stale: both keys go
+    p.cache_partial_block(a, block, 4, 1, 6)
+    p.free_blocks([block])
+    p.reset_prefix_cache()
 
 
 def _caching_off(p, req):
@@ -247,6 +283,12 @@ POOL_CASES: tuple[PoolCase, ...] = (
              _pool(4), _reset),
     PoolCase("bad-input", "every kind of impossible call is refused and changes nothing",
              _pool(5), _bad_input, ("F1", "F2", "F3")),
+    PoolCase("partial-entries", "a block serves prefixes that end inside it: a further entry of a full block, "
+             "the tail's own key, a hit on it, promotion to the full key when the tail fills, all keys gone on reuse",
+             _pool(4, (4, 4)), _partial_entries),
+    PoolCase("partial-replaced", "a longer prefix inside the block replaces a shorter one, a shorter one sits "
+             "beside it, and eviction by id and a reset drop them all (a LoRA tenant, group 1)",
+             _pool(3, (2, 6)), _partial_replaced),
     PoolCase("caching-off", "with prefix caching off nothing hits and a reset is trivially accepted",
              _pool(4, enable_caching=False), _caching_off),
     PoolCase("tenants", "a cache salt and a LoRA adapter give one token prefix three keys",
