@@ -16,6 +16,13 @@ Survivors need a reader: many are equivalent mutants (a changed error
 message, a bound that cannot be reached, an optimisation's fast path that
 the slow path backs up); the rest are gaps.  ``--out`` keeps each survivor's
 diff for that reading.
+
+Once a gap is closed, ``--rerun FILE`` judges the survivors a previous run
+recorded in FILE again -- each recorded diff applied to a fresh copy (by
+context, so later edits around it do not matter), the same gate, the same
+budget -- without drawing a new sample::
+
+    python tools/mutation_breadth.py --rerun docs/mutation/breadth.json --out rerun.json
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=15.0, help="the gate's budget per mutant (default 15)")
     parser.add_argument("--seed", type=int, default=14, help="which sample (default 14)")
     parser.add_argument("--out", default="mutation-breadth.json", help="where to write the results")
+    parser.add_argument("--rerun", type=Path, help="judge again the survivors recorded in this results file")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="kvspec-breadth-"))
     repo = copy_repository(work)
@@ -73,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                            env=dict(os.environ, PYTHONPATH=str(work / "pkg")), capture_output=True, text=True)
     if not str(Path(check.stdout.strip()).resolve()).startswith(str(repo.resolve())):
         raise SystemExit(f"the gate would not import the mutated copy ({check.stdout.strip() or check.stderr})")
+    if args.rerun:
+        return rerun(args.rerun, repo, work / "gate.sh", Path(args.out))
     config = work / "cosmic-ray.toml"
     config.write_text(f'[cosmic-ray]\nmodule-path = "impl"\ntimeout = {args.budget + 90:g}\nexcluded-modules = []\n'
                       f'test-command = "bash {work / "gate.sh"}"\n\n[cosmic-ray.distributor]\nname = "local"\n')
@@ -101,6 +111,31 @@ def main(argv: list[str] | None = None) -> int:
                "score": round(100 * killed / max(1, len(results)), 1), "budget": args.budget, "seed": args.seed}
     Path(args.out).write_text(json.dumps({"summary": summary, "mutants": results}, indent=1) + "\n")
     print(json.dumps(summary))
+    return 0
+
+
+def rerun(recorded: Path, repo: Path, gate: Path, out: Path) -> int:
+    """The survivors of ``recorded``, each applied to ``repo`` by its diff and
+    judged by ``gate``; a diff that no longer applies is reported as such."""
+    previous = json.loads(recorded.read_text())["mutants"]
+    survivors = [m for m in previous
+                 if (m["test"] or "").lower() == "survived" and (m["worker"] or "").lower() == "normal"]
+    print(f"{len(survivors)} survivors of {recorded}: judging each again", flush=True)
+    results = []
+    for m in survivors:
+        diff = m["diff"].split("--- mutation diff ---", 1)[-1].lstrip("\n")
+        applied = subprocess.run(["patch", "-p1", "--forward", "--silent"], cwd=repo, input=diff, text=True,
+                                 capture_output=True)
+        if applied.returncode:
+            outcome = "stale"  # the code it mutated is gone or rewritten
+        else:
+            outcome = "survived" if subprocess.run(["bash", str(gate)]).returncode == 0 else "killed"
+            subprocess.run(["patch", "-p1", "-R", "--silent"], cwd=repo, input=diff, text=True, check=True)
+        print(f"{outcome:8} {m['module']}:{m['line']} {m['definition']} ({m['operator']})", flush=True)
+        results.append({**m, "rerun": outcome})
+    counts = {k: sum(r["rerun"] == k for r in results) for k in ("killed", "survived", "stale")}
+    out.write_text(json.dumps({"summary": {"rerun_of": str(recorded), **counts}, "mutants": results}, indent=1) + "\n")
+    print(json.dumps(counts))
     return 0
 
 
