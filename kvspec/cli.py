@@ -50,7 +50,7 @@ from kvspec.conformance.settings import PROFILES
 from kvspec.conformance.trace import Trace, TraceError
 from kvspec.conformance.vectors.codec import check, targets_for
 from kvspec.conformance.vectors.corpus import SIZES, generate
-from kvspec.conformance.vllm.compat import REFERENCE_RELEASE
+from kvspec.conformance.vllm.compat import REFERENCE_RELEASE, installed_release, release_warning
 from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
@@ -66,6 +66,8 @@ class ConformPrinter(Listener):
         if options.budget:
             header += f" budget={options.budget:g}s"
         print(header + (f" seed={options.seed}" if options.seed is not None else ""))
+        if options.target == "vllm" and (warning := release_warning(installed_release())):
+            print(warning)
         if steered:
             print(f"steering around known findings {', '.join(f.id for f in steered)} (docs/findings.md)")
         if avoid:

@@ -65,6 +65,31 @@ class Cleared:
 Event = Stored | Removed | Cleared
 
 
+def comparable(events: list[Any], key: Any = repr) -> list[Any]:
+    """Events as the contract orders them: ``Stored`` and ``Cleared`` where
+    they are, each run of consecutive ``Removed`` events as a multiset
+    (sorted by ``key``).  Which keys one operation drops is observable, the
+    order it drops them in is not: ``evict_blocks`` takes a set, and a block's
+    partial entries are a set too.  (A consumer of the events loses nothing:
+    removals that follow each other commute.)  ``key`` also sorts events in
+    a vector's JSON form."""
+    out: list[Any] = []
+    run: list[Any] = []
+    for event in [*events, None]:
+        if event is not None and _is_removed(event):
+            run.append(event)
+            continue
+        out += sorted(run, key=key)
+        run = []
+        if event is not None:
+            out.append(event)
+    return out
+
+
+def _is_removed(event: Any) -> bool:
+    return isinstance(event, Removed) or (isinstance(event, dict) and event.get("event") == "removed")
+
+
 def annotated(events: list[Event], kv_cache_config: Any) -> list[Event]:
     """A manager's events: the pool's, each ``Stored`` event naming its
     group's kind and sliding window (the pool emits structure; the manager

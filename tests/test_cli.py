@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from kvspec.cli import main
+from kvspec.conformance.machines.pool import LAYOUTS as POOL_LAYOUTS
 
 
 def target_module(tmp_path, monkeypatch, name: str, source: str) -> str:
@@ -412,7 +413,7 @@ def test_a_budget_bounds_the_whole_run_shrinking_included(tmp_path, monkeypatch,
     assert code == 1 and "FAILED" in out
     assert elapsed < 6 + 4, f"a 6 s budget took {elapsed:.1f} s"
     assert sum(line.startswith("pool ") and "first failing check" not in line
-               for line in out.splitlines()) == 4  # every layout reported
+               for line in out.splitlines()) == len(POOL_LAYOUTS)  # every layout reported
 
 
 def test_show_draws_every_block_at_every_step_and_marks_the_break(tmp_path, monkeypatch, capsys):
@@ -628,3 +629,21 @@ def test_a_budget_too_small_for_every_layout_says_which_were_not_searched(capsys
     assert "not searched (the budget is spent)" in out
     searched = [line.split() for line in out.splitlines() if line.startswith("pool ") and "conforms" in line]
     assert all(int(parts[2]) > 0 for parts in searched)  # a layout that conforms was searched
+
+
+def test_a_run_against_another_vllm_release_says_which_spec_judges_it(monkeypatch, capsys):
+    """The gate names the installed vLLM when it is not the release the spec
+    describes (issue 26: until each release is a delta of its own)."""
+    from kvspec.cli import ConformPrinter
+    from kvspec.conformance.gate import GateOptions
+    from kvspec.conformance.vllm import compat
+
+    for installed, said in (("0.34.0", "vLLM 0.34.0 is installed, later than"), ("0.24.0", "older than"),
+                            (compat.REFERENCE_RELEASE, None), (None, None)):
+        monkeypatch.setattr("kvspec.cli.installed_release", lambda installed=installed: installed)
+        ConformPrinter().begin(GateOptions(target="vllm"), (), frozenset())
+        out = capsys.readouterr().out
+        judged = f"judged by {compat.REFERENCE_RELEASE}'s rules"
+        assert (said in out and judged in out) if said else "warning" not in out, out
+    ConformPrinter().begin(GateOptions(target="impl"), (), frozenset())
+    assert "warning" not in capsys.readouterr().out

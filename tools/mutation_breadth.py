@@ -123,7 +123,7 @@ def rerun(recorded: Path, repo: Path, gate: Path, out: Path) -> int:
     print(f"{len(survivors)} survivors of {recorded}: judging each again", flush=True)
     results = []
     for m in survivors:
-        diff = m["diff"].split("--- mutation diff ---", 1)[-1].lstrip("\n")
+        diff = m["diff"].split("--- mutation diff ---", 1)[-1].strip("\n") + "\n"
         applied = subprocess.run(["patch", "-p1", "--forward", "--silent"], cwd=repo, input=diff, text=True,
                                  capture_output=True)
         if applied.returncode:

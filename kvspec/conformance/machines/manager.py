@@ -25,7 +25,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvspec.conformance.machines.configurations import construct_badly, manager_variants, sendable, takes_keyword
-from kvspec.conformance.machines.machinery import CheckingMachine, Refused, describe_call, describe_outcome, one_of
+from kvspec.conformance.machines.machinery import (
+    MM_PLACEHOLDER,
+    CheckingMachine,
+    Refused,
+    describe_call,
+    describe_outcome,
+    one_of,
+)
 from kvspec.conformance.machines.observe import MetricsLog, observe
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import recorded
@@ -48,7 +55,6 @@ from kvspec.testing import embedding_rows
 ENCODER_TOKENS = 6
 
 
-MM_PLACEHOLDER = 9  # the token id every image's positions carry (its content is the image's identifier)
 BALLAST_TOKEN = 1000  # + the request's number: a ballast prompt shares no prefix with any other
 SWARM_INPUTS = {"arrive_embedded": "embedded", "arrive_multimodal": "multimodal", "arrive_ballast": "ballast",
                 "arrive_followup": "followup", "preempt": "preempt", "finish": "finish"}

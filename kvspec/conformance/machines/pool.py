@@ -35,6 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvspec.conformance.machines.configurations import construct_badly, pool_variants, sendable
 from kvspec.conformance.machines.machinery import (
+    MM_PLACEHOLDER,
     CheckingMachine,
     ConformanceError,
     Refused,
@@ -45,7 +46,7 @@ from kvspec.conformance.machines.machinery import (
 )
 from kvspec.conformance.trace import recorded
 from kvspec.hashing import block_hashes_for_size, get_request_block_hasher
-from kvspec.request import LoRARequest, Request
+from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request
 from kvspec.spec.interface import NULL_BLOCK_ID, PoolTarget
 from kvspec.spec.pool import SpecBlockPool
 from kvspec.spec.rules import EventMirror, Step, Violation, check_events, check_state, check_step
@@ -65,11 +66,16 @@ class Owner:
     took_new: bool = False  # hits only extend a table that has no fresh blocks yet
 
     def prefix_key(self, i: int) -> tuple[Any, ...]:
-        """What block ``i`` must hold: the group, the extra keys and every token
-        up to the end of the block."""
+        """What block ``i`` must hold: the group, the extra keys (the images
+        among them: where each starts), and every token up to the end of the block."""
+        return self.content((i + 1) * self.block_size)
+
+    def content(self, end: int) -> tuple[Any, ...]:
+        """The first ``end`` tokens with what else names them: group, salt, LoRA, images."""
         r = self.request
         lora = r.lora_request.lora_name if r.lora_request else None
-        return (self.group, r.cache_salt, lora, tuple(r.all_token_ids[: (i + 1) * self.block_size]))
+        images = tuple((f.identifier, f.mm_position.offset) for f in r.mm_features if f.mm_position.offset < end)
+        return (self.group, r.cache_salt, lora, images, tuple(r.all_token_ids[:end]))
 
     def num_full(self) -> int:
         return min(len(self.blocks), len(self.request.all_token_ids) // self.block_size)
@@ -97,10 +103,13 @@ LAYOUTS: dict[str, PoolLayout] = {
     "tiny-pool": PoolLayout(num_blocks=4, hash_block_size=1, group_block_sizes=(1, 2)),
     "one-group-no-events": PoolLayout(num_blocks=16, hash_block_size=2, group_block_sizes=(2,), events=False),
     "caching-off": PoolLayout(num_blocks=8, hash_block_size=2, group_block_sizes=(2,), enable_caching=False),
+    "wide-blocks": PoolLayout(num_blocks=10, hash_block_size=1, group_block_sizes=(4,)),
 }
 """The pools every conformance run builds: two groups of different block
 sizes, a pool so small that every allocation evicts, one group without
-events, and prefix caching off."""
+events, prefix caching off, and blocks of four hash blocks (three places
+inside each where a partial entry can end: a longer one replaces a shorter
+one, a shorter one sits beside it)."""
 
 
 def pool_machine(
@@ -194,8 +203,19 @@ def pool_machine(
             tokens = data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=3 * size), label="tokens")
             salt = data.draw(one_of((None, None, "s1")), label="salt")
             lora = data.draw(one_of((None, None, LoRARequest("adapter-a", 1))), label="lora")
+            images, at = [], 0
+            for _ in range(data.draw(one_of((0, 0, 1, 2)), label="images")):  # an event names each it overlaps
+                if at >= len(tokens):
+                    break
+                start = data.draw(st.integers(at, len(tokens) - 1), label="image start")
+                length = data.draw(st.integers(1, len(tokens) - start), label="image length")
+                tokens[start:start + length] = [MM_PLACEHOLDER] * length
+                images.append(MultiModalFeatureSpec(data.draw(one_of(("image-a", "image-b")), label="image id"),
+                                                    PlaceholderRange(start, length)))
+                at = start + length
             self.next_id += 1
-            request = Request(f"r{self.next_id}", tokens, cache_salt=salt, lora_request=lora, block_hasher=self.hasher)
+            request = Request(f"r{self.next_id}", tokens, cache_salt=salt, lora_request=lora, mm_features=images,
+                              block_hasher=self.hasher)
             owner = Owner(request, group, size)
             self.owners.append(owner)
             if layout.enable_caching:
@@ -252,10 +272,12 @@ def pool_machine(
         def holds_prefix(self, block: int, owner: Owner, t: int) -> bool:
             """Whether ``block`` holds the owner's first ``t`` tokens' block: the
             same group and tenant, those tokens written, at that position."""
-            held, wanted = self.shadow.get(block), owner.prefix_key(0)
-            return (held is not None and held[:3] == wanted[:3] and len(held[3]) >= t
-                    and held[3][:t] == tuple(owner.request.all_token_ids[:t])
-                    and (len(held[3]) - 1) // owner.block_size == t // owner.block_size)
+            held = self.shadow.get(block)
+            if held is None or len(held[4]) < t or (len(held[4]) - 1) // owner.block_size != t // owner.block_size:
+                return False
+            group, salt, lora, images, tokens = held
+            cut = (group, salt, lora, tuple(i for i in images if i[1] < t), tokens[:t])
+            return cut == owner.content(t)
 
         def allocate_for(self, owner: Owner, n: int) -> bool:
             try:

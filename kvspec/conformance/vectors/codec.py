@@ -44,6 +44,7 @@ from kvspec.spec.interface import (
     PoolTarget,
     Removed,
     Stored,
+    comparable,
 )
 
 FORMAT_VERSION = 1
@@ -226,12 +227,6 @@ def bring_up_to_date(request: Request, progress: dict[str, Any]) -> str | None:
 
 
 # --- layouts ----------------------------------------------------------------------------------
-
-
-def _unordered(op: str, events: list[Any]) -> list[Any]:
-    """``evict_blocks`` takes a set of ids: the order of the ``removed``
-    events it emits is not part of the contract, so they compare as a multiset."""
-    return sorted(events, key=repr) if op == "evict_blocks" else events
 
 
 def config_of(scope: str, layout: Any, events: bool = True) -> dict[str, Any]:
@@ -513,7 +508,7 @@ def replay_vector(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]
         problems += [f"{where}: {component} is {got.get(component)}, expected {value}"
                      for component, value in expected.items() if got.get(component) != value]
         events = [to_json(e) for e in target.take_events()]
-        if _unordered(step["op"], events) != _unordered(step["op"], step.get("events", [])):
+        if comparable(events) != comparable(step.get("events", [])):
             problems.append(f"{where}: events {events}, expected {step.get('events', [])}")
         if problems:
             return problems  # later steps would only repeat the first difference

@@ -47,6 +47,18 @@ def installed_release() -> str | None:
         return None
 
 
+def release_warning(installed: str | None) -> str | None:
+    """What a run against vLLM says when the installed release is not the
+    reference: which release is judged by which spec, and where the known
+    differences of later releases are listed (``None``: nothing to say)."""
+    if installed is None or release(installed) == release(REFERENCE_RELEASE):
+        return None
+    relation = "later than" if release(installed) > release(REFERENCE_RELEASE) else "older than"
+    return (f"warning: vLLM {installed} is installed, {relation} the release kvspec's spec describes "
+            f"({REFERENCE_RELEASE}); it is judged by {REFERENCE_RELEASE}'s rules -- what later releases changed "
+            "in the block manager is listed in docs/findings.md (the version matrix)")
+
+
 def extra_key_format(version: str) -> str:
     """The extra-key format of a release: ``bare`` (the reference, through
     0.30) or ``tagged`` (from 0.31: every key is a tuple led by its kind --
