@@ -510,7 +510,7 @@ class BlockPool:
         if self.enable_kv_cache_events:
             start = (num_hashes - 1) * hbs
             parent = request.block_hashes[num_hashes - 2] if num_hashes > 1 else None
-            extra, _ = generate_block_hash_extra_keys(request, start, num_tokens, -1 if start > 0 else 0)
+            extra, _ = generate_block_hash_extra_keys(request, start, num_tokens, 0)  # every image in it (F11)
             lora = getattr(request, "lora_request", None)
             self.kv_event_queue.append(kv_events.EVENTS.stored(
                 block_hashes=[maybe_convert_block_hash(block_hash)],

@@ -568,20 +568,10 @@ def stored_event(request: Any, hashes: Any, new: list[int], chosen: list[int], b
 
 def partial_stored_event(request: Any, num_hashes: int, hash_block_size: int, group_id: int) -> Stored:
     """The ``Stored`` event of a partial entry at the request's hash number
-    ``num_hashes`` (1-based): one hash block -- its hash, its parent's (the
-    hash before it; ``None`` for the first) and its tokens, with that hash
-    block's extra keys."""
-    start, end = (num_hashes - 1) * hash_block_size, num_hashes * hash_block_size
-    hashes = request.block_hashes
-    keys, _ = generate_block_hash_extra_keys(request, start, end, -1 if start > 0 else 0)
-    lora = getattr(request, "lora_request", None)
-    return Stored(
-        group=group_id,
-        block_hashes=(maybe_convert_block_hash(hashes[num_hashes - 1]),),
-        parent_block_hash=None if num_hashes == 1 else maybe_convert_block_hash(hashes[num_hashes - 2]),
-        token_ids=tuple(request.all_token_ids[start:end]),
-        block_size=hash_block_size,
-        lora_id=getattr(lora, "adapter_id", None) if lora else None,
-        lora_name=getattr(lora, "name", None) if lora else None,
-        extra_keys=(event_extra_keys(keys),),
-    )
+    ``num_hashes`` (1-based): the event caching that one hash block would
+    emit -- its hash, its parent's (the hash before it; ``None`` for the
+    first), its tokens and its extra keys, every image overlapping it
+    included.  (vLLM 0.25.1 looks for images from the request's last one on
+    and leaves out an earlier one: finding F11.)"""
+    i = num_hashes - 1
+    return stored_event(request, request.block_hashes, [i], [i], hash_block_size, group_id)

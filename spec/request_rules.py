@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id, maybe_convert_block_hash
+from kvspec.hashing import make_block_hash_with_group_id
 from kvspec.kv_cache_interface import AttentionKind, event_metadata
 from kvspec.spec import rules as pool_rules
 from kvspec.spec.content import (
@@ -50,7 +50,6 @@ from kvspec.spec.content import (
 from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot, Stored
 from kvspec.spec.layout import GroupView, Layout
 from kvspec.spec.oracle import group_can_serve, oracle_hit_length
-from kvspec.spec.pool import stored_event
 from kvspec.spec.rules import Violation
 
 # --- what the caller knows -----------------------------------------------------------------------
@@ -454,26 +453,12 @@ def stored_events_describe_their_blocks(step: ManagerStep, ctx: RequestContext) 
 
 
 def _describes(event: Stored, request: Any, layout: Layout) -> bool:
-    """Whether ``event`` is the one caching ``request``'s blocks would emit."""
-    size = event.block_size
-    if not 0 <= event.group < len(layout.views) or size != layout.views[event.group].block_size or \
-            not event.token_ids or len(event.token_ids) % size:
+    """Whether ``event`` is the one caching ``request``'s blocks would emit:
+    blocks of its group's size, annotated with its group's kind."""
+    if not 0 <= event.group < len(layout.views) or event.block_size != layout.views[event.group].block_size:
         return False
-    hashes = block_hashes_for_size(request.block_hashes, layout.hash_block_size, size)
-    names = [maybe_convert_block_hash(h) for h in hashes]
-    first = 0
-    if event.parent_block_hash is not None:
-        if event.parent_block_hash not in names:
-            return False
-        first = names.index(event.parent_block_hash) + 1
-    end = first + len(event.token_ids) // size
-    if end > len(names):
-        return False
-    stored = set(event.block_hashes)
-    chosen = [i for i in range(first, end) if names[i] in stored]
-    kind, window = event_metadata(layout.groups[event.group])
-    expected = stored_event(request, hashes, list(range(first, end)), chosen, size, event.group)
-    return replace(expected, spec_kind=kind, sliding_window=window) == event
+    return (event.spec_kind, event.sliding_window) == event_metadata(layout.groups[event.group]) \
+        and pool_rules.describes(event, request, layout.hash_block_size)
 
 
 def _moving_blocks(view: GroupView) -> int:

@@ -19,11 +19,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kvspec.hashing import get_block_hash, get_group_id, make_block_hash_with_group_id, maybe_convert_block_hash
+from kvspec.hashing import (
+    block_hashes_for_size,
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
+    maybe_convert_block_hash,
+)
 from kvspec.spec.interface import NULL_BLOCK_ID, Cleared, Event, PoolSnapshot, Removed, Stored
+from kvspec.spec.pool import stored_event
 
 
 @dataclass(frozen=True)
@@ -284,6 +291,52 @@ def reset_only_when_idle(step: Step) -> list[str]:
     if not step.result:
         return _unchanged(step)
     return []
+
+
+def describes(event: Stored, request: Any, hash_block_size: int) -> bool:
+    """Whether ``event`` is the one caching some of ``request``'s blocks
+    would emit (its group's annotation aside): blocks of ``event.block_size``
+    tokens -- a partial entry's event is one hash block --, the parent the
+    hash of the block before the first (none from the request's first), the
+    range's tokens, the request's LoRA adapter and each block's extra keys
+    (:func:`~kvspec.spec.pool.stored_event`)."""
+    size = event.block_size
+    if not event.token_ids or size <= 0 or len(event.token_ids) % size or size % hash_block_size:
+        return False
+    hashes = block_hashes_for_size(request.block_hashes, hash_block_size, size)
+    names = [maybe_convert_block_hash(h) for h in hashes]
+    first = 0
+    if event.parent_block_hash is not None:
+        if event.parent_block_hash not in names:
+            return False
+        first = names.index(event.parent_block_hash) + 1
+    end = first + len(event.token_ids) // size
+    if end > len(names):
+        return False
+    stored = set(event.block_hashes)
+    chosen = [i for i in range(first, end) if names[i] in stored]
+    expected = stored_event(request, hashes, list(range(first, end)), chosen, size, event.group)
+    return replace(expected, spec_kind=event.spec_kind, sliding_window=event.sliding_window) == event
+
+
+def stored_events_describe_requests(events: list[Event], requests: Mapping[int, list[Any]],
+                                    hash_block_size: int) -> list[str]:
+    """(part of hash-map-consistency) Each ``Stored`` event a pool emits
+    describes blocks of one request of its group, as that request filled
+    them (:func:`describes`) -- parent, tokens, LoRA adapter, every block's
+    extra keys -- and names no kind: a pool knows none.  ``requests``: the
+    requests holding blocks, by group."""
+    problems = []
+    for event in events:
+        if not isinstance(event, Stored):
+            continue
+        if event.spec_kind is not None or event.sliding_window is not None:
+            problems.append(f"a pool's Stored event names a kind ({event.spec_kind}, window {event.sliding_window})")
+        elif not any(describes(event, r, hash_block_size) for r in requests.get(event.group, ())):
+            problems.append(f"a Stored event of group {event.group} ({len(event.block_hashes)} hashes, parent "
+                            f"{event.parent_block_hash!r}, tokens {list(event.token_ids)}, extra keys "
+                            f"{event.extra_keys}) describes no request's blocks as the request filled them")
+    return problems
 
 
 def check_step(step: Step) -> list[Violation]:

@@ -214,7 +214,7 @@ class Pool {
     this.insert(block_id, key, num_tokens);
     if (this.eventsOn) {
       const start = (n - 1) * hbs;
-      const [keys] = extraKeys(request, start, num_tokens, start > 0 ? -1 : 0); // -1: from the last image on
+      const [keys] = extraKeys(request, start, num_tokens, 0); // every image overlapping the hash block
       this.events.push({
         event: "stored", group: group_id, block_hashes: [eventHash(fine[n - 1])],
         parent_block_hash: n === 1 ? null : eventHash(fine[n - 2]),

@@ -32,6 +32,8 @@ AVOIDABLE: dict[str, str] = {
     "bad-input:bad_evict": "pool: evict_blocks of an id the pool does not have",
     "bad-input:bad_hash": "pool: get_cached_block with a str for a hash",
     "bad-input:no_tokens": "manager: allocate_slots with no tokens at all",
+    "partial-entry:earlier-image": "pool: a partial entry whose last hash block overlaps an image that is not the "
+                                   "request's last",
     "mamba-align-external": "manager: external (connector) tokens where a Mamba group caches in align mode",
     "context-parallel:save-past-computed": "manager: on a context-parallel layout, asking which blocks a KV "
                                            "connector saves while the request's table reaches past its computed "
@@ -112,6 +114,11 @@ FINDINGS: tuple[Finding, ...] = (
         "F10", "vllm", "Context parallelism: get_block_ids_for_computed_tokens counts a block as one rank's "
         "tokens, so a KV connector is handed blocks past the computed tokens (lookahead, rejected drafts)",
         ("content-soundness",), "context-parallel:save-past-computed", "F10-cp-connector-saves-uncomputed.json",
+    ),
+    Finding(
+        "F11", "vllm", "BlockPool.cache_partial_block: the BlockStored event looks for images from the request's "
+        "last one on, so an earlier image its hash block overlaps is missing from its extra keys",
+        ("hash-map-consistency",), "partial-entry:earlier-image", "F11-pool-partial-event-drops-images.json",
     ),
 )
 
