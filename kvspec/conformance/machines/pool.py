@@ -2,9 +2,10 @@
 
 A Hypothesis ``RuleBasedStateMachine`` plays the part of the managers above
 the pool: *owners* (a request's slots in one KV-cache group) look up their
-prefix, take hits, allocate, cache their full blocks, replace blocks with the
-null placeholder, and free in request order or reversed; meanwhile blocks are
-evicted by id, the cache is reset, and bad input is thrown at the pool.
+prefix, take hits, allocate, cache their full blocks and partial entries
+(prefixes ending inside a block), replace blocks with the null placeholder,
+and free in request order or reversed; meanwhile blocks are evicted by id,
+the cache is reset, and bad input is thrown at the pool.
 
 Every operation is applied to the **target** and, in lockstep mode, to the
 **spec** model too.  After each operation:
@@ -212,7 +213,8 @@ def pool_machine(
         @recorded
         def admit(self, data: st.DataObject) -> None:
             """A request arrives in some group -- tokens from a tiny alphabet so
-            prefixes are shared, sometimes a salt or a LoRA.  It takes every
+            prefixes are shared, sometimes a salt, a LoRA or images (which an
+            event's extra keys must name).  It takes every
             block of its cached prefix (a hit each), allocates the rest, and
             caches its full blocks; if the pool is short it lets its hits go."""
             group = data.draw(st.integers(0, len(layout.group_block_sizes) - 1), label="group")
