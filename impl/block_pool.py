@@ -507,19 +507,10 @@ class BlockPool:
         else:
             self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
         self.cached_block_hash_to_block.insert(key, block)
-        if self.enable_kv_cache_events:
-            start = (num_hashes - 1) * hbs
-            parent = request.block_hashes[num_hashes - 2] if num_hashes > 1 else None
-            extra, _ = generate_block_hash_extra_keys(request, start, num_tokens, 0)  # every image in it (F11)
-            lora = getattr(request, "lora_request", None)
-            self.kv_event_queue.append(kv_events.EVENTS.stored(
-                block_hashes=[maybe_convert_block_hash(block_hash)],
-                parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
-                token_ids=list(request.all_token_ids[start:num_tokens]), block_size=num_tokens - start,
-                lora_id=getattr(lora, "adapter_id", None) if lora else None, medium=MEDIUM_GPU,
-                lora_name=getattr(lora, "name", None) if lora else None, extra_keys=[event_extra_keys(extra)],
-                group_idx=kv_cache_group_id,
-            ))
+        if self.enable_kv_cache_events:  # the event caching that one hash block emits (every image in it: F11)
+            i = num_hashes - 1
+            self.kv_event_queue.append(
+                self._stored_event(request, request.block_hashes, i, num_hashes, [i], hbs, kv_cache_group_id))
         return key
 
     # --- eviction and reset ---------------------------------------------------------

@@ -183,8 +183,9 @@ def pool_machine(
             spec_outcome = self.in_lockstep(op, args)
             step = Step(op, args, before, after, result, error)
             problems = step_violations(step, events, self.ledger, self.mirror if layout.events else None)
-            problems += [Violation("hash-map-consistency", p) for p in stored_events_describe_requests(
-                events, self.requests_by_group(), layout.hash_block_size)]
+            if events:  # the owners' requests are gathered only when there is an event to hold to them
+                problems += [Violation("hash-map-consistency", p) for p in stored_events_describe_requests(
+                    events, self.requests_by_group(), layout.hash_block_size)]
             self.judge(where, problems, (result, error, after, events), spec_outcome)
             if error is not None:
                 raise Refused(error)
