@@ -50,7 +50,8 @@ from kvspec.conformance.settings import PROFILES
 from kvspec.conformance.trace import Trace, TraceError
 from kvspec.conformance.vectors.codec import check, targets_for
 from kvspec.conformance.vectors.corpus import SIZES, generate
-from kvspec.conformance.vllm.compat import REFERENCE_RELEASE, installed_release, release_warning
+from kvspec.conformance.vllm.compat import REFERENCE_RELEASE
+from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
@@ -66,7 +67,7 @@ class ConformPrinter(Listener):
         if options.budget:
             header += f" budget={options.budget:g}s"
         print(header + (f" seed={options.seed}" if options.seed is not None else ""))
-        if options.target == "vllm" and (warning := release_warning(installed_release())):
+        if warning := releases.current().warning():
             print(warning)
         if steered:
             print(f"steering around known findings {', '.join(f.id for f in steered)} (docs/findings.md)")
@@ -95,7 +96,7 @@ def conform(args: argparse.Namespace) -> int:
         target=args.target, scope=args.scope, level=args.level, layouts=args.layout, profile=args.profile,
         examples=args.examples, budget=args.budget, seed=args.seed, known_findings=args.known_findings,
         avoid=args.avoid or [], database=args.database, fail_fast=args.fail_fast, workers=args.workers,
-        shard=args.shard, report_dir=args.report_dir, trace_dir=args.trace_dir,
+        shard=args.shard, release=args.release, report_dir=args.report_dir, trace_dir=args.trace_dir,
         progress=args.progress if args.progress is not None else sys.stderr.isatty(), coverage=args.coverage,
         command=" ".join(["kvspec", *map(shlex.quote, args.argv)]), started=args.started)
     report = run_gate(options, ConformPrinter())
@@ -286,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default 1)")
     run.add_argument("--shard", metavar="I/N",
                      help="run only the I-th of N round-robin shares of the layouts (one CI machine each)")
+    run.add_argument("--release", metavar="X.Y.Z",
+                     help="judge by the rules of vLLM release X.Y.Z (spec/README.md, chapter Releases; default: "
+                     "the installed vLLM's for --target vllm, else the base release); a release newer than "
+                     "every known one is judged by the newest known one's, with a warning")
     run.add_argument("--report-dir", help="write report.json, report.md and junit.xml here")
     run.add_argument("--trace-dir",
                      help="save each failing layout's minimal run here (default: REPORT_DIR/traces with "

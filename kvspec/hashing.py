@@ -324,7 +324,7 @@ def generate_block_hash_extra_keys(
     digest of the block's prompt embeddings (every block, once the prompt
     came as embeddings -- past the prompt, the digest of no bytes).  ``None``
     when there are none, so plain blocks hash ``(parent, tokens, None)``.
-    In the tagged format (``kvspec.conformance.vllm.compat.extra_key_format``) each key is led by
+    In the tagged format (release delta ``tagged-extra-keys``, :mod:`kvspec.spec.releases`) each key is led by
     its kind and the LoRA key carries the adapter's path too.
     """
     mm_keys, next_mm_idx = _mm_extra_keys(

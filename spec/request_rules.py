@@ -37,6 +37,7 @@ from typing import Any
 
 from kvspec.hashing import make_block_hash_with_group_id
 from kvspec.kv_cache_interface import AttentionKind, event_metadata
+from kvspec.spec import releases
 from kvspec.spec import rules as pool_rules
 from kvspec.spec.content import (
     ATTENTION_KINDS,
@@ -50,6 +51,7 @@ from kvspec.spec.content import (
 from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot, Stored
 from kvspec.spec.layout import GroupView, Layout
 from kvspec.spec.oracle import group_can_serve, oracle_hit_length
+from kvspec.spec.releases import Release
 from kvspec.spec.rules import Violation
 
 # --- what the caller knows -----------------------------------------------------------------------
@@ -72,6 +74,8 @@ class RequestContext:
     fresh: list[int] = field(default_factory=list)
     # What the prefix-cache stats count since the last make_prefix_cache_stats (see stats_records).
     since_stats: list[tuple[Any, ...]] = field(default_factory=list)
+    # The release whose rules judge (chapter Releases): which operations the stats count.
+    release: Release = releases.REFERENCE
 
 
 @dataclass(frozen=True)
@@ -734,19 +738,26 @@ def fresh_blocks(step: ManagerStep, layout: Layout) -> list[int]:
             if group.kind == AttentionKind.FULL_ATTENTION for b in fresh]
 
 
-def stats_records(step: ManagerStep, layout: Layout) -> list[tuple[Any, ...]]:
+def stats_records(step: ManagerStep, layout: Layout, release: Release = releases.REFERENCE) -> list[tuple[Any, ...]]:
     """What an operation adds to the prefix-cache stats: a lookup
     (``get_computed_blocks`` with caching on, for a request that reads the
     cache) as ``("lookup", num_tokens, hit_tokens, preempted)``, a
-    ``reset_prefix_cache`` that succeeded as ``("reset",)``."""
+    ``reset_prefix_cache`` that succeeded as ``("reset",)``.  From release
+    delta ``stats-at-admission`` (0.27) the lookup records nothing; the
+    scheduler's ``record_prefix_cache_stats(request, num_hits)`` for an
+    admitted request records the same tuple, ``num_hits`` as its hits."""
     if step.error is not None:
         return []
     if step.op == "reset_prefix_cache":
         return [("reset",)] if step.result is True else []
-    request = step.args.get("request")
-    if step.op != "get_computed_blocks" or not layout.enable_caching or request.skip_reading_prefix_cache:
+    at_admission = release.has("stats-at-admission")
+    if step.op != ("record_prefix_cache_stats" if at_admission else "get_computed_blocks"):
         return []
-    return [("lookup", request.num_tokens, step.result[1], request.num_preemptions > 0)]
+    request = step.args.get("request")
+    if not layout.enable_caching or request.skip_reading_prefix_cache:
+        return []
+    hits = step.args["num_hits"] if at_admission else step.result[1]
+    return [("lookup", request.num_tokens, hits, request.num_preemptions > 0)]
 
 
 def expected_stats(records: list[tuple[Any, ...]]) -> dict[str, Any]:
@@ -771,7 +782,9 @@ def stats_count_the_lookups(step: ManagerStep, ctx: RequestContext) -> list[str]
     one request, its ``num_tokens`` as queries and its hit tokens as hits,
     apart for a request preempted before; ``reset`` is set exactly when a
     ``reset_prefix_cache`` succeeded meanwhile.  (``None``: the target keeps
-    no stats.)"""
+    no stats.)  From release delta ``stats-at-admission`` (0.27) a lookup
+    counts when its request is admitted (``record_prefix_cache_stats``), not
+    when it is made: see :func:`stats_records`."""
     if step.op != "make_prefix_cache_stats" or step.error is not None or step.result is None:
         return []
     expected = expected_stats(ctx.since_stats)

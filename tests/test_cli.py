@@ -631,19 +631,21 @@ def test_a_budget_too_small_for_every_layout_says_which_were_not_searched(capsys
     assert all(int(parts[2]) > 0 for parts in searched)  # a layout that conforms was searched
 
 
-def test_a_run_against_another_vllm_release_says_which_spec_judges_it(monkeypatch, capsys):
-    """The gate names the installed vLLM when it is not the release the spec
-    describes (issue 26: until each release is a delta of its own)."""
+def test_a_run_says_which_release_judges_it(capsys):
+    """The gate's header names the release whose rules judge the run when it
+    is not the base (chapter Releases): a known later release, one newer
+    than every known one, one older than the base."""
     from kvspec.cli import ConformPrinter
     from kvspec.conformance.gate import GateOptions
-    from kvspec.conformance.vllm import compat
+    from kvspec.spec import releases
 
-    for installed, said in (("0.34.0", "vLLM 0.34.0 is installed, later than"), ("0.24.0", "older than"),
-                            (compat.REFERENCE_RELEASE, None), (None, None)):
-        monkeypatch.setattr("kvspec.cli.installed_release", lambda installed=installed: installed)
-        ConformPrinter().begin(GateOptions(target="vllm"), (), frozenset())
-        out = capsys.readouterr().out
-        judged = f"judged by {compat.REFERENCE_RELEASE}'s rules"
-        assert (said in out and judged in out) if said else "warning" not in out, out
-    ConformPrinter().begin(GateOptions(target="impl"), (), frozenset())
-    assert "warning" not in capsys.readouterr().out
+    try:
+        for version, said in (("0.34.0", "newer than every release kvspec's spec knows"),
+                              ("0.24.0", "older than 0.25.1"), ("0.27.0", "judged by the rules of vLLM 0.27.0"),
+                              (releases.BASE, None)):
+            releases.use(version)
+            ConformPrinter().begin(GateOptions(target="vllm"), (), frozenset())
+            out = capsys.readouterr().out
+            assert said in out if said else "judged" not in out, out
+    finally:
+        releases.use(releases.BASE)

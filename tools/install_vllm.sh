@@ -26,9 +26,9 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV_DIR="${1:-$REPO_ROOT/.venv-vllm}"
 PYTHON="${PYTHON:-python3}"
 
-# The reference release, from the one place kvspec keeps it (kvspec/conformance/vllm/compat.py);
+# The reference release, from the one place kvspec keeps it (spec/releases.py, BASE);
 # VLLM_VERSION=X in the environment installs another.
-VLLM_VERSION="${VLLM_VERSION:-$("$PYTHON" "$REPO_ROOT/kvspec/conformance/vllm/compat.py")}"
+VLLM_VERSION="${VLLM_VERSION:-$("$PYTHON" "$REPO_ROOT/spec/releases.py")}"
 # A CPU build of torch.  Always pin it: a bare `torch` resolves to a
 # multi-GB CUDA build.  (vLLM 0.25.1 declares torch==2.11.0; its compiled
 # ops are never loaded by the modules kvspec uses, so the newer CPU build

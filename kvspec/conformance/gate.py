@@ -65,6 +65,7 @@ from kvspec.conformance.runner import (
 )
 from kvspec.conformance.settings import PROFILES, DatabaseError, example_database, scope_settings
 from kvspec.conformance.trace import Trace, trace_file_name
+from kvspec.spec import releases
 
 BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
 FAIL_FAST = "--fail-fast: the run stopped at the first failure"
@@ -93,6 +94,7 @@ class GateOptions:
     fail_fast: bool = False
     workers: int = 1
     shard: str | None = None  # "I/N"
+    release: str | None = None  # the vLLM release whose rules judge (None: the installed vLLM's, or the base)
     report_dir: str | None = None
     trace_dir: str | None = None
     progress: bool = False  # a progress bar on stderr
@@ -243,7 +245,29 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
             raise SetupError(f"--shard {options.shard}: only {shard - 1} layout(s) to share, shard {shard} has none")
     for scope in scopes:
         check_target(options.target, scope)  # an unusable target stops the run before it starts
+    judge_by(options)
     return plan
+
+
+def _recorded_release(options: GateOptions) -> str:
+    """What a trace records of the release judged: nothing for the base (traces stay as they were)."""
+    return "" if releases.current().is_base else options.release or ""
+
+
+def judge_by(options: GateOptions) -> releases.Release:
+    """The release whose rules judge this run, made the process's
+    (:func:`kvspec.spec.releases.use`): ``--release`` when given, else the
+    installed vLLM's for the vllm target (set when the target was checked),
+    else the base release -- impl and the spec are the base's API."""
+    try:
+        if options.release:
+            release = releases.use(options.release)
+        else:
+            release = releases.current() if options.target == "vllm" else releases.use(releases.BASE)
+    except ValueError as error:
+        raise SetupError(f"--release: {error}") from None
+    options.release = release.version  # the workers judge by the same
+    return release
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -264,6 +288,7 @@ def versions(target: str, scopes: list[str] = ()) -> dict[str, str]:
         import vllm
 
         found["vLLM"] = vllm.__version__
+    found["release judged"] = releases.current().known
     found["Python"] = platform.python_version()
     found["Hypothesis"] = hypothesis.__version__
     return found
@@ -313,7 +338,7 @@ class _Run:
         if r.first_failure_at is not None:
             r.first_failure_at = round(r.first_failure_at - o.started, 3)
         if r.skipped is None and r.trace is not None:
-            r.trace.target, r.trace.level = o.target, o.level
+            r.trace.target, r.trace.level, r.trace.release = o.target, o.level, _recorded_release(o)
             r.trace_file = str(r.trace.save(o.traces() / trace_file_name(r.scope, r.layout)))
             known = matching_finding(o.target, r.scope, r.layout, r.trace)
             r.known_finding = f"{known.id}: {known.title}" if known else None
@@ -336,7 +361,7 @@ class _Announcer:
     def __call__(self, trace: Trace, error: BaseException) -> None:
         o = self.options
         seconds = time.perf_counter() - o.started
-        trace.target, trace.level = o.target, o.level
+        trace.target, trace.level, trace.release = o.target, o.level, _recorded_release(o)
         path = trace.save(o.traces() / trace_file_name(self.scope, self.layout).replace(".json", ".unshrunk.json"))
         known = matching_finding(o.target, self.scope, self.layout, trace)
         if isinstance(error, ConformanceError):
@@ -540,6 +565,7 @@ def _worker(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[
     their results, for the parent to finish.  The only worker of a budgeted
     run draws the progress bar the sequential search would (relayed)."""
     quiet_loggers()
+    releases.use(options.release)  # inherited where the worker forked; set where it did not
     measure = spec_coverage.start(options.coverage_dir) if options.coverage_dir else None
     try:
         return _work(options, todo, avoid, deadline)

@@ -51,6 +51,8 @@ from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
 from kvspec.conformance.vllm import compat
 from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget
+from kvspec.kv_cache_interface import MambaSpec, spec_is
+from kvspec.spec import releases
 from kvspec.spec.catalogue import LEVELS
 from kvspec.spec.layout import Layout
 
@@ -124,7 +126,7 @@ def require_vllm(who: str = "the vllm target") -> None:
 
     from kvspec import hashing
 
-    hashing.use_extra_key_format(compat.extra_key_format(vllm.__version__))
+    releases.use(vllm.__version__)  # judged by the installed release's rules, hashed in its format
     if os.environ.get("PYTHONHASHSEED") is None:
         os.environ["PYTHONHASHSEED"] = "0"
         hashing.init_none_hash()
@@ -181,15 +183,32 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
 
 
 def layout_unsupported(target: str, scope: str, name: str) -> str | None:
-    """Why a ``module:factory`` target cannot be given a manager layout's
-    options (its factory takes no such keyword), or ``None``.  Such a layout
-    is skipped with that reason, never judged: a configuration the target
-    does not offer is no failure of it."""
+    """Why a layout is not searched, or ``None``: the release judged has no
+    such configuration (:meth:`kvspec.spec.releases.Release.unsupported`),
+    or a ``module:factory`` target cannot be given a manager layout's
+    options (its factory takes no such keyword).  Such a layout is skipped
+    with that reason, never judged: a configuration the target does not
+    offer is no failure of it."""
+    if (why := releases.current().unsupported(_mamba_modes(scope, name))) is not None:
+        return why
     if scope != "manager" or target in TARGETS[scope]:
         return None
     factory = resolve_target(target, scope)
     missing = [k for k in manager_layout(name).target_options() if not takes_keyword(factory, k)]
     return f"the target factory takes no {', '.join(missing)} keyword" if missing else None
+
+
+def _mamba_modes(scope: str, name: str) -> set[str]:
+    """The cache modes of a layout's Mamba groups, where prefix caching is on."""
+    if scope == "pool":
+        return set()
+    if scope == "scheduler":
+        layout = SCHEDULER_LAYOUTS[name]
+    else:
+        layout = manager_layout(name)
+    if not layout.enable_caching:
+        return set()
+    return {g.mamba_cache_mode for g in layout.groups if spec_is(g, MambaSpec)}
 
 
 BLOCK_POOL_API = ("get_new_blocks", "touch", "free_blocks", "get_cached_block", "cache_full_blocks", "blocks",
@@ -617,7 +636,10 @@ def replay(
     machine = None
     with _hard_stop_at(deadline):
         try:
-            machine = machine_for(trace.scope, trace.layout, target, level, frozenset(trace.avoid))()
+            make = machine_for(trace.scope, trace.layout, target, level, frozenset(trace.avoid))
+            if trace.release:  # judged by the rules it was recorded under (after the target set its own)
+                releases.use(trace.release)
+            machine = make()
             return _replay(machine, trace, on_step)
         except BudgetSpent:
             pass

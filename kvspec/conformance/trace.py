@@ -19,13 +19,16 @@ The file format (JSON, ``"kvspec_trace": 1``)::
 
     {"kvspec_trace": 1, "scope": "manager", "layout": "full+swa",
      "target": "vllm", "level": "L1", "avoid": ["bad-input:negative"],
+     "release": "0.27.0",
      "failure": {"step": 3, "rules": ["allocation-accounting"], "message": "..."},
      "steps": [{"rule": "schedule", "args": {},
                 "draws": [["actions", 1], ["action", "arrive"], ...],
                 "operations": ["new_step_starts() -> None", ...]}, ...]}
 
 Values are JSON, with ``{"set": [...]}``, ``{"tuple": [...]}`` and
-``{"lora": [name, id]}`` for the few that are not.
+``{"lora": [name, id]}`` for the few that are not.  ``release`` (optional)
+is the vLLM release whose rules judged the run (:mod:`kvspec.spec.releases`);
+a replay judges by it.
 """
 
 from __future__ import annotations
@@ -145,6 +148,7 @@ class Trace:
     steps: list[TraceStep] = field(default_factory=list)
     failure: dict[str, Any] | None = None
     avoid: list[str] = field(default_factory=list)  # inputs the machine did not send
+    release: str = ""  # the vLLM release whose rules judged (spec/releases.py); "": the base, or not recorded
 
     # -- recording
     def begin(self, rule: str, args: dict[str, Any]) -> None:
@@ -179,6 +183,7 @@ class Trace:
             "target": self.target,
             "level": self.level,
             "avoid": self.avoid,
+            **({"release": self.release} if self.release else {}),
             "failure": self.failure,
             "steps": [s.to_json() for s in self.steps],
         }
@@ -218,7 +223,7 @@ class Trace:
             raise TraceError("'avoid' must be a list of input names")
         return cls(
             raw["scope"], raw["layout"], str(raw.get("target", "")), str(raw.get("level", "L3")),
-            [TraceStep.from_json(s) for s in raw["steps"]], raw.get("failure"), avoid,
+            [TraceStep.from_json(s) for s in raw["steps"]], raw.get("failure"), avoid, str(raw.get("release", "")),
         )
 
 

@@ -39,6 +39,7 @@ from kvspec.conformance.trace import recorded
 from kvspec.hashing import get_block_hash, get_request_block_hasher
 from kvspec.kv_cache_interface import AttentionKind
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
+from kvspec.spec import releases
 from kvspec.spec.content import Shadow, window_start
 from kvspec.spec.interface import ManagerTarget
 from kvspec.spec.layout import Layout
@@ -133,7 +134,8 @@ def manager_machine(
             self.mirror = EventMirror()
             self.requests: dict[str, Request] = {}
             self.shadow = Shadow(layout)
-            self.ctx = RequestContext(layout=layout, requests=self.requests, shadow=self.shadow)
+            self.ctx = RequestContext(layout=layout, requests=self.requests, shadow=self.shadow,
+                                      release=releases.current())
 
         # --- one operation: apply, compare, check -----------------------------------
 
@@ -168,7 +170,7 @@ def manager_machine(
             self.ctx.fresh += fresh_blocks(step, layout)
             if op == "make_prefix_cache_stats":
                 self.ctx.since_stats.clear()
-            self.ctx.since_stats += stats_records(step, layout)
+            self.ctx.since_stats += stats_records(step, layout, self.ctx.release)
             if step.error is not None:
                 raise Refused(step.error)
             return step.result
@@ -433,6 +435,8 @@ def manager_machine(
                 return  # not enough blocks: stays waiting, nothing changed
             self.waiting.remove(request)
             self.running.append(request)
+            if self.ctx.release.has("stats-at-admission") and hasattr(self.target, "record_prefix_cache_stats"):
+                self.apply("record_prefix_cache_stats", request, hit, lockstep=False)  # as the scheduler does
             if delay:
                 self.each("cache_blocks", request, hit + external)
             self.maybe_sample(request, data)

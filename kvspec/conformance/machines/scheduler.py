@@ -177,7 +177,9 @@ class SchedulerHarness:
 
     def step(self) -> list[Violation]:
         """One engine step; every rule's violations, in order."""
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.outputs import KVConnectorOutput
+
+        from kvspec.conformance.vllm.scheduler import runner_output
 
         self.steps += 1
         self.shadow.new_step()
@@ -226,10 +228,7 @@ class SchedulerHarness:
         connector_output = None
         if received or invalid:
             connector_output = KVConnectorOutput(finished_recving=received or None, invalid_block_ids=invalid)
-        runner_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                          sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-                                          pooler_output=[], kv_connector_output=connector_output)
-        outputs = self.scheduler.update_from_output(out, runner_output)
+        outputs = self.scheduler.update_from_output(out, runner_output(ids, sampled, connector_output))
         for (rid, draft), tokens in zip(drafts.items(), sampled, strict=True):
             if draft and tokens:  # the accepted drafts' KV is the request's own; the rejected ones' is junk
                 accepted = len(tokens) - 1

@@ -171,11 +171,9 @@ class VllmApiPoolTarget:
         table = self.pool.cached_block_hash_to_block
         if hasattr(table, "items"):
             return {k: tuple(b.block_id for b in blocks) for k, blocks in table.items()}
-        # vLLM's map has no public iteration; read its dict the way it stores it.
-        out = {}
-        for key, blocks in table._cache.items():
-            out[key] = (blocks.block_id,) if hasattr(blocks, "block_id") else tuple(blocks)
-        return out
+        from kvspec.conformance.vllm.compat import cached_table  # vLLM's map: no public iteration
+
+        return cached_table(table)
 
 
 class ImplPoolTarget(VllmApiPoolTarget):

@@ -1,40 +1,40 @@
-"""vLLM's releases as kvspec knows them: the reference release and every
-switch on the release.
+"""vLLM's releases as the adapters meet them: the reference release and
+every switch in how a release is *driven and read*.
 
-kvspec's spec is vLLM 0.25.1's block manager (:data:`REFERENCE_RELEASE`).
-Later releases changed what the adapters see, not what the rules say; each
-change is one entry here, named by the release that made it, so that
-adding a release means reading this file, not searching the tree:
+What a release changed in the block manager's behaviour is the spec's
+business: :mod:`kvspec.spec.releases` holds those deltas (the hash format,
+the stats, the third value of ``get_computed_blocks``, ...), and this
+module reads the spec's releases rather than keeping its own.  What is
+left here is how kvspec reaches into each release's code, named by the
+release that changed it, so that adding a release means reading this file
+and spec/releases.py, not searching the tree:
 
-- :data:`TAGGED_EXTRA_KEYS` (0.31): block-hash extra keys lead with their
-  kind (``("lora", name, path)``, ``("mm", id, offset)``, ...);
-- :data:`SESSION_ID` (0.30): ``Request.session_id``, read into KV events;
-- :data:`SHARED_PREFIX_BOUNDARY` (0.33): ``get_computed_blocks`` returns a
-  third value after ``(blocks, num_hits)``.
+- :data:`BLOCK_ID_TABLE` (0.34): the pool's hash table stores block ids,
+  not blocks, with the keys several blocks cache kept apart
+  (:func:`cached_table` reads every era);
+- 0.34: ``ModelRunnerOutput`` lost ``req_id_to_index``
+  (:func:`kvspec.conformance.vllm.scheduler.runner_output` reads its fields).
 
 Nothing here imports vLLM: the switches take the release as a string (the
-installed one: :func:`installed_release`).  Run as a script, the module
-prints the reference release (``tools/install_vllm.sh`` reads it so).
+installed one: :func:`installed_release`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-REFERENCE_RELEASE = "0.25.1"
-"""The release the spec describes, the drop-in replaces and the vllm
-target is built for."""
+from kvspec.spec import releases
 
-TAGGED_EXTRA_KEYS = (0, 31)
-SESSION_ID = (0, 30)
-SHARED_PREFIX_BOUNDARY = (0, 33)
+REFERENCE_RELEASE = releases.BASE
+"""The release the spec's base chapters describe, the drop-in replaces and
+the vllm target is built for."""
+
+BLOCK_ID_TABLE = (0, 34)
 
 
 def release(version: str) -> tuple[int, ...]:
     """``"0.31.0rc1"`` -> ``(0, 31, 0)``: the release's numbers, for comparing with the switches."""
-    from packaging.version import Version
-
-    return Version(version).release
+    return releases.version_key(version)
 
 
 def installed_release() -> str | None:
@@ -47,34 +47,31 @@ def installed_release() -> str | None:
         return None
 
 
-def release_warning(installed: str | None) -> str | None:
-    """What a run against vLLM says when the installed release is not the
-    reference: which release is judged by which spec, and where the known
-    differences of later releases are listed (``None``: nothing to say)."""
-    if installed is None or release(installed) == release(REFERENCE_RELEASE):
-        return None
-    relation = "later than" if release(installed) > release(REFERENCE_RELEASE) else "older than"
-    return (f"warning: vLLM {installed} is installed, {relation} the release kvspec's spec describes "
-            f"({REFERENCE_RELEASE}); it is judged by {REFERENCE_RELEASE}'s rules -- what later releases changed "
-            "in the block manager is listed in docs/findings.md (the version matrix)")
-
-
 def extra_key_format(version: str) -> str:
-    """The extra-key format of a release: ``bare`` (the reference, through
-    0.30) or ``tagged`` (from 0.31: every key is a tuple led by its kind --
-    ``("lora", name, path)``, ``("mm", id, offset)``, ``("cache_salt",
-    salt)``, ``("prompt_embeds", digest)`` -- so that keys of different
-    kinds never collide).  KV events keep the bare format."""
-    return "tagged" if release(version) >= TAGGED_EXTRA_KEYS else "bare"
+    """The extra-key format of a release (spec delta ``tagged-extra-keys``)."""
+    return releases.judged(version).extra_key_format
 
 
 def hit_of(computed: Any) -> tuple[Any, int]:
     """``(blocks, num_hits)`` of what a release's ``get_computed_blocks``
     returned: the pair through 0.32, the pair and the shared-prefix
-    boundary from 0.33."""
+    boundary from 0.33 (spec delta ``shared-prefix-boundary``: read, not judged)."""
     blocks, num_hits = tuple(computed)[:2]
     return blocks, num_hits
 
 
-if __name__ == "__main__":
-    print(REFERENCE_RELEASE)
+def cached_table(table: Any) -> dict[Any, tuple[int, ...]]:
+    """Every key of a vLLM ``BlockHashToBlockMap`` and the ids of the blocks
+    cached under it, in insertion order.  The map has no public iteration,
+    so its private dict is read the way each era stores it: through 0.33 a
+    key maps to a block or to a dict of blocks by id; from 0.34
+    (:data:`BLOCK_ID_TABLE`) to one block id, with the ids of a key that
+    several blocks cache in ``_dup_ids``."""
+    dup_ids = getattr(table, "_dup_ids", None)
+    out = {}
+    for key, entry in table._cache.items():
+        if dup_ids is not None:
+            out[key] = tuple(dup_ids[key]) if key in dup_ids else (entry,)
+        else:
+            out[key] = (entry.block_id,) if hasattr(entry, "block_id") else tuple(entry)
+    return out

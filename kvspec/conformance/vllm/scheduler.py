@@ -163,7 +163,6 @@ def serve(scheduler: Any, *, steps: int, seed: int = 0, hash_block_size: int = 1
     """Drive ``scheduler`` for ``steps`` steps; a request arrives on most
     steps (a shared system prompt on half of them), every scheduled request
     whose prompt is done samples one token, and stops after ``max_tokens``."""
-    from vllm.v1.outputs import ModelRunnerOutput
 
     rng = random.Random(seed)
     new_request = request_factory(hash_block_size)
@@ -188,8 +187,20 @@ def serve(scheduler: Any, *, steps: int, seed: int = 0, hash_block_size: int = 1
             preempted=sorted(getattr(out, "preempted_req_ids", None) or []),
             finished=sorted(out.finished_req_ids),
         ))
-        runner_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                          sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-                                          pooler_output=[])
-        scheduler.update_from_output(out, runner_output)
+        scheduler.update_from_output(out, runner_output(ids, sampled))
     return records
+
+
+def runner_output(ids: list[str], sampled: list[list[int]], connector_output: Any = None) -> Any:
+    """The ``ModelRunnerOutput`` a forward pass over requests ``ids`` hands
+    the scheduler: ``sampled[i]`` is what request ``ids[i]`` sampled (empty
+    for a prefill chunk).  Through 0.33 the output also maps each id to its
+    row (``req_id_to_index``); 0.34 dropped that field."""
+    import dataclasses
+
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+    extra = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if "req_id_to_index" in fields else {}
+    return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                             pooler_output=[], kv_connector_output=connector_output, **extra)

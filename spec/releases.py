@@ -1,0 +1,225 @@
+"""Releases: which vLLM release the spec describes, and what each later one changed.
+
+The chapters before this one describe vLLM **0.25.1**, the *base*.  vLLM
+ships a release a month; a release that changes what its block manager
+does, or what it answers, is written here as a :class:`Delta` on the one
+before -- the way a protocol's forks are written as deltas on its base --
+so that a reader targeting release R reads the base chapters and then the
+deltas up to R, oldest first (:func:`deltas_until`), and nothing else.
+
+Each delta says:
+
+- the **release** that made the change and a **key** that names it;
+- what changed, in prose (the **change**);
+- the **rules** whose reading changes with it (none: the rules stand and
+  only what a target answers, or which inputs exist, changed);
+- the **vectors** that judge it (none yet: said so);
+- its **status**: ``modelled`` (the spec follows the release: a switch on
+  :class:`Release` that the rules or the machines read), ``outside`` (the
+  change is outside what the spec judges -- an answer the neutral
+  interface leaves out, a feature the release removed -- and the delta
+  says exactly what is not judged), or ``not-modelled`` (the release does
+  something the spec does not describe yet: a target on that release may
+  break a rule there for no fault of its own; the delta names the layouts
+  where it shows).
+
+A release is judged by the rules of the newest release the spec knows at
+or before it (:func:`judged`): a release newer than every known one is
+judged by the newest known one's rules, and says so.  Rules that no delta
+names are release-independent: ref-conservation holds in every release.
+
+Nothing here imports vLLM; releases are version strings.  Run as a script,
+the module prints the base release (``tools/install_vllm.sh`` reads it so,
+before kvspec is installed).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+BASE = "0.25.1"
+"""The release the chapters before this one describe."""
+
+MODELLED, OUTSIDE, NOT_MODELLED = "modelled", "outside", "not-modelled"
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``"0.31.0rc1"`` -> ``(0, 31, 0)``: a release's numbers, for ordering
+    releases (a pre-release orders with its release).  A string that is no
+    version is a ``ValueError`` naming it."""
+    match = re.match(r"v?(\d+(?:\.\d+)*)", str(version).strip())
+    if not match:
+        raise ValueError(f"{version!r} is not a vLLM release (expected a version such as {BASE!r})")
+    return tuple(int(n) for n in match[1].split("."))
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One change a release made to the block manager, as the spec reads it."""
+
+    release: str
+    key: str
+    change: str
+    rules: tuple[str, ...] = ()
+    vectors: tuple[str, ...] = ()
+    status: str = MODELLED
+    shows_on: tuple[str, ...] = ()
+    """For a delta not modelled: the conformance layouts where a target on the release can break a rule."""
+
+
+DELTAS: tuple[Delta, ...] = (
+    Delta(
+        "0.26.0", "mamba-align-copy-on-write",
+        "A Mamba group in align mode may hit a state whose block is only partly written (the prompt's tail): "
+        "the state is copied on write into a block of the request's own, the hash moves to the copy, and the "
+        "pending copy holds references to the source outside any block table until the step runs.",
+        rules=("ref-conservation", "no-eviction-in-use", "content-soundness"), status=NOT_MODELLED,
+        shows_on=("manager/full+mamba-align-drafts",)),
+    Delta(
+        "0.27.0", "stats-at-admission",
+        "The prefix-cache stats stop counting lookups: get_computed_blocks records nothing, and the scheduler "
+        "records a request once it is admitted, with record_prefix_cache_stats(request, num_hits) -- one "
+        "request, its num_tokens as queries, num_hits as hits (nothing with caching off or for a request that "
+        "skips reading the cache).  A lookup whose request is not admitted is not counted.",
+        rules=("allocation-accounting",)),
+    Delta(
+        "0.30.0", "session-id",
+        "Requests carry a session_id, which the pool reads into the BlockStored events it emits.  The "
+        "interface's requests have no session; a target on this release is driven with session_id unset "
+        "and events are compared without it.",
+        status=OUTSIDE),
+    Delta(
+        "0.31.0", "tagged-extra-keys",
+        "A block hash's extra keys lead with their kind -- (\"lora\", name, path), (\"mm\", identifier, "
+        "offset), (\"cache_salt\", salt), (\"prompt_embeds\", digest) -- so that keys of different kinds never "
+        "collide, and a LoRA adapter's key carries its path.  Every block hash changes; KV events keep the "
+        "base release's untagged keys.",
+        rules=("hash-map-consistency", "tenant-isolation")),
+    Delta(
+        "0.32.0", "eagle-lookahead-hashes",
+        "The EAGLE lookup is redesigned: a hit is proved with lookahead hashes of the blocks after it and "
+        "kept only with a margin of proven tokens, instead of dropping the last matched block.",
+        rules=("hit-soundness", "hit-optimality"), status=NOT_MODELLED,
+        shows_on=("manager/full+swa-eagle",)),
+    Delta(
+        "0.33.0", "mamba-all-removed",
+        "Mamba's `all` cache mode is gone: a Mamba group with prefix caching must use `align`, and a model "
+        "configured with `all` is refused.  Layouts with an `all` Mamba group do not exist in this release.",
+        status=OUTSIDE),
+    Delta(
+        "0.33.0", "shared-prefix-boundary",
+        "get_computed_blocks returns a third value after (blocks, num_hits): the block-aligned end of a "
+        "shared prefix a sparse-retention group has not cached yet, which the scheduler pins (0: none).  "
+        "The spec's answer is the pair; the third value is read and not judged.",
+        status=OUTSIDE),
+)
+"""Every delta, oldest release first."""
+
+KNOWN = (BASE, "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
+"""Every release the spec knows: the base and each later one whose block
+manager was read for deltas (a release here without a delta of its own
+changed nothing the spec describes)."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """A vLLM release as the spec judges it.  ``version`` is the release
+    asked about; ``known`` is the release whose rules judge it (the newest
+    known one at or before it)."""
+
+    version: str
+    known: str
+
+    @cached_property
+    def deltas(self) -> tuple[Delta, ...]:
+        """The deltas from the base to this release, oldest first."""
+        return deltas_until(self.known)
+
+    def has(self, key: str) -> bool:
+        """Whether the delta ``key`` is in force in this release."""
+        if key not in {d.key for d in DELTAS}:
+            raise ValueError(f"no release delta is named {key!r} (known: {', '.join(d.key for d in DELTAS)})")
+        return any(d.key == key for d in self.deltas)
+
+    @property
+    def is_base(self) -> bool:
+        return self.known == BASE
+
+    @property
+    def beyond_known(self) -> bool:
+        """Newer than every release the spec knows: judged by the newest known one's rules."""
+        return version_key(self.version) > version_key(KNOWN[-1])
+
+    @property
+    def extra_key_format(self) -> str:
+        """``bare`` (the base) or ``tagged`` (delta ``tagged-extra-keys``)."""
+        return "tagged" if self.has("tagged-extra-keys") else "bare"
+
+    def unsupported(self, mamba_modes: set[str]) -> str | None:
+        """Why a layout whose Mamba groups use ``mamba_modes`` (with prefix
+        caching) does not exist in this release, or ``None``."""
+        if "all" in mamba_modes and self.has("mamba-all-removed"):
+            return f"vLLM {self.version} has no Mamba `all` cache mode (release delta mamba-all-removed, 0.33.0)"
+        return None
+
+    def warning(self) -> str | None:
+        """What a run on this release says about how it is judged (``None``: it is the base)."""
+        if version_key(self.version) < version_key(BASE):
+            return (f"warning: vLLM {self.version} is older than {BASE}, the oldest release kvspec's spec "
+                    f"describes; it is judged by {BASE}'s rules")
+        if self.is_base:
+            return None
+        if self.beyond_known:
+            return (f"warning: vLLM {self.version} is newer than every release kvspec's spec knows; it is judged by "
+                    f"the rules of {self.known}, the newest known (spec/README.md, chapter Releases)")
+        missing = [d.key for d in self.deltas if d.status == NOT_MODELLED]
+        note = f"; not modelled yet: {', '.join(missing)}" if missing else ""
+        count = f"{len(self.deltas)} delta{'s' if len(self.deltas) != 1 else ''}"
+        return (f"note: judged by the rules of vLLM {self.version}: the spec of {self.known} "
+                f"(base {BASE} + {count}{note})")
+
+
+def deltas_until(version: str) -> tuple[Delta, ...]:
+    """The deltas of every release after the base up to ``version``, oldest first."""
+    key = version_key(version)
+    return tuple(d for d in DELTAS if version_key(d.release) <= key)
+
+
+def judged(version: str) -> Release:
+    """The release ``version`` as the spec judges it: by its own rules when
+    the spec knows it, else by those of the newest known release before it
+    (the base for anything older than the base)."""
+    key = version_key(version)
+    known = [k for k in KNOWN if version_key(k) <= key]
+    return Release(version, known[-1] if known else BASE)
+
+
+REFERENCE = judged(BASE)
+"""The base release, as a :class:`Release`: what the spec judges by default."""
+
+
+_current = REFERENCE
+
+
+def use(version: str) -> Release:
+    """Judge by ``version``'s rules from now on, in this process (the
+    conformance runner sets the release under test; the default is the
+    base).  Block hashes follow: their extra keys take the release's format."""
+    global _current
+    from kvspec import hashing
+
+    release = judged(version)
+    hashing.use_extra_key_format(release.extra_key_format)
+    _current = release
+    return release
+
+
+def current() -> Release:
+    """The release this process judges by (:func:`use`)."""
+    return _current
+
+
+if __name__ == "__main__":
+    print(BASE)

@@ -1,0 +1,142 @@
+"""The release axis (spec/releases.py, chapter 9 of spec/README.md): each
+delta, its chapter row and its rules in step; how a release is judged; and
+that a delta is live -- the gate judges by the release asked for."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvspec import hashing
+from kvspec.conformance.gate import GateOptions, run_gate
+from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.runner import SetupError, layout_names, replay
+from kvspec.conformance.trace import Trace
+from kvspec.spec import releases
+from kvspec.spec.catalogue import RULES
+from kvspec.spec.interface import ManagerSnapshot
+from kvspec.spec.request_rules import ManagerStep, stats_records
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTER = (ROOT / "spec" / "README.md").read_text().split("## 9. Releases", 1)[1].split("\n## ", 1)[0]
+STATUS_WORDS = {releases.MODELLED: "modelled", releases.OUTSIDE: "outside", releases.NOT_MODELLED: "not modelled"}
+
+
+@pytest.fixture(autouse=True)
+def base_release_after():
+    yield
+    releases.use(releases.BASE)
+
+
+def chapter_rows() -> dict[str, list[str]]:
+    rows = {}
+    for line in CHAPTER.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and (key := re.fullmatch(r"`([a-z-]+)`", cells[1])):
+            rows[key[1]] = cells
+    return rows
+
+
+def test_every_delta_has_its_row_in_the_chapter_and_nothing_else_does():
+    rows = chapter_rows()
+    assert set(rows) == {d.key for d in releases.DELTAS}
+    for delta in releases.DELTAS:
+        release, _, status, rules, _ = rows[delta.key]
+        assert release == delta.release, delta.key
+        assert status == STATUS_WORDS[delta.status], delta.key
+        assert [r.strip() for r in rules.split(",")] == (list(delta.rules) or ["--"]), delta.key
+        for shown in delta.shows_on:
+            assert f"`{shown}`" in rows[delta.key][4], f"{delta.key}: the chapter does not say it shows on {shown}"
+
+
+def test_deltas_name_catalogue_rules_known_releases_and_real_layouts():
+    keys = [d.key for d in releases.DELTAS]
+    assert len(keys) == len(set(keys))
+    order = [releases.version_key(d.release) for d in releases.DELTAS]
+    assert order == sorted(order), "DELTAS are listed oldest release first"
+    assert [releases.version_key(k) for k in releases.KNOWN] == sorted(releases.version_key(k) for k in releases.KNOWN)
+    for delta in releases.DELTAS:
+        assert delta.release in releases.KNOWN
+        assert set(delta.rules) <= set(RULES), delta.key
+        assert delta.status in STATUS_WORDS
+        assert bool(delta.shows_on) == (delta.status == releases.NOT_MODELLED), delta.key
+        for shown in delta.shows_on:
+            scope, name = shown.split("/")
+            assert name in layout_names(scope), shown
+    assert releases.KNOWN[0] == releases.BASE
+
+
+def test_a_release_is_judged_by_the_newest_known_release_at_or_before_it():
+    assert releases.judged("0.25.1").is_base and releases.judged("0.25.1").warning() is None
+    assert releases.judged("0.27.1").known == "0.27.1"
+    assert releases.judged("0.29.5").known == "0.29.0"
+    assert releases.judged("0.31.0rc2").known == "0.31.0"
+    newer = releases.judged("9.0.0")
+    assert newer.known == releases.KNOWN[-1] and newer.beyond_known
+    assert "newer than every release" in newer.warning() and releases.KNOWN[-1] in newer.warning()
+    older = releases.judged("0.20.0")
+    assert older.is_base and "older than" in older.warning()
+    assert "not modelled yet: mamba-align-copy-on-write" in releases.judged("0.26.0").warning()
+    assert [d.key for d in releases.deltas_until("0.27.0")] == ["mamba-align-copy-on-write", "stats-at-admission"]
+
+
+def test_bad_releases_and_delta_names_are_refused_by_name():
+    with pytest.raises(ValueError, match="'latest' is not a vLLM release"):
+        releases.judged("latest")
+    with pytest.raises(ValueError, match="no release delta is named 'stats'"):
+        releases.REFERENCE.has("stats")
+
+
+def test_using_a_release_switches_the_hash_format_with_it():
+    from types import SimpleNamespace
+
+    salted = SimpleNamespace(cache_salt="s", lora_request=None, mm_features=[], prompt_embeds=None)
+    releases.use("0.31.0")
+    assert releases.current().known == "0.31.0" and releases.current().extra_key_format == "tagged"
+    assert hashing.generate_block_hash_extra_keys(salted, 0, 16, 0)[0] == (("cache_salt", "s"),)
+    releases.use("0.30.0")
+    assert hashing.generate_block_hash_extra_keys(salted, 0, 16, 0)[0] == ("s",)
+
+
+def _step(op: str, **args) -> ManagerStep:
+    empty = ManagerSnapshot(pool=None, tables={})
+    return ManagerStep(op, args, empty, empty, result=args.pop("result", None), error=None)
+
+
+def test_stats_count_lookups_in_the_base_and_admissions_from_0_27():
+    from kvspec.request import Request
+
+    layout = MANAGER_LAYOUTS["full"]
+    request = Request("r1", list(range(40)))
+    lookup = _step("get_computed_blocks", request=request, result=((), 16))
+    admitted = _step("record_prefix_cache_stats", request=request, num_hits=16)
+    base, later = releases.judged("0.25.1"), releases.judged("0.27.0")
+    assert stats_records(lookup, layout, base) == [("lookup", 40, 16, False)]
+    assert stats_records(admitted, layout, base) == []
+    assert stats_records(lookup, layout, later) == []
+    assert stats_records(admitted, layout, later) == [("lookup", 40, 16, False)]
+
+
+def test_the_gate_judges_by_the_release_asked_for():
+    """impl is the base release's API: judged by 0.27's rules its stats
+    count lookups no scheduler admitted (it has no record_prefix_cache_stats)
+    and rule allocation-accounting breaks -- the delta is live; judged by
+    0.33's, the Mamba `all` layouts are skipped, saying why."""
+    report = run_gate(GateOptions(target="impl", scope="manager", level="L1", layouts=["full"], examples=30,
+                                  seed=1, release="0.27.0"))
+    (result,) = report.results
+    assert not result.conforms and "allocation-accounting" in result.rules, result
+    assert result.trace.release == "0.27.0"
+    releases.use(releases.BASE)
+    replayed = replay(Trace.from_json(result.trace.to_json()), "impl", "L1")  # judged by the release it records
+    assert replayed.diverged_at == result.trace.failure["step"] and "allocation-accounting" in replayed.rules
+    report = run_gate(GateOptions(target="impl", scope="manager", level="L1", layouts=["full+mamba-all"],
+                                  examples=5, seed=1, release="0.33.0"))
+    (result,) = report.results
+    assert result.conforms and "no Mamba `all` cache mode" in result.skipped
+    assert report.versions["release judged"] == "0.33.0"
+
+
+def test_the_gate_refuses_a_release_that_is_no_version():
+    with pytest.raises(SetupError, match="--release: 'next' is not a vLLM release"):
+        run_gate(GateOptions(target="impl", scope="pool", layouts=["tiny-pool"], examples=1, release="next"))
