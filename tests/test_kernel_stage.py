@@ -3,6 +3,7 @@ kvspec's KVCacheManager over every model layout, at real shapes and under
 Hypothesis-generated schedules; every planted fault is caught, and by
 which check."""
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -21,9 +22,14 @@ from kvspec.models.architectures import setup as model_setup  # a module-level "
 from kvspec.models.runner import CHECKS, Engine, KernelStageError
 from operations import record
 
+# The suite's share of the kernel stage's random schedules, per profile: CI's two cores take 30 examples a
+# model (about 80 s less than `kvspec kernels`' 50, the CI's budget being 45 minutes); the long profile keeps 400.
+SUITE_EXAMPLES = {"ci": 30, "long": 400, "quick": 5}
+
 
 def search(machine):
-    run_state_machine_as_test(machine, settings=kernel_settings())
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    run_state_machine_as_test(machine, settings=kernel_settings(examples=SUITE_EXAMPLES.get(profile)))
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

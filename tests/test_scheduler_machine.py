@@ -60,10 +60,36 @@ def test_the_read_rule_catches_a_computed_count_no_block_backs():
     assert problems and problems[0].rule == "content-soundness" and "r0 counts 32 tokens computed" in str(problems[0])
 
 
-@pytest.mark.parametrize("finding_id", ["S1", "S1-align", "S2"])
-def test_scheduler_findings_reproduce_on_vllm(finding_id):
-    status, detail = replay_finding(SCHEDULER_FINDINGS[finding_id])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["Scheduler", "AsyncScheduler"])
+@pytest.mark.parametrize("finding_id", ["S1", "S1-align", "S2", "S2-fail"])
+def test_scheduler_findings_reproduce_on_vllm(finding_id, async_scheduling):
+    status, detail = replay_finding(SCHEDULER_FINDINGS[finding_id], async_scheduling=async_scheduling)
     assert status == "reproduces" and detail.startswith("content-soundness"), detail
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_s2_needs_the_failing_requests_abort_and_a_synchronous_load(policy):
+    """Which configurations S2 hits: under the fail policy only an abort that
+    lands while the failing step runs (the engine drains it right before the
+    step's output); under recompute an abort between steps too.  An
+    asynchronous load's blocks are cached only once it succeeds: never hit."""
+    from kvspec.conformance.machines.scheduler import Engine
+
+    def served(load, in_flight):
+        h = SchedulerHarness(SCHEDULER_LAYOUTS["full"], engine=Engine(failure_policy=policy))
+        prompt = [864] * 48 + [0]
+        h.arrive(prompt, max_tokens=1, remote_tokens=49, load=load)
+        if in_flight:
+            h.abort("r0", in_flight=True)
+        problems = h.step() + (h.step() if load.startswith("async") else [])  # an async load reports a step later
+        if not in_flight:
+            h.abort("r0")
+        h.arrive(prompt, max_tokens=1)
+        return bool(problems + h.step() + h.step())
+
+    assert served("sync-fail", in_flight=True)
+    assert served("sync-fail", in_flight=False) == (policy == "recompute")
+    assert not served("async-fail", in_flight=True) and not served("async-fail", in_flight=False)
 
 
 def test_s3_a_hybrid_load_failure_crashes_vllm_0_25_1():
@@ -156,7 +182,7 @@ def test_the_gate_steers_around_the_schedulers_known_findings_and_vllm_conforms(
     report = _gate(tmp_path, examples=8, known_findings=True)
     assert [r.layout for r in report.results] == list(SCHEDULER_LAYOUTS)
     assert all(r.conforms for r in report.results), [r.details for r in report.results]
-    assert {"S1", "S1-align", "S2", "S3"} <= {line.split(":")[0] for line in report.steered_around}
+    assert {"S1", "S1-align", "S2", "S2-fail", "S3"} <= {line.split(":")[0] for line in report.steered_around}
 
 
 def test_unsteered_the_gate_finds_the_schedulers_bugs_and_labels_them(tmp_path):

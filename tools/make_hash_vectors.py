@@ -88,6 +88,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,9 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO_ROOT / "tests" / "vectors" / "hash_chain.json"
 
+# The release the vectors come from: spec/releases.py's BASE, read as text (nothing here imports kvspec).
+BASE = re.search(r'^BASE = "([^"]+)"', (Path(__file__).resolve().parents[1] / "spec" / "releases.py").read_text(),
+                 re.M)[1]
 SEEDS = ["0", "42", "random", "kvspec"]
 FORMAT_VERSION = 1
 
@@ -506,8 +510,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import vllm
 
-    if vllm.__version__ != "0.25.1":
-        raise SystemExit(f"expected vLLM 0.25.1, found {vllm.__version__}")
+    if vllm.__version__ != BASE:
+        raise SystemExit(f"expected vLLM {BASE}, found {vllm.__version__}")
     text = dumps(build())
     if args.check:
         if args.output.read_text(encoding="utf-8") != text:

@@ -37,11 +37,13 @@ import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from kvspec.spec.releases import BASE
+
 ROOT = Path(__file__).resolve().parent.parent
 DIFFERENCES = ROOT / "tools" / "peer_suite_differences.json"
-SDIST = "vllm-0.25.1.tar.gz"
+SDIST = f"vllm-{BASE}.tar.gz"
 SDIST_SHA256 = "ddbdec3f1c0f21afa70b7eb6ddf3faa29d26b1302ee4b5d5e00ec3af41b0c2e4"
-PREFIX = "vllm-0.25.1/"
+PREFIX = f"vllm-{BASE}/"
 # The block-manager tests, with the SHA-256 of each file as published.
 FILES: dict[str, str] = {
     "tests/v1/core/__init__.py": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
@@ -100,7 +102,7 @@ def extract(sdist: Path, into: Path) -> dict[str, str]:
     """The test files, checked, written under ``into``; their checksums."""
     data = sdist.read_bytes()
     if sha256(data) != SDIST_SHA256:
-        raise PeerSuiteError(f"{sdist} is not vLLM 0.25.1's published archive (SHA-256 {sha256(data)})")
+        raise PeerSuiteError(f"{sdist} is not vLLM {BASE}'s published archive (SHA-256 {sha256(data)})")
     sums = {}
     with tarfile.open(sdist) as archive:
         for name, expected in FILES.items():
@@ -171,7 +173,7 @@ def compare(vllm: dict[str, tuple[str, str]], ours: dict[str, tuple[str, str]],
 
 
 def table(rows: list[tuple[str, str, str, str]]) -> list[str]:
-    lines = ["| test | vLLM 0.25.1 | kvspec drop-in | note |", "|---|---|---|---|"]
+    lines = [f"| test | vLLM {BASE} | kvspec drop-in | note |", "|---|---|---|---|"]
     lines += [f"| `{t}` | {a} | {b} | {n} |" for t, a, b, n in rows]
     return lines
 
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, problems = compare(theirs, ours, differences)
     lines = table(rows)
     counts = {who: sum(1 for r in rows if r[i] == "passed") for who, i in (("vLLM", 1), ("kvspec", 2))}
-    summary = (f"vLLM 0.25.1's block-manager tests: {len(rows)}; passed on vLLM {counts['vLLM']}, "
+    summary = (f"vLLM {BASE}'s block-manager tests: {len(rows)}; passed on vLLM {counts['vLLM']}, "
                f"on kvspec's drop-in {counts['kvspec']}; {len(differences)} listed differences; "
                f"{len(problems)} unexplained")
     print("\n".join(lines))

@@ -31,7 +31,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
-OLDEST = Version("0.25.1")
+from kvspec.spec.releases import BASE
+
+OLDEST = Version(BASE)
 CACHE = Path(os.environ.get("KVSPEC_CACHE", Path.home() / ".cache" / "kvspec")) / "vllm-versions"
 # What later releases import at start-up that 0.25.1 did not (installed without their dependencies,
 # like vLLM itself: the venv already has pydantic, typing-extensions and the rest).

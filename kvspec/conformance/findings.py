@@ -176,8 +176,9 @@ def matching_finding(target: str, scope: str, layout: str, trace: object) -> Fin
 def _matching_scheduler_finding(layout: str, trace: object) -> Finding | None:
     """The scheduler finding a failing scheduler-scope run looks like: a
     failing load anywhere in it (S3 where the layout has several groups,
-    S2 where a request is aborted), or a connector on a Mamba layout (S1)."""
-    from kvspec.conformance.machines.scheduler import SCHEDULER_LAYOUTS
+    S2 where a request is aborted -- S2-fail under the fail policy), or a
+    connector on a Mamba layout (S1)."""
+    from kvspec.conformance.machines.scheduler import SCHEDULER_LAYOUTS, engine_of
     from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS
 
     loads = {str(value) for step in trace.steps for label, value in step.draws if label == "load"}
@@ -185,7 +186,7 @@ def _matching_scheduler_finding(layout: str, trace: object) -> Finding | None:
         if layout in SCHEDULER_LAYOUTS and len(SCHEDULER_LAYOUTS[layout].groups) > 1:
             return SCHEDULER_FINDINGS["S3"]
         if any(step.rule == "abort" and step.draws for step in trace.steps):
-            return SCHEDULER_FINDINGS["S2"]
+            return SCHEDULER_FINDINGS["S2-fail" if engine_of(layout).failure_policy == "fail" else "S2"]
     if "mamba" in layout and "scheduler:mamba-connector" not in trace.avoid:
         return SCHEDULER_FINDINGS["S1-align" if "align" in layout else "S1"]
     return None

@@ -42,7 +42,7 @@ from kvspec.conformance.machines.machinery import (
 )
 from kvspec.conformance.machines.manager import manager_machine
 from kvspec.conformance.machines.pool import LAYOUTS, pool_machine
-from kvspec.conformance.machines.scheduler import SCHEDULER_LAYOUTS, scheduler_machine
+from kvspec.conformance.machines.scheduler import SCHEDULER_LAYOUTS, engine_of, scheduler_machine
 from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.settings import example_database
 from kvspec.conformance.targets.manager import ImplManagerTarget
@@ -320,7 +320,7 @@ def machine_for(
         if not isinstance(target, str):
             raise SetupError("the scheduler scope takes a target by name: vllm or impl")
         machine = scheduler_machine(SCHEDULER_LAYOUTS[layout], target=check_scheduler_target(target),
-                                    ignore_rules=ignore, avoid=avoid)
+                                    engine=engine_of(layout), ignore_rules=ignore, avoid=avoid)
         machine.layout_name = layout
         return machine
     factory = resolve_target(target, scope) if isinstance(target, str) else target

@@ -1,34 +1,45 @@
-"""S2, standalone: a KV load that failed stays in vLLM's prefix cache; if
-its request is aborted before it recomputes, the next request with the same
-prefix is scheduled as having that prefix computed -- on blocks nothing
-ever wrote.
+"""S2, standalone: a KV load that failed stays in vLLM's prefix cache when
+its request is aborted before anything rewrites it, and the next request
+with the same prefix is scheduled as having that prefix computed -- on
+blocks nothing ever wrote.  Wrong KV, no error.
 
-Against vLLM alone (no kvspec import), on CPU; seen in 0.25.1 through 0.33.0:
+Against vLLM alone (no kvspec import), on CPU; seen in 0.25.1 through 0.34.0:
 
-    pip install --no-deps vllm==0.33.0   # plus its import-time deps; or tools/install_vllm.sh
+    pip install --no-deps vllm==0.34.0   # plus its import-time deps; or tools/install_vllm.sh
     PYTHONHASHSEED=0 python docs/findings/repro/S2_failed_load_served_after_abort.py
 
-vLLM's own ``Scheduler`` (one full-attention group, blocks of 16, prefix
-caching, ``kv_load_failure_policy="recompute"``) with a KV connector -- the
-small one below, loaded as any third-party connector is -- that holds 49
-tokens of request A's 49-token prompt and loads them synchronously:
+vLLM's own scheduler (one full-attention group, blocks of 16, prefix
+caching) with a KV connector -- the small one below, loaded as any
+third-party connector is -- that holds request A's 49-token prompt and loads
+48 tokens of it synchronously, into 3 blocks that are cached at once (as
+every block a step fills is); the worker reports the 3 blocks invalid (the
+load failed).  Then the client aborts A and request B with the same prompt
+arrives.  The script runs every configuration:
 
-1. step 1 schedules A with 48 tokens to load (3 blocks, cached at once,
-   as every block a step will fill is) and 1 to compute; the worker reports
-   A's 3 blocks invalid (the load failed).  Under the recompute policy the
-   scheduler rolls A back to 0 computed tokens and keeps the blocks cached,
-   because A "will recompute them" (vLLM PR #26813).
-2. the client aborts A (``finish_requests(..., FINISHED_ABORTED)``, the
-   engine's path for a disconnect) and request B with the same prompt
-   arrives.
-3. step 2 schedules B with 48 tokens computed: a prefix-cache hit on the
-   3 blocks the failed load never filled.  B's attention reads whatever the
-   blocks held before -- wrong KV, no error.
+- ``kv_load_failure_policy``: ``recompute`` (A is rolled back and keeps the
+  blocks cached to recompute them, vLLM PR #26813) or ``fail`` (vLLM's
+  default: A fails and the blocks are evicted);
+- the scheduler: ``Scheduler`` or ``AsyncScheduler`` (async scheduling, on
+  by default);
+- when the abort lands: *between steps*, or *while the step runs* -- the
+  engine drains the aborts that arrived during the forward pass right
+  before it hands the step's output to ``update_from_output``
+  (``EngineCore.step`` and ``step_with_batch_queue`` both call
+  ``_process_aborts_queue()`` there), so A is gone when the scheduler
+  handles the invalid blocks: it looks for their holders among the running
+  requests, finds none, and evicts nothing.
 
-Exit status 1 and "BUG" when B is scheduled on the never-written blocks, 0
-when it is not (a fixed vLLM evicts them, or refuses the hit).
+Expected: B is never scheduled with computed tokens on A's unwritten
+blocks.  Actual (0.25.1 ... 0.34.0): under ``recompute`` B is, whichever the
+scheduler and whenever the abort lands; under ``fail`` B is when the abort
+lands while the step runs.  Asynchronous loads are not affected (their
+blocks are cached only once the load succeeds).
+
+Exit status 1 and a "BUG" line per configuration hit; 0 when none is (a
+fixed vLLM: docs/findings/S2-fix.patch).
 """
 
+import dataclasses
 import sys
 
 import torch
@@ -37,6 +48,7 @@ from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, SchedulerCo
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
 from vllm.utils.hashing import sha256_cbor
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
@@ -92,20 +104,24 @@ class Model:
         return None
 
 
-scheduler_config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256,
-                                   enable_chunked_prefill=True, is_encoder_decoder=False)
-cache_config = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
-cache_config.num_gpu_blocks = 12
-transfer = KVTransferConfig(kv_connector="FailingStore", kv_role="kv_both", kv_connector_module_path=__name__,
-                            kv_load_failure_policy="recompute")
-config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
-                    device_config=DeviceConfig(device="cpu"), kv_transfer_config=transfer)
-object.__setattr__(config, "model_config", Model())
-attention = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float16)
-kv_cache_config = KVCacheConfig(num_blocks=12, kv_cache_tensors=[],
-                                kv_cache_groups=[KVCacheGroupSpec(["attn"], attention)])
-scheduler = Scheduler(vllm_config=config, kv_cache_config=kv_cache_config, log_stats=False,
-                      structured_output_manager=StructuredOutputManager(config), block_size=BLOCK)
+def make_scheduler(policy, asynchronous):
+    scheduler_config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256,
+                                       enable_chunked_prefill=True, is_encoder_decoder=False,
+                                       async_scheduling=asynchronous)
+    cache_config = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
+    cache_config.num_gpu_blocks = 12
+    transfer = KVTransferConfig(kv_connector="FailingStore", kv_role="kv_both", kv_connector_module_path=__name__,
+                                kv_load_failure_policy=policy)
+    config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
+                        device_config=DeviceConfig(device="cpu"), kv_transfer_config=transfer)
+    object.__setattr__(config, "model_config", Model())
+    attention = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float16)
+    kv_cache_config = KVCacheConfig(num_blocks=12, kv_cache_tensors=[],
+                                    kv_cache_groups=[KVCacheGroupSpec(["attn"], attention)])
+    cls = AsyncScheduler if asynchronous else Scheduler
+    return cls(vllm_config=config, kv_cache_config=kv_cache_config, log_stats=False,
+               structured_output_manager=StructuredOutputManager(config), block_size=BLOCK)
+
 
 init_none_hash(sha256_cbor)
 hasher = get_request_block_hasher(BLOCK, sha256_cbor)
@@ -116,33 +132,46 @@ def request(request_id):
                    block_hasher=hasher)
 
 
-def run(out, invalid=frozenset()):
+def output(ids, sampled, invalid):
+    extra = {}  # releases through 0.33 also map each request to its row
+    if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+        extra["req_id_to_index"] = {r: i for i, r in enumerate(ids)}
+    return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                             pooler_output=[], kv_connector_output=KVConnectorOutput(invalid_block_ids=set(invalid)),
+                             **extra)
+
+
+def scenario(policy, asynchronous, abort_while_running):
+    """A's load fails and A is aborted; returns the failed load's blocks B is scheduled on as computed."""
+    FailingStore.loads.clear()
+    scheduler = make_scheduler(policy, asynchronous)
+    scheduler.add_request(request("A"))
+    out = scheduler.schedule()  # A: 48 tokens loaded, 1 computed
+    failed = FailingStore.loads["A"]
     ids = list(out.num_scheduled_tokens)
-    sampled = [[] if scheduler.requests[r].request_id in invalid_owners else [7] for r in ids]
-    output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                               sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[],
-                               kv_connector_output=KVConnectorOutput(invalid_block_ids=set(invalid)))
-    scheduler.update_from_output(out, output)
+    if abort_while_running:  # drained right before the step's output, as EngineCore does
+        scheduler.finish_requests("A", RequestStatus.FINISHED_ABORTED)
+    scheduler.update_from_output(out, output(ids, [[7] for _ in ids], failed))
+    if not abort_while_running:
+        scheduler.finish_requests("A", RequestStatus.FINISHED_ABORTED)
+    scheduler.add_request(request("B"))
+    out = scheduler.schedule()
+    (new,) = out.scheduled_new_reqs
+    computed = new.block_ids[0][: new.num_computed_tokens // BLOCK]
+    return sorted(set(computed) & set(failed)), failed
 
 
-# Step 1: A loads 48 tokens (3 blocks) and computes 1; the load fails.
-scheduler.add_request(request("A"))
-out = scheduler.schedule()
-failed = FailingStore.loads["A"]
-invalid_owners = {"A"}
-run(out, invalid=set(failed))
-print(f"step 1: A's load into blocks {failed} failed; A rolled back to "
-      f"{scheduler.requests['A'].num_computed_tokens} computed tokens")
-
-# The client goes away; B asks the same prompt.
-scheduler.finish_requests("A", RequestStatus.FINISHED_ABORTED)
-scheduler.add_request(request("B"))
-out = scheduler.schedule()
-(new,) = out.scheduled_new_reqs
-hit_blocks = new.block_ids[0][: new.num_computed_tokens // BLOCK]
-print(f"step 2: B scheduled with {new.num_computed_tokens} tokens computed on blocks {hit_blocks}")
-if set(hit_blocks) & set(failed):
-    print(f"BUG: B's computed prefix sits in blocks {sorted(set(hit_blocks) & set(failed))}, "
-          "which the failed load never wrote and nobody recomputed")
-    sys.exit(1)
-print("ok: B does not read the blocks of the failed load")
+bugs = 0
+for policy in ("recompute", "fail"):
+    for asynchronous in (False, True):
+        for abort_while_running in (False, True):
+            name = (f"policy={policy:<9} {'AsyncScheduler' if asynchronous else 'Scheduler':<14} abort "
+                    f"{'while the step runs' if abort_while_running else 'between steps'}")
+            unwritten, failed = scenario(policy, asynchronous, abort_while_running)
+            if unwritten:
+                bugs += 1
+                print(f"BUG: {name}: B is scheduled with its prefix computed on blocks {unwritten}, "
+                      f"which A's failed load never wrote and nobody recomputed")
+            else:
+                print(f"ok:  {name}: B does not read the blocks of the failed load {failed}")
+sys.exit(1 if bugs else 0)

@@ -82,6 +82,44 @@ SCHEDULER_LAYOUTS: dict[str, Layout] = {
 DRAFTS_PER_STEP = 2  # on EAGLE layouts
 
 
+@dataclass(frozen=True)
+class Engine:
+    """How the engine around the scheduler is configured: what a failed KV
+    load does to its request (``failure_policy``: ``recompute``, or ``fail``
+    -- vLLM's default) and whether the engine schedules asynchronously
+    (vLLM's ``AsyncScheduler``, on by default where the executor supports
+    it).  In either mode the engine drains the aborts that arrived while
+    the model ran right before it hands the step's output to
+    ``update_from_output()`` (``EngineCore.step`` and
+    ``step_with_batch_queue``: ``_process_aborts_queue``), so an abort can
+    land between a step's ``schedule()`` and its output (an *in-flight*
+    abort) as well as between steps."""
+
+    failure_policy: str = "recompute"
+    async_scheduling: bool = False
+
+
+ENGINES: dict[str, Engine] = {
+    "full-fail": Engine(failure_policy="fail"),  # vLLM's default policy
+}
+"""The scheduler layouts whose engine is not the default :class:`Engine`
+(the recompute policy, synchronous scheduling).  The hybrid layouts keep
+the default: a block-level load failure on them is S3 in every release.
+``AsyncScheduler`` runs the scheduler findings' traces
+(:mod:`kvspec.conformance.vllm.scheduler_findings`), not the random
+search: the harness does not model what an asynchronous worker feeds for
+an output placeholder whose sample the scheduler discarded (a request
+rolled back by a failed load), so a search there could blame vLLM for the
+harness's guess."""
+for _name in ENGINES:
+    SCHEDULER_LAYOUTS[_name] = SCHEDULER_LAYOUTS["full"]
+
+
+def engine_of(name: str) -> Engine:
+    """The engine configuration of scheduler layout ``name``."""
+    return ENGINES.get(name, Engine())
+
+
 def _runs(tokens: list[int]) -> str:
     """Tokens as runs (``[5]*3 + [7]``): a trace's prompts stay readable."""
     runs: list[list[int]] = []
@@ -122,17 +160,21 @@ class SchedulerHarness:
     the model runner and the connector's worker played by the harness."""
 
     def __init__(self, layout: Layout, *, connector: bool = True, max_num_seqs: int = 4,
-                 max_num_batched_tokens: int = 64, seed: int = 0, num_draft_tokens: int = 0):
+                 max_num_batched_tokens: int = 64, seed: int = 0, num_draft_tokens: int = 0,
+                 engine: Engine = Engine()):
         from kvspec.conformance.vllm.scheduler import make_scheduler, request_factory
 
         if num_draft_tokens and any(isinstance(g, MambaSpec) for g in layout.groups):
             raise ValueError("drafts are driven on attention-only layouts (Mamba's speculative states "
                              "are not modelled at scheduler scope)")
         self.layout = layout
+        self.engine = engine
         self.num_draft_tokens = num_draft_tokens
         self.scheduler = make_scheduler(layout, max_num_seqs=max_num_seqs,
                                         max_num_batched_tokens=max_num_batched_tokens, connector=connector,
-                                        num_draft_tokens=num_draft_tokens)
+                                        num_draft_tokens=num_draft_tokens, failure_policy=engine.failure_policy,
+                                        async_scheduling=engine.async_scheduling)
+        self.in_flight_aborts: list[str] = []  # aborts the engine handles before this step's output
         self.new_request = request_factory(layout.hash_block_size)
         self.manager = KVCacheManagerTarget(self.scheduler.kv_cache_manager)
         self.connector = self.scheduler.connector
@@ -169,9 +211,16 @@ class SchedulerHarness:
                           + (f", store holds {remote_tokens} ({load})" if load != "none" else ""))
         return request_id
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, *, in_flight: bool = False) -> None:
+        """The client aborts ``request_id``: between steps, or (``in_flight``)
+        while the next step runs -- after its ``schedule()``, before its
+        output is processed, where the engine drains such aborts."""
         from vllm.v1.request import RequestStatus
 
+        if in_flight:
+            self.in_flight_aborts.append(request_id)
+            self.trace.append(f"abort {request_id} in flight (after the next schedule(), before its output)")
+            return
         self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
         self.trace.append(f"abort {request_id}")
 
@@ -225,6 +274,12 @@ class SchedulerHarness:
             invalid |= self._load(load)
         self.pending = [load for load in loads if load.is_async]
         ids = list(out.num_scheduled_tokens)
+        if self.in_flight_aborts:  # the engine handles the client's aborts while the step runs
+            from vllm.v1.request import RequestStatus
+
+            self.scheduler.finish_requests(self.in_flight_aborts, RequestStatus.FINISHED_ABORTED)
+            self.trace.append(f"  aborted in flight: {self.in_flight_aborts}")
+            self.in_flight_aborts = []
         connector_output = None
         if received or invalid:
             connector_output = KVConnectorOutput(finished_recving=received or None, invalid_block_ids=invalid)
@@ -295,8 +350,10 @@ class SchedulerHarness:
         return f"{kind}{load.request_id} tokens {load.start}..{load.start + load.count}"
 
     def _context(self, computed: dict[str, int]) -> RequestContext:
+        # Only the recompute policy keeps a failed load's blocks cached for their owner to recompute.
+        unfilled = frozenset(self.failed_blocks) if self.engine.failure_policy == "recompute" else frozenset()
         return RequestContext(layout=self.rules_layout, requests=self.requests, shadow=self.shadow,
-                              computed=computed, unfilled=frozenset(self.failed_blocks))
+                              computed=computed, unfilled=unfilled)
 
     def _read(self, where: str, computed: dict[str, int]) -> list[Violation]:
         """What the step reads: each request's computed tokens are backed."""
@@ -308,7 +365,8 @@ class SchedulerHarness:
         failed to fill stay cached and shared under the recompute policy, by
         design (the first request holding them recomputes them, the others
         wait for it; vLLM PR #26813): they are exempt from the rules on what
-        cached and shared blocks hold, never from the rule on reads."""
+        cached and shared blocks hold, never from the rule on reads.  Under
+        the fail policy nothing is exempt: the blocks must leave the cache."""
         problems = check_request_state(self.manager.snapshot(), ctx=self._context({}))
         return [Violation(v.rule, f"step {self.steps}, {where}: {v.message}") for v in problems]
 
@@ -382,6 +440,7 @@ def _code_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple[str, ...] = LOAD_MODES,
+                      engine: Engine = Engine(),
                       ignore_rules: frozenset[str] = frozenset(), avoid: frozenset[str] = frozenset(),
                       families: int = 3, max_num_seqs: int = 4, max_num_batched_tokens: int = 64) -> type:
     """A conformance machine over vLLM's scheduler on ``layout``, the block
@@ -424,7 +483,7 @@ def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple
             self.shown = 0  # harness trace lines already in this run's trace
             self.harness = self.run("build the scheduler", lambda: harness_class(
                 layout, connector=connector, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                num_draft_tokens=DRAFTS_PER_STEP if layout.use_eagle else 0))
+                num_draft_tokens=DRAFTS_PER_STEP if layout.use_eagle else 0, engine=engine))
 
         def run(self, where: str, action: Any) -> Any:
             """One call into the scheduler: timed, marked for a hang, an
@@ -490,7 +549,8 @@ def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple
                 live = [r for r in live if r not in self.harness.connector.script.failing_load]
             if live and not self.off("abort"):
                 request_id = data.draw(one_of(tuple(live)), label="request")
-                self.run("finish_requests", lambda: self.harness.abort(request_id))
+                in_flight = data.draw(st.booleans(), label="in flight?")
+                self.run("finish_requests", lambda: self.harness.abort(request_id, in_flight=in_flight))
 
         def teardown(self) -> None:
             self.steer()
@@ -501,7 +561,8 @@ def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple
     return SchedulerMachine
 
 
-def search(layout: Layout, load_modes: tuple[str, ...], examples: int, *, target: str = "vllm") -> str | None:
+def search(layout: Layout, load_modes: tuple[str, ...], examples: int, *, target: str = "vllm",
+           engine: Engine = Engine()) -> str | None:
     """Run :func:`scheduler_machine` on ``layout`` for ``examples``
     derandomized examples: ``None`` when nothing breaks, else the failure
     (the broken rules, or the exception out of the scheduler, and the
@@ -509,7 +570,7 @@ def search(layout: Layout, load_modes: tuple[str, ...], examples: int, *, target
     from hypothesis import HealthCheck, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    machine = scheduler_machine(layout, target=target, load_modes=load_modes)
+    machine = scheduler_machine(layout, target=target, load_modes=load_modes, engine=engine)
     try:
         run_state_machine_as_test(machine, settings=settings(
             max_examples=examples, stateful_step_count=40, deadline=None, derandomize=True, database=None,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec.kv_cache_interface import MambaSpec
+from kvspec.spec import releases
 from kvspec.spec.layout import Layout
 
 
@@ -81,20 +82,31 @@ class EagleStandIn:
         return False
 
     def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"EagleStandIn models vLLM 0.25.1's reads of speculative_config; "
+        raise AttributeError(f"EagleStandIn models vLLM {releases.BASE}'s reads of speculative_config; "
                              f"this release also reads {name!r}")
 
 
+FAILURE_POLICIES = ("recompute", "fail")
+"""vLLM's ``kv_load_failure_policy``: a failed load's request recomputes the
+tokens, or fails (vLLM's default)."""
+
+
 def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
-                   connector: bool = False, num_draft_tokens: int = 0) -> Any:
+                   connector: bool = False, num_draft_tokens: int = 0, failure_policy: str = "recompute",
+                   async_scheduling: bool = False) -> Any:
     """A vLLM ``Scheduler`` over ``layout``'s KV cache (vLLM's spec classes);
     with ``connector``, vLLM loads :class:`~kvspec.conformance.vllm.connector.ScriptedConnector`
-    as a deployment loads a third-party connector (failed loads recomputed);
-    with ``num_draft_tokens``, EAGLE speculative decoding (the layout must
-    say ``use_eagle``)."""
+    as a deployment loads a third-party connector, a failed load handled by
+    ``failure_policy`` (:data:`FAILURE_POLICIES`); with ``num_draft_tokens``,
+    EAGLE speculative decoding (the layout must say ``use_eagle``); with
+    ``async_scheduling``, vLLM's ``AsyncScheduler`` under the config that
+    selects it (the engine's default where the executor supports it)."""
     if num_draft_tokens and not layout.use_eagle:
         raise ValueError(f"num_draft_tokens={num_draft_tokens} needs a layout with use_eagle")
+    if failure_policy not in FAILURE_POLICIES:
+        raise ValueError(f"failure_policy must be one of {FAILURE_POLICIES}, not {failure_policy!r}")
     from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -104,6 +116,7 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=layout.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False, watermark=0.0,
+        async_scheduling=async_scheduling,
     )
     cache_config = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                                enable_prefix_caching=layout.enable_caching)
@@ -115,13 +128,14 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
     if connector:
         transfer = KVTransferConfig(kv_connector="ScriptedConnector", kv_role="kv_both",
                                     kv_connector_module_path="kvspec.conformance.vllm.connector",
-                                    kv_load_failure_policy="recompute")
+                                    kv_load_failure_policy=failure_policy)
     vllm_config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
                              device_config=DeviceConfig(device="cpu"), kv_transfer_config=transfer)
     object.__setattr__(vllm_config, "model_config", ModelStandIn(layout.max_model_len))
     if num_draft_tokens:
         object.__setattr__(vllm_config, "speculative_config", EagleStandIn(num_draft_tokens))
-    return Scheduler(vllm_config=vllm_config, kv_cache_config=to_vllm_config(layout.kv_cache_config()),
+    scheduler_class = AsyncScheduler if async_scheduling else Scheduler
+    return scheduler_class(vllm_config=vllm_config, kv_cache_config=to_vllm_config(layout.kv_cache_config()),
                      log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config),
                      block_size=block_size)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvspec.conformance.machines.scheduler import SchedulerHarness
+from kvspec.conformance.machines.scheduler import Engine, SchedulerHarness
 from kvspec.spec.layout import Layout
 from kvspec.testing import full, mamba
 
@@ -27,6 +27,7 @@ class SchedulerFinding:
     upstream: str
     avoid: str  # the scheduler machine's input it needs (kvspec.conformance.machines.scheduler.AVOIDABLE)
     target: str = "vllm"  # found in vLLM's scheduler; every block manager under it inherits it
+    engine: Engine = Engine()  # the engine configuration the trace runs under
     scope = "scheduler"
 
 
@@ -82,6 +83,21 @@ def _failed_load_served_after_abort(h: SchedulerHarness) -> list:
     return problems + _steps(h, 1)
 
 
+def _failed_load_served_after_in_flight_abort(h: SchedulerHarness) -> list:
+    """S2 under vLLM's default policy (``fail``): the client's abort arrives
+    while the failing step runs, and the engine drains it right before it
+    hands the step's output to the scheduler.  The failed load's request is
+    gone by then; the scheduler looks for the requests holding the invalid
+    blocks among those running, finds none, and evicts nothing.  The next
+    request with the same prompt hits the blocks the load never filled."""
+    prompt = [864] * 48 + [0]
+    h.arrive(prompt, max_tokens=1, remote_tokens=49, load="sync-fail")
+    h.abort("r0", in_flight=True)
+    problems = _steps(h, 1)
+    h.arrive(prompt, max_tokens=1)
+    return problems + _steps(h, 1)
+
+
 def _hybrid_load_failure(h: SchedulerHarness) -> list:
     """A load fails on a hybrid (attention + Mamba) model: the scheduler's
     recovery unpacks one group's block ids."""
@@ -108,6 +124,11 @@ SCHEDULER_FINDINGS: dict[str, SchedulerFinding] = {
             "vllm PR #26813 (keeps the blocks cached under recompute by design); the abort path: none found",
             "scheduler:abort-failed-load"),
         SchedulerFinding(
+            "S2-fail", "S2 under the default fail policy: an abort drained right before the failing step's "
+            "output leaves the failed load's blocks cached",
+            Layout((full(16),), num_blocks=12, max_model_len=256), _failed_load_served_after_in_flight_abort,
+            "as S2", "scheduler:abort-failed-load", engine=Engine(failure_policy="fail")),
+        SchedulerFinding(
             "S3", "a load failure on a hybrid model crashes the scheduler (one group's block ids unpacked)",
             _hybrid("align"), _hybrid_load_failure,
             "vllm#50687; fixed by vllm#50388 / #56855", "scheduler:hybrid-failing-loads"),
@@ -115,12 +136,16 @@ SCHEDULER_FINDINGS: dict[str, SchedulerFinding] = {
 }
 
 
-def replay(finding: SchedulerFinding) -> tuple[str, str]:
+def replay(finding: SchedulerFinding, *, async_scheduling: bool | None = None) -> tuple[str, str]:
     """Run ``finding``'s trace on the installed vLLM: ``("reproduces",
     first violation)``, ``("raises", error)`` or ``("holds", "")``; a layout
-    the release cannot build is ``("n/a", why)``."""
+    the release cannot build is ``("n/a", why)``.  ``async_scheduling``
+    overrides the finding's scheduler (``AsyncScheduler`` or ``Scheduler``)."""
+    engine = finding.engine
+    if async_scheduling is not None:
+        engine = Engine(engine.failure_policy, async_scheduling)
     try:
-        harness = SchedulerHarness(finding.layout)
+        harness = SchedulerHarness(finding.layout, engine=engine)
     except Exception as error:  # the release refuses the layout (a mode it no longer has, ...)
         return "n/a", f"{type(error).__name__}: {error}"
     try:

@@ -4,7 +4,8 @@ imports it: run by ``tools/version_matrix.py`` once per release.
 ``python -m kvspec.conformance.vllm.version_probe --json OUT [--examples N]``
 writes, for the installed vLLM: every known finding replayed (the
 manager-scope traces (F1-F8) through ``kvspec replay``, the scheduler-scope
-traces S1-S3 through :mod:`kvspec.conformance.vllm.scheduler_findings`) and the
+traces S1-S3 through :mod:`kvspec.conformance.vllm.scheduler_findings`, each under
+vLLM's ``Scheduler`` and again under its ``AsyncScheduler``) and the
 scheduler machine's search on each scheduler layout (N examples per
 layout, derandomized): the first rule it breaks, or "clean".
 """
@@ -46,9 +47,10 @@ def _scheduler_findings() -> dict[str, dict[str, Any]]:
     from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS, replay
 
     out = {}
-    for finding in SCHEDULER_FINDINGS.values():
-        status, detail = replay(finding)
-        out[finding.id] = {"status": status, "detail": detail[:300]}
+    for finding in SCHEDULER_FINDINGS.values():  # under vLLM's Scheduler, then its AsyncScheduler
+        for label, async_scheduling in ((finding.id, False), (f"{finding.id} (async)", True)):
+            status, detail = replay(finding, async_scheduling=async_scheduling)
+            out[label] = {"status": status, "detail": detail[:300]}
     return out
 
 
@@ -58,6 +60,7 @@ def _search(examples: int) -> dict[str, dict[str, Any]]:
         LOAD_MODES,
         SCHEDULER_LAYOUTS,
         SchedulerHarness,
+        engine_of,
         search,
     )
 
@@ -67,14 +70,15 @@ def _search(examples: int) -> dict[str, dict[str, Any]]:
         modes = LOAD_MODES if len(layout.groups) == 1 else ("none", "sync", "async")
         start = time.monotonic()
         try:  # a layout or drafting mode the release cannot build or run is not searched
-            harness = SchedulerHarness(layout, num_draft_tokens=DRAFTS_PER_STEP if layout.use_eagle else 0)
+            harness = SchedulerHarness(layout, num_draft_tokens=DRAFTS_PER_STEP if layout.use_eagle else 0,
+                                       engine=engine_of(name))
             harness.arrive([1] * 40, max_tokens=3)
             harness.step(), harness.step()
         except Exception as error:
             out[name] = {"status": "n/a", "detail": f"{type(error).__name__}: {error}"[:300], "seconds": 0.0}
             continue
         try:
-            failure = search(layout, modes, examples)
+            failure = search(layout, modes, examples, engine=engine_of(name))
         except Exception as error:  # the machine itself could not run
             failure = f"{type(error).__name__}: {error}"
         if failure is None:
