@@ -360,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", required=True, help="the directory to write (created; existing vectors are replaced)")
     gen.add_argument("--size", default="ci", choices=sorted(SIZES),
                      help="how many machine walks per layout (default ci)")
+    gen.add_argument("--release", metavar="X.Y.Z",
+                     help="the spec of vLLM release X.Y.Z (spec/README.md, chapter 9; default: the base release), "
+                     "recorded in every vector so that a check judges by it")
     gen.set_defaults(func=vectors_generate)
     chk = vsub.add_parser("check", help="replay a vectors corpus against a target")
     chk.add_argument("dir", help="a directory of vectors (or one vector file)")
@@ -383,11 +386,16 @@ def vectors_generate(args: argparse.Namespace) -> int:
     """``kvspec vectors generate``: the corpus, and what it exercises."""
     out = Path(args.out)
     try:
-        corpus = generate(out, args.size)
+        release = releases.judged(args.release).known if args.release else None
+    except ValueError as error:
+        raise UsageError(f"--release: {error}") from None
+    try:
+        corpus = generate(out, args.size, release=release)
     except ValueError as error:
         raise UsageError(f"--out: {error}") from None
     operations = sum(f["steps"] for f in corpus.files)
-    print(f"{len(corpus.files)} vectors, {operations} operations, written to {out}")
+    print(f"{len(corpus.files)} vectors, {operations} operations, written to {out}"
+          + (f" (the spec of vLLM {release})" if release else ""))
     print(f"rules exercised: {len(corpus.rules)} of {len(RULES)}"
           + (f" (none exercise {', '.join(corpus.unexercised)})" if corpus.unexercised else ""))
     if corpus.coverage:

@@ -36,6 +36,8 @@ before kvspec is installed).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -219,6 +221,17 @@ def use(version: str) -> Release:
 def current() -> Release:
     """The release this process judges by (:func:`use`)."""
     return _current
+
+
+@contextmanager
+def judging(version: str) -> Iterator[Release]:
+    """Judge by ``version``'s rules inside the block, and by the release
+    judged before it afterwards."""
+    before = _current.version
+    try:
+        yield use(version)
+    finally:
+        use(before)
 
 
 if __name__ == "__main__":

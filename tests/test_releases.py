@@ -140,3 +140,23 @@ def test_the_gate_judges_by_the_release_asked_for():
 def test_the_gate_refuses_a_release_that_is_no_version():
     with pytest.raises(SetupError, match="--release: 'next' is not a vLLM release"):
         run_gate(GateOptions(target="impl", scope="pool", layouts=["tiny-pool"], examples=1, release="next"))
+
+
+def test_a_corpus_records_its_release_and_a_check_judges_by_it(tmp_path):
+    import json
+
+    from kvspec.conformance.targets.pool import ImplPoolTarget
+    from kvspec.conformance.vectors.codec import check
+    from kvspec.conformance.vectors.corpus import generate
+
+    generate(tmp_path, "cases", release="0.31.0", measure_coverage=False)
+    files = sorted(tmp_path.glob("*/cases/*.json"))
+    assert files and all(json.loads(f.read_text())["config"]["release"] == "0.31.0" for f in files)
+    assert releases.current().is_base  # generating does not change what the process judges by
+    pool_files = [f for f in files if f.parent.parent.name == "pool"]
+    broken = json.loads(pool_files[0].read_text())
+    broken["config"]["release"] = "next"
+    pool_files[0].write_text(json.dumps(broken))
+    report = check(tmp_path, {"pool": ImplPoolTarget})
+    assert not report.differences and list(report.unreadable) == [pool_files[0]]
+    assert "'next' is not a vLLM release" in report.unreadable[pool_files[0]]

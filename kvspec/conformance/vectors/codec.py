@@ -35,6 +35,7 @@ from typing import Any
 from kvspec.hashing import get_request_block_hasher, rooted_at
 from kvspec.kv_cache_interface import KVCacheSpec
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
+from kvspec.spec import releases
 from kvspec.spec.interface import (
     NULL_BLOCK_ID,
     Cleared,
@@ -231,14 +232,16 @@ def bring_up_to_date(request: Request, progress: dict[str, Any]) -> str | None:
 
 def config_of(scope: str, layout: Any, events: bool = True) -> dict[str, Any]:
     """A layout as a vector's ``config``: the pool's constructor arguments,
-    or a manager layout's groups (each spec by type and fields)."""
+    or a manager layout's groups (each spec by type and fields); ``release``
+    when the release judged is not the base (spec/releases.py)."""
+    release = {} if releases.current().is_base else {"release": releases.current().known}
     if scope == "pool":
-        return {"hash_seed": HASH_SEED, "num_blocks": layout.num_blocks, "enable_caching": layout.enable_caching,
-                "hash_block_size": layout.hash_block_size, "enable_kv_cache_events": layout.events,
-                "group_block_sizes": list(layout.group_block_sizes)}
+        return {"hash_seed": HASH_SEED, **release, "num_blocks": layout.num_blocks,
+                "enable_caching": layout.enable_caching, "hash_block_size": layout.hash_block_size,
+                "enable_kv_cache_events": layout.events, "group_block_sizes": list(layout.group_block_sizes)}
     groups = [{"type": type(g).__name__, **{f.name: getattr(g, f.name) for f in dataclasses.fields(g)}}
               for g in layout.groups]
-    return {"hash_seed": HASH_SEED, "num_blocks": layout.num_blocks, "max_model_len": layout.max_model_len,
+    return {"hash_seed": HASH_SEED, **release, "num_blocks": layout.num_blocks, "max_model_len": layout.max_model_len,
             "enable_caching": layout.enable_caching, "use_eagle": layout.use_eagle,
             "eagle_groups": list(layout.eagle_groups), "enable_kv_cache_events": events,
             "scheduler_block_size": layout.scheduler_block_size, "hash_block_size": layout.hash_block_size,
@@ -586,9 +589,10 @@ def check(root: Path, factories: dict[str, Callable[..., Any]], known_findings: 
             report.skipped[path] = f"no {doc['scope']} target"
             continue
         try:
-            with rooted_at(doc["config"].get("hash_seed", HASH_SEED)):
+            with rooted_at(doc["config"].get("hash_seed", HASH_SEED)), \
+                    releases.judging(doc["config"].get("release", releases.BASE)):
                 problems = replay_vector(doc, factory)
-        except (VectorError, KeyError, IndexError) as error:
+        except (VectorError, KeyError, IndexError, ValueError) as error:  # ValueError: a release no version
             report.unreadable[path] = f"{path}: malformed vector ({type(error).__name__}: {error})"
             continue
         findings = sorted(set(doc.get("findings", [])) & known_findings) if problems else []

@@ -40,6 +40,7 @@ from kvspec.conformance.machines.pool import LAYOUTS, PoolLayout
 from kvspec.conformance.vectors.codec import HASH_SEED, Recorder, Vector, config_of, exercised, write
 from kvspec.hashing import get_request_block_hasher, rooted_at
 from kvspec.request import LoRARequest, Request
+from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 from kvspec.spec.pool import SpecBlockPool
 
@@ -573,10 +574,11 @@ repository keeps under ``vectors/`` (independent of Hypothesis's version)."""
 
 
 def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None = None,
-             measure_coverage: bool = True) -> Corpus:
+             measure_coverage: bool = True, release: str | None = None) -> Corpus:
     """Write the corpus under ``out`` (see the module docstring), replacing
     the vectors a previous corpus left there: a vector the spec no longer
-    yields must not linger."""
+    yields must not linger.  ``release``: the spec of that vLLM release
+    (spec/releases.py; default the base), recorded in every vector."""
     if size not in SIZES:
         raise ValueError(f"unknown corpus size {size!r}: use one of {sorted(SIZES)}")
     if out.exists() and not out.is_dir():
@@ -585,7 +587,7 @@ def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None 
         old.unlink()
     cov = _start_coverage() if measure_coverage else None
     try:
-        with rooted_at(HASH_SEED):
+        with rooted_at(HASH_SEED), releases.judging(release or releases.BASE):
             vectors = _all_vectors(size)
     finally:
         coverage = _stop_coverage(cov) if cov is not None else None
