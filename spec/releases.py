@@ -73,12 +73,34 @@ class Delta:
 
 DELTAS: tuple[Delta, ...] = (
     Delta(
-        "0.26.0", "mamba-align-copy-on-write",
-        "A Mamba group in align mode may hit a state whose block is only partly written (the prompt's tail): "
-        "the state is copied on write into a block of the request's own, the hash moves to the copy, and the "
-        "pending copy holds references to the source outside any block table until the step runs.",
-        rules=("ref-conservation", "no-eviction-in-use", "content-soundness"), status=NOT_MODELLED,
-        shows_on=("manager/full+mamba-align-drafts",)),
+        "0.26.0", "partial-hit-copy-on-write",
+        "Where a group's blocks are bigger than the hash block (full attention or Mamba align in a hybrid "
+        "model), the managers cache a block's partial entries as it fills (chapter 1's cache_partial_block, "
+        "with its Stored events) and a hit may end inside a block: the lookup probes the partial entries past "
+        "the last full block.  The shared tail block is copied on write into a block of the request's own, the "
+        "hash moves to the copy, and the pending copy holds references to both blocks outside any block table "
+        "until the step runs.",
+        rules=("ref-conservation", "no-eviction-in-use", "content-soundness", "hit-soundness",
+               "hash-map-consistency"), status=NOT_MODELLED,
+        shows_on=("manager/full+mamba-align-drafts", "manager/full+swa+mamba", "manager/full+swa+mamba-retention",
+                  "manager/full8+swa2-sparse")),
+    Delta(
+        "0.26.0", "zeroing-with-mamba-only",
+        "The worker zeroes newly allocated attention blocks only for a model with Mamba layers (the KV-cache "
+        "config's needs_kv_cache_zeroing): for any other model take_new_block_ids names no block.",
+        rules=("content-soundness",)),
+    Delta(
+        "0.26.0", "dcp-on-hybrid-models",
+        "Decode context parallelism is accepted on a hybrid model of full-attention and Mamba groups (attention "
+        "sharded across the ranks, Mamba states replicated); the base refuses context parallelism with more "
+        "than one group.",
+        rules=("block-size-coherence",), status=NOT_MODELLED,
+        shows_on=("manager/full+mamba-align", "manager/full+mamba-align-retention0")),
+    Delta(
+        "0.26.0", "pcp-outside-the-block",
+        "Prefill context parallelism no longer widens a block: the manager counts block_size x dcp_world_size "
+        "tokens a block, whatever pcp_world_size is.",
+        rules=("block-size-coherence",), status=NOT_MODELLED, shows_on=("manager/mla-dcp2-pcp2",)),
     Delta(
         "0.27.0", "stats-at-admission",
         "The prefix-cache stats stop counting lookups: get_computed_blocks records nothing, and the scheduler "
@@ -116,10 +138,15 @@ DELTAS: tuple[Delta, ...] = (
         "shared prefix a sparse-retention group has not cached yet, which the scheduler pins (0: none).  "
         "The spec's answer is the pair; the third value is read and not judged.",
         status=OUTSIDE),
+    Delta(
+        "0.34.0", "common-prefix-blocks-removed",
+        "KVCacheManager.get_num_common_prefix_blocks, cascade attention's question, is gone; the machines no "
+        "longer ask it.",
+        status=OUTSIDE),
 )
 """Every delta, oldest release first."""
 
-KNOWN = (BASE, "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
+KNOWN = (BASE, "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 """Every release the spec knows: the base and each later one whose block
 manager was read for deltas (a release here without a delta of its own
 changed nothing the spec describes)."""

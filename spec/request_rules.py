@@ -730,10 +730,14 @@ def taken_blocks(step: ManagerStep, layout: Layout) -> list[tuple[list[int], lis
     return taken
 
 
-def fresh_blocks(step: ManagerStep, layout: Layout) -> list[int]:
+def fresh_blocks(step: ManagerStep, layout: Layout, release: Release = releases.REFERENCE) -> list[int]:
     """The blocks an accepted ``allocate_slots`` took fresh from the free
     queue (not as hits) for full-attention groups -- the blocks the worker
-    zeroes before the step runs -- group by group, in table order."""
+    zeroes before the step runs -- group by group, in table order.  From
+    release delta ``zeroing-with-mamba-only`` (0.26) the worker zeroes them
+    only for a model with a Mamba group: for any other, none."""
+    if release.has("zeroing-with-mamba-only") and not any(v.kind == AttentionKind.MAMBA for v in layout.views):
+        return []
     return [b for group, (_, fresh) in zip(layout.views, taken_blocks(step, layout), strict=True)
             if group.kind == AttentionKind.FULL_ATTENTION for b in fresh]
 

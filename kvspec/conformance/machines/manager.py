@@ -167,7 +167,7 @@ def manager_machine(
             self.judge(where, problems, (step.result, step.error, step.after, events), spec_outcome)
             if op == "take_new_block_ids":
                 self.ctx.fresh.clear()
-            self.ctx.fresh += fresh_blocks(step, layout)
+            self.ctx.fresh += fresh_blocks(step, layout, self.ctx.release)
             if op == "make_prefix_cache_stats":
                 self.ctx.since_stats.clear()
             self.ctx.since_stats += stats_records(step, layout, self.ctx.release)
@@ -203,7 +203,7 @@ def manager_machine(
             """One scheduler step: the step starts, then a few requests arrive,
             are admitted, compute, are preempted or finish."""
             self.each("new_step_starts")
-            if self.running:
+            if self.running and not self.ctx.release.has("common-prefix-blocks-removed"):
                 # Cascade attention's question, as vLLM's scheduler asks it every step: for its first running
                 # request.  Judged by its rule at every level, not compared with the spec: vLLM also counts
                 # requests whose tables are empty (a documented departure, spec/manager.py), so equal answers

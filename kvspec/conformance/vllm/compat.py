@@ -13,7 +13,13 @@ and spec/releases.py, not searching the tree:
   not blocks, with the keys several blocks cache kept apart
   (:func:`cached_table` reads every era);
 - 0.34: ``ModelRunnerOutput`` lost ``req_id_to_index``
-  (:func:`kvspec.conformance.vllm.scheduler.runner_output` reads its fields).
+  (:func:`kvspec.conformance.vllm.scheduler.runner_output` reads its fields);
+- 0.26: ``KVCacheManager``'s token budget ``max_num_batched_tokens`` is
+  named ``max_in_flight_tokens`` (:func:`manager_options`);
+- 0.29: the prefix-cache retention interval is a field of the
+  ``KVCacheConfig`` (``prefix_cache_retention_interval``) instead of the
+  environment variable ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL``
+  (:func:`manager_options`).
 
 Nothing here imports vLLM: the switches take the release as a string (the
 installed one: :func:`installed_release`).
@@ -58,6 +64,24 @@ def hit_of(computed: Any) -> tuple[Any, int]:
     boundary from 0.33 (spec delta ``shared-prefix-boundary``: read, not judged)."""
     blocks, num_hits = tuple(computed)[:2]
     return blocks, num_hits
+
+
+def manager_options(manager_class: Any, vllm_config: Any, options: dict[str, Any],
+                    retention_interval: int | None) -> dict[str, Any]:
+    """The keyword options for a release's ``KVCacheManager``, given those of
+    the reference release's: the token budget under the name the release
+    takes; the retention interval set on ``vllm_config`` where the release
+    reads it from there (the caller sets the environment variable for the
+    releases that read that)."""
+    import inspect
+
+    out = dict(options)
+    takes = inspect.signature(manager_class).parameters
+    if "max_num_batched_tokens" in out and "max_num_batched_tokens" not in takes and "max_in_flight_tokens" in takes:
+        out["max_in_flight_tokens"] = out.pop("max_num_batched_tokens")
+    if hasattr(vllm_config, "prefix_cache_retention_interval"):
+        vllm_config.prefix_cache_retention_interval = retention_interval
+    return out
 
 
 def cached_table(table: Any) -> dict[Any, tuple[int, ...]]:

@@ -18,7 +18,8 @@ from typing import Any
 from kvspec import hashing
 from kvspec.conformance.targets.manager import KVCacheManagerTarget
 from kvspec.conformance.targets.pool import VllmApiPoolTarget
-from kvspec.impl.kv_cache_coordinator import RETENTION_ENV, RETENTION_FROM_ENV
+from kvspec.conformance.vllm import compat
+from kvspec.impl.kv_cache_coordinator import RETENTION_ENV, RETENTION_FROM_ENV, retention_interval_from_env
 from kvspec.kv_cache_interface import KVCacheConfig
 from kvspec.models.vllm_specs import to_vllm_config
 from kvspec.request import Request
@@ -90,16 +91,18 @@ class VllmManagerTarget(KVCacheManagerTarget):
         options.setdefault("log_stats", True)  # as vLLM's engine runs by default: the stats are observed
         if metrics_collector is not None:  # passed only when given: a release without the keyword still builds
             options["metrics_collector"] = metrics_collector
+        vllm_config = to_vllm_config(kv_cache_config)
         with _retention_env(retention_interval), _assertion_is_refusal():
+            interval = retention_interval_from_env() if retention_interval is RETENTION_FROM_ENV else retention_interval
             manager = KVCacheManager(
-                to_vllm_config(kv_cache_config),
+                vllm_config,
                 max_model_len,
                 scheduler_block_size,
                 hash_block_size,
                 enable_caching=enable_caching,
                 use_eagle=use_eagle,
                 enable_kv_cache_events=enable_kv_cache_events,
-                **options,
+                **compat.manager_options(KVCacheManager, vllm_config, options, interval),
             )
         super().__init__(manager)
 
