@@ -562,15 +562,15 @@ def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple
 
 
 def search(layout: Layout, load_modes: tuple[str, ...], examples: int, *, target: str = "vllm",
-           engine: Engine = Engine()) -> str | None:
+           engine: Engine = Engine(), avoid: frozenset[str] = frozenset()) -> str | None:
     """Run :func:`scheduler_machine` on ``layout`` for ``examples``
-    derandomized examples: ``None`` when nothing breaks, else the failure
-    (the broken rules, or the exception out of the scheduler, and the
-    minimal run)."""
+    derandomized examples, not sending the inputs in ``avoid``: ``None``
+    when nothing breaks, else the failure (the broken rules, or the
+    exception out of the scheduler, and the minimal run)."""
     from hypothesis import HealthCheck, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    machine = scheduler_machine(layout, target=target, load_modes=load_modes, engine=engine)
+    machine = scheduler_machine(layout, target=target, load_modes=load_modes, engine=engine, avoid=avoid)
     try:
         run_state_machine_as_test(machine, settings=settings(
             max_examples=examples, stateful_step_count=40, deadline=None, derandomize=True, database=None,
