@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from kvspec import hashing
-from kvspec.conformance.vllm import compat
 from kvspec.hashing import (
     BlockHash,
     BlockHashListWithBlockSize,
@@ -39,6 +38,7 @@ from kvspec.hashing import (
     root_hash,
     sha256_cbor,
 )
+from kvspec.spec import releases
 
 VECTORS_PATH = Path(__file__).parent / "vectors" / "hash_chain.json"
 VECTORS: dict[str, Any] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))
@@ -663,10 +663,10 @@ def _keyed_request(embeds: bool = False) -> SimpleNamespace:
 
 
 def test_release_formats():
-    assert compat.extra_key_format("0.25.1") == "bare"
-    assert compat.extra_key_format("0.30.0") == "bare"
-    assert compat.extra_key_format("0.31.0") == "tagged"
-    assert compat.extra_key_format("0.33.0") == "tagged"
+    assert releases.judged("0.25.1").extra_key_format == "bare"
+    assert releases.judged("0.30.0").extra_key_format == "bare"
+    assert releases.judged("0.31.0").extra_key_format == "tagged"
+    assert releases.judged("0.33.0").extra_key_format == "tagged"
     with pytest.raises(ValueError, match="extra-key format"):
         hashing.use_extra_key_format("binary")
 

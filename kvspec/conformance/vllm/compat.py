@@ -9,7 +9,7 @@ left here is how kvspec reaches into each release's code, named by the
 release that changed it, so that adding a release means reading this file
 and spec/releases.py, not searching the tree:
 
-- :data:`BLOCK_ID_TABLE` (0.34): the pool's hash table stores block ids,
+- 0.34: the pool's hash table stores block ids,
   not blocks, with the keys several blocks cache kept apart
   (:func:`cached_table` reads every era);
 - 0.34: ``ModelRunnerOutput`` lost ``req_id_to_index``
@@ -21,8 +21,8 @@ and spec/releases.py, not searching the tree:
   environment variable ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL``
   (:func:`manager_options`).
 
-Nothing here imports vLLM: the switches take the release as a string (the
-installed one: :func:`installed_release`).
+Nothing here imports vLLM: the switches take the release as a string, or
+read what the installed release's classes offer.
 """
 
 from __future__ import annotations
@@ -34,29 +34,6 @@ from kvspec.spec import releases
 REFERENCE_RELEASE = releases.BASE
 """The release the spec's base chapters describe, the drop-in replaces and
 the vllm target is built for."""
-
-BLOCK_ID_TABLE = (0, 34)
-
-
-def release(version: str) -> tuple[int, ...]:
-    """``"0.31.0rc1"`` -> ``(0, 31, 0)``: the release's numbers, for comparing with the switches."""
-    return releases.version_key(version)
-
-
-def installed_release() -> str | None:
-    """The installed vLLM's version, read from its metadata without importing it (``None``: not installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("vllm")
-    except PackageNotFoundError:
-        return None
-
-
-def extra_key_format(version: str) -> str:
-    """The extra-key format of a release (spec delta ``tagged-extra-keys``)."""
-    return releases.judged(version).extra_key_format
-
 
 def hit_of(computed: Any) -> tuple[Any, int]:
     """``(blocks, num_hits)`` of what a release's ``get_computed_blocks``
@@ -88,8 +65,8 @@ def cached_table(table: Any) -> dict[Any, tuple[int, ...]]:
     """Every key of a vLLM ``BlockHashToBlockMap`` and the ids of the blocks
     cached under it, in insertion order.  The map has no public iteration,
     so its private dict is read the way each era stores it: through 0.33 a
-    key maps to a block or to a dict of blocks by id; from 0.34
-    (:data:`BLOCK_ID_TABLE`) to one block id, with the ids of a key that
+    key maps to a block or to a dict of blocks by id; from 0.34 to one
+    block id, with the ids of a key that
     several blocks cache in ``_dup_ids``."""
     dup_ids = getattr(table, "_dup_ids", None)
     out = {}
