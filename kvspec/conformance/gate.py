@@ -565,7 +565,8 @@ def _worker(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[
     their results, for the parent to finish.  The only worker of a budgeted
     run draws the progress bar the sequential search would (relayed)."""
     quiet_loggers()
-    releases.use(options.release)  # inherited where the worker forked; set where it did not
+    if options.release:  # inherited where the worker forked; set where it did not
+        releases.use(options.release)
     measure = spec_coverage.start(options.coverage_dir) if options.coverage_dir else None
     try:
         return _work(options, todo, avoid, deadline)
