@@ -82,8 +82,7 @@ DELTAS: tuple[Delta, ...] = (
         "until the step runs.",
         rules=("ref-conservation", "no-eviction-in-use", "content-soundness", "hit-soundness",
                "hash-map-consistency"), status=NOT_MODELLED,
-        shows_on=("manager/full+mamba-align-drafts", "manager/full+swa+mamba", "manager/full+swa+mamba-retention",
-                  "manager/full8+swa2-sparse")),
+        shows_on=("manager/full+mamba-align-drafts", "manager/full8+swa2-sparse")),
     Delta(
         "0.26.0", "zeroing-with-mamba-only",
         "The worker zeroes newly allocated attention blocks only for a model with Mamba layers (the KV-cache "
@@ -95,7 +94,8 @@ DELTAS: tuple[Delta, ...] = (
         "sharded across the ranks, Mamba states replicated); the base refuses context parallelism with more "
         "than one group.",
         rules=("block-size-coherence",), status=NOT_MODELLED,
-        shows_on=("manager/full+mamba-align", "manager/full+mamba-align-retention0")),
+        shows_on=("manager/full+mamba-align", "manager/full+mamba-align-retention0", "manager/full+mamba-all",
+                  "manager/full+mamba-all-drafts", "manager/full4+mamba2-all")),
     Delta(
         "0.26.0", "pcp-outside-the-block",
         "Prefill context parallelism no longer widens a block: the manager counts block_size x dcp_world_size "
@@ -108,6 +108,11 @@ DELTAS: tuple[Delta, ...] = (
         "request, its num_tokens as queries, num_hits as hits (nothing with caching off or for a request that "
         "skips reading the cache).  A lookup whose request is not admitted is not counted.",
         rules=("allocation-accounting",)),
+    Delta(
+        "0.28.0", "zeroing-every-attention-group",
+        "Where the worker zeroes new blocks (a model with Mamba layers), it zeroes those of every attention "
+        "group -- sliding-window and chunked-local ones too -- not only full attention's.",
+        rules=("content-soundness",)),
     Delta(
         "0.30.0", "session-id",
         "Requests carry a session_id, which the pool reads into the BlockStored events it emits.  The "

@@ -735,11 +735,16 @@ def fresh_blocks(step: ManagerStep, layout: Layout, release: Release = releases.
     queue (not as hits) for full-attention groups -- the blocks the worker
     zeroes before the step runs -- group by group, in table order.  From
     release delta ``zeroing-with-mamba-only`` (0.26) the worker zeroes them
-    only for a model with a Mamba group: for any other, none."""
+    only for a model with a Mamba group: for any other, none; from delta
+    ``zeroing-every-attention-group`` (0.28) those of every group but Mamba."""
     if release.has("zeroing-with-mamba-only") and not any(v.kind == AttentionKind.MAMBA for v in layout.views):
         return []
+    if release.has("zeroing-every-attention-group"):
+        zeroed = {kind for kind in AttentionKind if kind != AttentionKind.MAMBA}
+    else:
+        zeroed = {AttentionKind.FULL_ATTENTION}
     return [b for group, (_, fresh) in zip(layout.views, taken_blocks(step, layout), strict=True)
-            if group.kind == AttentionKind.FULL_ATTENTION for b in fresh]
+            if group.kind in zeroed for b in fresh]
 
 
 def stats_records(step: ManagerStep, layout: Layout, release: Release = releases.REFERENCE) -> list[tuple[Any, ...]]:
