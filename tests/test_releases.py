@@ -164,3 +164,15 @@ def test_a_corpus_records_its_release_and_a_check_judges_by_it(tmp_path):
     report = check(tmp_path, {"pool": ImplPoolTarget})
     assert not report.differences and list(report.unreadable) == [pool_files[0]]
     assert "'next' is not a vLLM release" in report.unreadable[pool_files[0]]
+
+
+def test_from_0_28_a_mamba_model_zeroes_every_attention_groups_new_blocks():
+    """impl zeroes full attention's new blocks only, as the base does: judged
+    by 0.28's rules on a model with a sliding-window and a Mamba group, rule
+    content-soundness breaks on a sliding-window block; by 0.27's it holds."""
+    options = dict(target="impl", scope="manager", level="L1", layouts=["full+swa+mamba"], examples=20, seed=1)
+    (result,) = run_gate(GateOptions(**options, release="0.28.0")).results
+    assert not result.conforms and "content-soundness" in result.rules, result
+    assert any("was taken fresh but is not zeroed" in d for d in result.details), result.details
+    (result,) = run_gate(GateOptions(**options, release="0.27.0")).results
+    assert "content-soundness" not in result.rules, result.details
