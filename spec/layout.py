@@ -165,9 +165,14 @@ class Layout:
     def has_cross_attention(self) -> bool:
         return any(spec_is(g, CrossAttentionSpec) for g in self.groups)
 
+    @cached_property
+    def mamba_cache_modes(self) -> frozenset[str]:
+        """The cache modes of the Mamba groups (empty: none)."""
+        return frozenset(g.mamba_cache_mode for g in self.groups if spec_is(g, MambaSpec))
+
     @property
     def has_mamba_align(self) -> bool:
-        return any(spec_is(g, MambaSpec) and g.mamba_cache_mode == "align" for g in self.groups)
+        return "align" in self.mamba_cache_modes
 
     def kv_cache_config(self) -> KVCacheConfig:
         """One group per spec (one layer each, ``layer.i``)."""

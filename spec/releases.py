@@ -151,6 +151,8 @@ DELTAS: tuple[Delta, ...] = (
 )
 """Every delta, oldest release first."""
 
+DELTA_KEYS = frozenset(d.key for d in DELTAS)
+
 KNOWN = (BASE, "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 """Every release the spec knows: the base and each later one whose block
 manager was read for deltas (a release here without a delta of its own
@@ -171,11 +173,15 @@ class Release:
         """The deltas from the base to this release, oldest first."""
         return deltas_until(self.known)
 
+    @cached_property
+    def _keys(self) -> frozenset[str]:
+        return frozenset(d.key for d in self.deltas)
+
     def has(self, key: str) -> bool:
-        """Whether the delta ``key`` is in force in this release."""
-        if key not in {d.key for d in DELTAS}:
+        """Whether the delta ``key`` is in force in this release (the rules ask it at every operation)."""
+        if key not in DELTA_KEYS:
             raise ValueError(f"no release delta is named {key!r} (known: {', '.join(d.key for d in DELTAS)})")
-        return any(d.key == key for d in self.deltas)
+        return key in self._keys
 
     @property
     def is_base(self) -> bool:

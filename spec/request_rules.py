@@ -730,6 +730,10 @@ def taken_blocks(step: ManagerStep, layout: Layout) -> list[tuple[list[int], lis
     return taken
 
 
+_FULL_ATTENTION_ONLY = frozenset({AttentionKind.FULL_ATTENTION})
+_EVERY_ATTENTION_KIND = frozenset(kind for kind in AttentionKind if kind != AttentionKind.MAMBA)
+
+
 def fresh_blocks(step: ManagerStep, layout: Layout, release: Release = releases.REFERENCE) -> list[int]:
     """The blocks an accepted ``allocate_slots`` took fresh from the free
     queue (not as hits) for full-attention groups -- the blocks the worker
@@ -739,10 +743,7 @@ def fresh_blocks(step: ManagerStep, layout: Layout, release: Release = releases.
     ``zeroing-every-attention-group`` (0.28) those of every group but Mamba."""
     if release.has("zeroing-with-mamba-only") and not any(v.kind == AttentionKind.MAMBA for v in layout.views):
         return []
-    if release.has("zeroing-every-attention-group"):
-        zeroed = {kind for kind in AttentionKind if kind != AttentionKind.MAMBA}
-    else:
-        zeroed = {AttentionKind.FULL_ATTENTION}
+    zeroed = _EVERY_ATTENTION_KIND if release.has("zeroing-every-attention-group") else _FULL_ATTENTION_ONLY
     return [b for group, (_, fresh) in zip(layout.views, taken_blocks(step, layout), strict=True)
             if group.kind in zeroed for b in fresh]
 

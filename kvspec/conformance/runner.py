@@ -51,7 +51,6 @@ from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
 from kvspec.conformance.vllm import compat
 from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget
-from kvspec.kv_cache_interface import MambaSpec, spec_is
 from kvspec.spec import releases
 from kvspec.spec.catalogue import LEVELS
 from kvspec.spec.layout import Layout
@@ -206,9 +205,7 @@ def _mamba_modes(scope: str, name: str) -> set[str]:
         layout = SCHEDULER_LAYOUTS[name]
     else:
         layout = manager_layout(name)
-    if not layout.enable_caching:
-        return set()
-    return {g.mamba_cache_mode for g in layout.groups if spec_is(g, MambaSpec)}
+    return set(layout.mamba_cache_modes) if layout.enable_caching else set()
 
 
 BLOCK_POOL_API = ("get_new_blocks", "touch", "free_blocks", "get_cached_block", "cache_full_blocks", "blocks",

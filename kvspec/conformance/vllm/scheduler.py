@@ -16,13 +16,13 @@ be compared decision by decision.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.kv_cache_interface import MambaSpec
 from kvspec.spec import releases
 from kvspec.spec.layout import Layout
 
@@ -121,9 +121,8 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
     cache_config = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                                enable_prefix_caching=layout.enable_caching)
     cache_config.num_gpu_blocks = layout.num_blocks
-    modes = {g.mamba_cache_mode for g in layout.groups if isinstance(g, MambaSpec)}
-    if modes:
-        cache_config.mamba_cache_mode = modes.pop()
+    if layout.mamba_cache_modes:
+        cache_config.mamba_cache_mode = next(iter(layout.mamba_cache_modes))
     transfer = None
     if connector:
         transfer = KVTransferConfig(kv_connector="ScriptedConnector", kv_role="kv_both",
@@ -210,11 +209,18 @@ def runner_output(ids: list[str], sampled: list[list[int]], connector_output: An
     the scheduler: ``sampled[i]`` is what request ``ids[i]`` sampled (empty
     for a prefill chunk).  Through 0.33 the output also maps each id to its
     row (``req_id_to_index``); 0.34 dropped that field."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    extra = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if _maps_ids_to_rows() else {}
+    return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                             pooler_output=[], kv_connector_output=connector_output, **extra)
+
+
+@functools.cache
+def _maps_ids_to_rows() -> bool:
+    """Whether the installed release's ``ModelRunnerOutput`` has ``req_id_to_index`` (asked once, not each step)."""
     import dataclasses
 
     from vllm.v1.outputs import ModelRunnerOutput
 
-    fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
-    extra = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if "req_id_to_index" in fields else {}
-    return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-                             pooler_output=[], kv_connector_output=connector_output, **extra)
+    return "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}

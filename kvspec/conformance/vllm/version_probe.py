@@ -71,7 +71,6 @@ def _search(examples: int) -> dict[str, dict[str, Any]]:
     avoid = inputs_to_avoid("vllm", ["scheduler"])
     out = {}
     for name, layout in SCHEDULER_LAYOUTS.items():
-        modes = LOAD_MODES
         start = time.monotonic()
         try:  # a layout or drafting mode the release cannot build or run is not searched
             harness = SchedulerHarness(layout, num_draft_tokens=DRAFTS_PER_STEP if layout.use_eagle else 0,
@@ -82,7 +81,7 @@ def _search(examples: int) -> dict[str, dict[str, Any]]:
             out[name] = {"status": "n/a", "detail": f"{type(error).__name__}: {error}"[:300], "seconds": 0.0}
             continue
         try:
-            failure = search(layout, modes, examples, engine=engine_of(name), avoid=avoid)
+            failure = search(layout, LOAD_MODES, examples, engine=engine_of(name), avoid=avoid)
         except Exception as error:  # the machine itself could not run
             failure = f"{type(error).__name__}: {error}"
         if failure is None:
