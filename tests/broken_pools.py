@@ -167,13 +167,16 @@ class HangsOnReuse(BlockPool):
 
 
 class IgnoresAlarms(BlockPool):
-    """Reusing a cached block makes the pool shut out SIGALRM and loop: a
-    target stuck where no in-process watchdog reaches (as a native loop
-    would be).  Only a process watchdog can stop it."""
+    """The pool's third allocation shuts out SIGALRM and loops: a target
+    stuck where no in-process watchdog reaches (as a native loop would be).
+    Only a process watchdog can stop it.  (The third allocation, not a
+    rarer event such as reusing a cached block, so that every search meets
+    it within a second whatever the machine's load.)"""
 
     def get_new_blocks(self, num_blocks):
         if type(num_blocks) is int and 0 < num_blocks <= self.get_num_free_blocks():
-            if self.free_block_queue.fake_free_list_head.next_free_block.block_hash is not None:
+            self.allocations = getattr(self, "allocations", 0) + 1
+            if self.allocations == 3:
                 import signal
                 import time
 
