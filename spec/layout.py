@@ -18,11 +18,14 @@ and a few numbers; everything else follows:
   then cache one checkpoint per that many tokens (``0``: only the one a
   replay of the prompt hits), not every block a hit could use;
 - an optional **context parallelism** (vLLM's ``dcp_world_size`` and
-  ``pcp_world_size``): each block's tokens are spread over that many ranks,
-  one slice a rank, so to the block manager one block holds
-  ``block_size * dcp_world_size * pcp_world_size`` tokens.  The group specs
-  keep the per-rank ``block_size`` (as vLLM's config does);
-  :attr:`Layout.managed_groups` are the specs as the manager counts them.
+  ``pcp_world_size``): each attention block's tokens are spread over that
+  many ranks, one slice a rank, so to the block manager one block holds
+  ``block_size * dcp_world_size * pcp_world_size`` tokens (from 0.26.0,
+  ``block_size * dcp_world_size``: release delta ``pcp-outside-the-block``;
+  a Mamba group, which context parallelism replicates rather than splits,
+  keeps its ``block_size``).  The group specs keep the per-rank
+  ``block_size`` (as vLLM's config does); :attr:`Layout.managed_groups` are
+  the specs as the manager counts them, under the release judged.
 
 A config from elsewhere (vLLM's scheduler, a real model) names its own
 scheduler and hash block sizes: give them, and they are kept.
@@ -48,6 +51,8 @@ from kvspec.kv_cache_interface import (
     managed_kind,
     spec_is,
 )
+from kvspec.spec import releases
+from kvspec.spec.releases import Release
 
 TARGET_OPTIONS = {"retention_interval": None, "max_num_batched_tokens": None, "dcp_world_size": 1,
                   "pcp_world_size": 1}
@@ -55,12 +60,43 @@ TARGET_OPTIONS = {"retention_interval": None, "max_num_batched_tokens": None, "d
 that means "not set" (a field at it is not passed)."""
 
 
+def block_ranks(dcp_world_size: int, pcp_world_size: int, release: Release | None = None) -> int:
+    """The ranks one attention block's tokens are spread over: decode times
+    prefill context parallelism, or (``release`` with delta
+    ``pcp-outside-the-block``, 0.26.0) decode context parallelism alone --
+    prefill ranks then no longer widen a block.  ``release``: the one
+    judged (:func:`kvspec.spec.releases.current`) when not given."""
+    release = release or releases.current()
+    return dcp_world_size * (1 if release.has("pcp-outside-the-block") else pcp_world_size)
+
+
 def managed_spec(spec: KVCacheSpec, ranks: int = 1) -> KVCacheSpec:
     """``spec`` as the block manager counts it: with context parallelism
-    (``ranks`` = ``dcp_world_size * pcp_world_size``, each rank holding
-    ``block_size`` of a block's tokens) one block holds ``block_size`` times
-    the ranks."""
-    return spec if ranks == 1 else dataclasses.replace(spec, block_size=spec.block_size * ranks)
+    (``ranks``: :func:`block_ranks`, each rank holding ``block_size`` of a
+    block's tokens) one attention block holds ``block_size`` times the
+    ranks.  A Mamba state is replicated on every rank, not split: its block
+    keeps its size."""
+    if ranks == 1 or spec_is(spec, MambaSpec):
+        return spec
+    return dataclasses.replace(spec, block_size=spec.block_size * ranks)
+
+
+def per_release(compute: Callable[[Any], Any]) -> property:
+    """A property computed once per release judged: what depends on how a
+    release counts a block (:func:`block_ranks`) is cached per release, so a
+    process that judges several (the tests, ``kvspec vectors check``) never
+    reads one release's sizes under another's rules."""
+    name = compute.__name__
+
+    def get(self: Any) -> Any:
+        cache = self.__dict__.setdefault("_per_release", {})
+        key = (name, releases.current().known)
+        if key not in cache:
+            cache[key] = compute(self)
+        return cache[key]
+
+    get.__doc__ = compute.__doc__
+    return property(get)
 
 
 @dataclass(frozen=True)
@@ -132,22 +168,23 @@ class Layout:
 
     @property
     def context_parallel_ranks(self) -> int:
-        """The ranks each block's tokens are spread over (1: no context parallelism)."""
-        return self.dcp_world_size * self.pcp_world_size
+        """The ranks each attention block's tokens are spread over under the
+        release judged (1: no context parallelism; :func:`block_ranks`)."""
+        return block_ranks(self.dcp_world_size, self.pcp_world_size)
 
-    @cached_property
+    @per_release
     def managed_groups(self) -> tuple[KVCacheSpec, ...]:
         """The group specs as the block manager counts them: with context
         parallelism a block holds every rank's slice (:func:`managed_spec`)."""
         return tuple(managed_spec(g, self.context_parallel_ranks) for g in self.groups)
 
-    @cached_property
+    @per_release
     def scheduler_block_size(self) -> int:
         if self.given_scheduler_block_size is not None:
             return self.given_scheduler_block_size
         return math.lcm(*(g.block_size for g in self.managed_groups)) if self.groups else 1
 
-    @cached_property
+    @per_release
     def hash_block_size(self) -> int:
         if self.given_hash_block_size is not None:
             return self.given_hash_block_size
@@ -155,7 +192,7 @@ class Layout:
             return self.scheduler_block_size
         return math.gcd(*(g.block_size for g in self.managed_groups))
 
-    @cached_property
+    @per_release
     def hit_alignment(self) -> int:
         """Hits are multiples of this: the scheduler block size in a hybrid
         model, the block size with one group."""
@@ -183,7 +220,7 @@ class Layout:
                              for i, spec in enumerate(self.groups)],
         )
 
-    @cached_property
+    @per_release
     def views(self) -> tuple[GroupView, ...]:
         """Each group's kind and numbers, with its EAGLE flag."""
         eagle = eagle_group_ids(self.kv_cache_config(), self.use_eagle)

@@ -54,8 +54,10 @@ from kvspec.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
     eagle_group_ids,
+    spec_is,
 )
 from kvspec.request import RequestStatus
+from kvspec.spec import releases
 from kvspec.spec.attention import NULL, CrossAttention, OutOfBlocks, group_class
 from kvspec.spec.coordinator import (
     Coordinator,
@@ -65,7 +67,7 @@ from kvspec.spec.coordinator import (
     UnitaryCoordinator,
 )
 from kvspec.spec.interface import Event, ManagerSnapshot, annotated
-from kvspec.spec.layout import managed_spec
+from kvspec.spec.layout import block_ranks, managed_spec
 from kvspec.spec.pool import SpecBlockPool, TrialPool
 
 
@@ -129,7 +131,11 @@ class SpecKVCacheManager:
           that keeps every block of its requests (full attention, MLA,
           R-SWA, cross attention): a window, a chunk or a Mamba state is not
           split over ranks (vLLM's engine refuses more than one group; its
-          manager, only with prefix caching on).
+          manager, only with prefix caching on).  From 0.26.0 (release
+          delta ``dcp-on-hybrid-models``) a hybrid model of full-attention
+          and Mamba groups also takes decode context parallelism (no
+          prefill ranks): attention blocks are split over the ranks, Mamba
+          states replicated on each.
 
         Guarantees: every block but the null block is free; no request.
         """
@@ -197,20 +203,31 @@ class SpecKVCacheManager:
 
     @staticmethod
     def _managed_specs(kv_cache_config: KVCacheConfig, dcp_world_size: int, pcp_world_size: int) -> list:
-        """The groups' specs as the manager counts their blocks; refuses
-        context parallelism where a block cannot be split over ranks."""
+        """The groups' specs as the manager counts their blocks under the
+        release judged; refuses context parallelism where a block cannot be
+        split over ranks."""
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-        ranks = dcp_world_size * pcp_world_size
-        if ranks == 1:
+        if dcp_world_size * pcp_world_size == 1:
             return specs
-        if len(specs) != 1:
-            raise RuleError("block-size-coherence",
-                            f"context parallelism (dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size}) "
-                            f"needs a model of one KV-cache group, got {len(specs)}")
-        if not isinstance(specs[0], FullAttentionSpec | CrossAttentionSpec):
-            raise RuleError("block-size-coherence",
-                            f"context parallelism does not split a {type(specs[0]).__name__} group's blocks over ranks")
-        return [managed_spec(specs[0], ranks)]
+        release = releases.current()
+        ranks = block_ranks(dcp_world_size, pcp_world_size, release)
+        parallelism = f"context parallelism (dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size})"
+        if len(specs) == 1:
+            if not spec_is(specs[0], FullAttentionSpec, CrossAttentionSpec):
+                raise RuleError("block-size-coherence",
+                                f"context parallelism does not split a {type(specs[0]).__name__} group's blocks "
+                                f"over ranks")
+            return [managed_spec(specs[0], ranks)]
+        if not release.has("dcp-on-hybrid-models"):
+            raise RuleError("block-size-coherence", f"{parallelism} needs a model of one KV-cache group, "
+                                                    f"got {len(specs)}")
+        if pcp_world_size != 1:
+            raise RuleError("block-size-coherence", f"{parallelism}: a hybrid model of {len(specs)} groups takes "
+                                                    f"decode context parallelism only")
+        if others := [type(s).__name__ for s in specs if not spec_is(s, FullAttentionSpec, MambaSpec)]:
+            raise RuleError("block-size-coherence", f"{parallelism}: a hybrid model takes it with full-attention "
+                                                    f"and Mamba groups only, got {', '.join(others)}")
+        return [managed_spec(s, ranks) for s in specs]
 
     @staticmethod
     def _check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size) -> None:

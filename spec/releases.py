@@ -82,7 +82,7 @@ DELTAS: tuple[Delta, ...] = (
         "until the step runs.",
         rules=("ref-conservation", "no-eviction-in-use", "content-soundness", "hit-soundness",
                "hash-map-consistency"), status=NOT_MODELLED,
-        shows_on=("manager/full+mamba-align-drafts", "manager/full8+swa2-sparse")),
+        shows_on=("manager/full+mamba-align-drafts", "manager/full8+swa2-sparse", "manager/full4+mamba2-all")),
     Delta(
         "0.26.0", "zeroing-with-mamba-only",
         "The worker zeroes newly allocated attention blocks only for a model with Mamba layers (the KV-cache "
@@ -90,17 +90,18 @@ DELTAS: tuple[Delta, ...] = (
         rules=("content-soundness",)),
     Delta(
         "0.26.0", "dcp-on-hybrid-models",
-        "Decode context parallelism is accepted on a hybrid model of full-attention and Mamba groups (attention "
-        "sharded across the ranks, Mamba states replicated); the base refuses context parallelism with more "
-        "than one group.",
-        rules=("block-size-coherence",), status=NOT_MODELLED,
-        shows_on=("manager/full+mamba-align", "manager/full+mamba-align-retention0", "manager/full+mamba-all",
-                  "manager/full+mamba-all-drafts", "manager/full4+mamba2-all")),
+        "Decode context parallelism is accepted on a hybrid model of full-attention and Mamba groups (no "
+        "prefill ranks, no other kind of group): attention blocks are split over the ranks, so the manager "
+        "counts block_size x dcp_world_size tokens in a full-attention block, and Mamba states are replicated "
+        "on every rank, so a Mamba block keeps its block_size.  The base refuses context parallelism with more "
+        "than one group.  The layout full+mamba-align-dcp2 exists from this release on.",
+        rules=("block-size-coherence",)),
     Delta(
         "0.26.0", "pcp-outside-the-block",
         "Prefill context parallelism no longer widens a block: the manager counts block_size x dcp_world_size "
-        "tokens a block, whatever pcp_world_size is.",
-        rules=("block-size-coherence",), status=NOT_MODELLED, shows_on=("manager/mla-dcp2-pcp2",)),
+        "tokens a block, whatever pcp_world_size is (the engine hands the manager no prefill ranks), and the "
+        "scheduler and hash block sizes follow.",
+        rules=("block-size-coherence",)),
     Delta(
         "0.27.0", "stats-at-admission",
         "The prefix-cache stats stop counting lookups: get_computed_blocks records nothing, and the scheduler "

@@ -76,7 +76,7 @@ def test_a_release_is_judged_by_the_newest_known_release_at_or_before_it():
     assert "newer than every release" in newer.warning() and releases.KNOWN[-1] in newer.warning()
     older = releases.judged("0.20.0")
     assert older.is_base and "older than" in older.warning()
-    assert "not modelled yet: partial-hit-copy-on-write, dcp-on-hybrid-models, pcp-outside-the-block" in \
+    assert "not modelled yet: partial-hit-copy-on-write)" in \
         releases.judged("0.26.0").warning()
     assert [d.key for d in releases.deltas_until("0.27.0")] == [
         "partial-hit-copy-on-write", "zeroing-with-mamba-only", "dcp-on-hybrid-models", "pcp-outside-the-block",
@@ -176,3 +176,67 @@ def test_from_0_28_a_mamba_model_zeroes_every_attention_groups_new_blocks():
     assert any("was taken fresh but is not zeroed" in d for d in result.details), result.details
     (result,) = run_gate(GateOptions(**options, release="0.27.0")).results
     assert "content-soundness" not in result.rules, result.details
+
+
+def test_from_0_26_prefill_ranks_no_longer_widen_a_block():
+    """One process, two releases: mla-dcp2-pcp2's blocks hold 4 tokens under
+    the base (2 decode x 2 prefill ranks) and 2 from 0.26 on."""
+    layout = MANAGER_LAYOUTS["mla-dcp2-pcp2"]
+    assert (layout.scheduler_block_size, layout.hash_block_size, layout.views[0].block_size) == (4, 4, 4)
+    with releases.judging("0.26.0"):
+        assert (layout.scheduler_block_size, layout.hash_block_size, layout.views[0].block_size) == (2, 2, 2)
+    assert layout.scheduler_block_size == 4
+
+
+def test_from_0_26_a_hybrid_of_full_attention_and_mamba_takes_decode_ranks():
+    import dataclasses
+
+    from kvspec.conformance.machines.layouts import LATER_LAYOUTS
+    from kvspec.conformance.targets.spec_manager import SpecManagerTarget
+    from kvspec.errors import RuleError
+
+    dcp = LATER_LAYOUTS["full+mamba-align-dcp2"]
+    swa = dataclasses.replace(MANAGER_LAYOUTS["full+swa"], dcp_world_size=2)
+    prefill = dataclasses.replace(dcp, dcp_world_size=1, pcp_world_size=2)
+    with pytest.raises(RuleError, match="needs a model of one KV-cache group"):
+        dcp.make_target(SpecManagerTarget)
+    with releases.judging("0.26.0"):
+        assert [v.block_size for v in dcp.views] == [2, 2]  # attention: 1 token a rank x 2; Mamba: replicated
+        dcp.make_target(SpecManagerTarget)
+        with pytest.raises(RuleError, match="full-attention and Mamba groups only, got SlidingWindowSpec"):
+            swa.make_target(SpecManagerTarget)
+        with pytest.raises(RuleError, match="takes decode context parallelism only"):
+            prefill.make_target(SpecManagerTarget)
+
+
+def test_a_later_release_s_layout_is_searched_there_and_skipped_with_its_reason_before():
+    options = dict(target="spec", scope="manager", level="L1", layouts=["full+mamba-align-dcp2"], examples=5, seed=1)
+    assert "full+mamba-align-dcp2" not in layout_names("manager")
+    (result,) = run_gate(GateOptions(**options)).results
+    assert result.conforms and "has no such configuration" in result.skipped, result
+    (result,) = run_gate(GateOptions(**options, release="0.26.0")).results
+    assert result.conforms and not result.skipped and result.operations > 0, result
+    with releases.judging("0.26.0"):
+        assert "full+mamba-align-dcp2" in layout_names("manager")
+
+
+def test_where_a_release_takes_decode_ranks_the_refused_variant_sends_prefill_ranks():
+    from kvspec.conformance.machines.configurations import manager_variants
+
+    def ranks(name):
+        (variant,) = [v for v in manager_variants(MANAGER_LAYOUTS[name]) if v.name.startswith("context parallelism")]
+        return variant.layout.dcp_world_size, variant.layout.pcp_world_size
+
+    assert ranks("full+mamba-align") == ranks("full+swa") == (2, 1)
+    with releases.judging("0.26.0"):
+        assert ranks("full+mamba-align") == (1, 2) and ranks("full+swa") == (2, 1)
+
+
+def test_a_fixed_finding_is_steered_around_only_on_the_releases_that_have_it():
+    from kvspec.conformance.findings import inputs_to_avoid
+
+    tag = "context-parallel:hybrid-per-group-lookup"  # F12: 0.26.0 up to 0.29.0
+    assert tag not in inputs_to_avoid("vllm")
+    for version, steered in (("0.26.0", True), ("0.28.0", True), ("0.29.0", False)):
+        with releases.judging(version):
+            assert (tag in inputs_to_avoid("vllm")) == steered, version

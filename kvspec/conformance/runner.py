@@ -28,8 +28,8 @@ from hypothesis import settings
 from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
-from kvspec.conformance.machines.configurations import takes_keyword
-from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.machines.configurations import refusal, takes_keyword
+from kvspec.conformance.machines.layouts import LATER_LAYOUTS, MANAGER_LAYOUTS
 from kvspec.conformance.machines.machinery import (
     BudgetSpent,
     CheckingMachine,
@@ -190,11 +190,22 @@ def layout_unsupported(target: str, scope: str, name: str) -> str | None:
     offer is no failure of it."""
     if (why := releases.current().unsupported(_mamba_modes(scope, name))) is not None:
         return why
+    if scope == "manager" and (why := _spec_refusal(name)) is not None:
+        return why
     if scope != "manager" or target in TARGETS[scope]:
         return None
     factory = resolve_target(target, scope)
     missing = [k for k in manager_layout(name).target_options() if not takes_keyword(factory, k)]
     return f"the target factory takes no {', '.join(missing)} keyword" if missing else None
+
+
+def _spec_refusal(name: str) -> str | None:
+    """Why the spec of the release judged refuses to build the manager
+    layout ``name`` (a layout of a later release: :data:`LATER_LAYOUTS`),
+    or ``None``."""
+    if name not in LATER_LAYOUTS or (refused := refusal(LATER_LAYOUTS[name], SpecManagerTarget)) is None:
+        return None
+    return f"vLLM {releases.current().version} has no such configuration: {refused}"
 
 
 def _mamba_modes(scope: str, name: str) -> set[str]:
@@ -271,8 +282,12 @@ def check_target(name: str, scope: str) -> Callable[..., Any]:
 
 
 def layout_names(scope: str) -> list[str]:
-    """The layouts a scope runs by default (the model layouts are chosen by name)."""
-    return list({"pool": LAYOUTS, "manager": MANAGER_LAYOUTS, "scheduler": SCHEDULER_LAYOUTS}[scope])
+    """The layouts a scope runs by default (the model layouts are chosen by
+    name): a later release's manager layouts where the release judged has
+    them."""
+    if scope == "manager":
+        return [*MANAGER_LAYOUTS, *(name for name in LATER_LAYOUTS if _spec_refusal(name) is None)]
+    return list({"pool": LAYOUTS, "scheduler": SCHEDULER_LAYOUTS}[scope])
 
 
 def model_layout_names() -> list[str]:
@@ -283,7 +298,10 @@ def model_layout_names() -> list[str]:
 
 
 def is_layout(scope: str, name: str) -> bool:
-    return name in layout_names(scope) or (scope == "manager" and name in model_layout_names())
+    """Whether ``name`` is a layout of ``scope`` in any release (one the
+    release judged does not have is skipped with the reason)."""
+    return name in layout_names(scope) or (scope == "manager" and (name in LATER_LAYOUTS or
+                                                                   name in model_layout_names()))
 
 
 def manager_layout(name: str) -> Layout:
@@ -291,6 +309,8 @@ def manager_layout(name: str) -> Layout:
     model's groups at the tiny scale (kvspec.models.architectures.setup)."""
     if name in MANAGER_LAYOUTS:
         return MANAGER_LAYOUTS[name]
+    if name in LATER_LAYOUTS:
+        return LATER_LAYOUTS[name]
     if name in model_layout_names():
         from kvspec.models.architectures import setup
 
@@ -631,6 +651,7 @@ def replay(
     target hangs in the call it never returned from."""
     deadline = None if seconds is None else time.perf_counter() + seconds
     machine = None
+    judged_before = releases.current().version
     with _hard_stop_at(deadline):
         try:
             make = machine_for(trace.scope, trace.layout, target, level, frozenset(trace.avoid))
@@ -640,6 +661,8 @@ def replay(
             return _replay(machine, trace, on_step)
         except BudgetSpent:
             pass
+        finally:  # the caller judges by what it judged before (a test process replays many traces)
+            releases.use(judged_before)
     hung = machine.hung_in if machine is not None else None
     where = f"{hung} did not return" if hung else "the replay did not finish"
     message = f"{where} within {seconds:g} s (the target hangs)"

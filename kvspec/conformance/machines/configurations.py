@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvspec.conformance.machines.machinery import HarnessFault
+from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.errors import RuleError
 from kvspec.kv_cache_interface import AttentionKind
 from kvspec.spec.layout import Layout
@@ -85,9 +86,15 @@ def manager_variants(layout: Layout, retention: bool = True, context_parallel: b
     if context_parallel:
         found.append(variant("dcp_world_size 0", True, dcp_world_size=0))
         # vLLM's engine never builds it; its manager refuses it where prefix caching is on (its hybrid
-        # coordinator) and takes it without (its NoPrefixCacheCoordinator), so only the former is sent
+        # coordinator) and takes it without (its NoPrefixCacheCoordinator), so only the former is sent.
+        # From 0.26.0 a hybrid of full attention and Mamba takes decode ranks (dcp-on-hybrid-models) but
+        # still no prefill ranks: those are sent there instead.
         if len(layout.groups) > 1 and layout.enable_caching:
-            found.append(variant("context parallelism with more than one group", dcp_world_size=2))
+            # (judged with the sizes the engine would derive for the ranks, so that only the ranks differ)
+            decode = variant("context parallelism with more than one group", dcp_world_size=2)
+            derived = dataclasses.replace(decode.layout, given_scheduler_block_size=None, given_hash_block_size=None)
+            found.append(decode if refusal(derived, SpecManagerTarget) else
+                         variant("context parallelism with more than one group", pcp_world_size=2))
     if not retention:
         return tuple(found)
     if any(g.kind in (AttentionKind.SLIDING_WINDOW, AttentionKind.MAMBA) for g in layout.views):
@@ -117,12 +124,20 @@ def sendable(variants: tuple[Variant, ...], avoid: frozenset[str]) -> tuple[str,
     return tuple(v.name for v in variants if not (v.non_positive_size and NON_POSITIVE_SIZE in avoid))
 
 
+def refusal(layout: Any, spec: Callable[..., Any]) -> RuleError | None:
+    """The spec's refusal to build ``layout`` (``spec``: its target
+    factory), under the release judged; ``None`` where it builds it."""
+    try:
+        layout.make_target(spec)
+    except RuleError as refused:
+        return refused
+    return None
+
+
 def spec_refusal(variant: Variant, spec: Callable[..., Any]) -> RuleError:
     """The spec's refusal of ``variant`` (every variant is one the spec refuses)."""
-    try:
-        variant.layout.make_target(spec)
-    except RuleError as refusal:
-        return refusal
+    if (refused := refusal(variant.layout, spec)) is not None:
+        return refused
     # the variants are chosen so that the spec refuses every one: a fault of kvspec's, not the target's
     raise HarnessFault(f"the spec accepted the incoherent configuration {variant.name!r}")
 

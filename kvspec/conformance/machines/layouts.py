@@ -67,3 +67,14 @@ MANAGER_LAYOUTS: dict[str, Layout] = {
     # Retention 0: Mamba keeps only the state a replay of the prompt hits.
     "full+mamba-align-retention0": Layout((full(2), mamba(2, "align")), retention_interval=0),
 }
+
+LATER_LAYOUTS: dict[str, Layout] = {
+    # Decode context parallelism on a hybrid model (a Qwen3-Next-like model decoded over 2 ranks),
+    # which a release from 0.26.0 on takes (delta dcp-on-hybrid-models): full attention's blocks are
+    # split over the ranks (1 token a rank, so the manager counts blocks of 2), the Mamba state is
+    # replicated on each rank (blocks of 2).
+    "full+mamba-align-dcp2": Layout((full(1), mamba(2, "align")), dcp_world_size=2),
+}
+"""Manager layouts that exist only in a later release than the base: the
+gate searches one where the spec of the release judged builds it, and
+names why it skips it elsewhere."""
