@@ -21,6 +21,8 @@ from pathlib import Path
 from kvspec.conformance.machines.configurations import ANY_BAD_CONFIG, NON_POSITIVE_SIZE
 from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.machines.scheduler import AVOIDABLE as SCHEDULER_AVOIDABLE
+from kvspec.spec import releases
+from kvspec.spec.releases import BASE, version_key
 
 FINDINGS_DIR = Path(__file__).resolve().parents[2] / "docs" / "findings"
 
@@ -38,6 +40,9 @@ AVOIDABLE: dict[str, str] = {
     "context-parallel:save-past-computed": "manager: on a context-parallel layout, asking which blocks a KV "
                                            "connector saves while the request's table reaches past its computed "
                                            "tokens (lookahead, rejected drafts)",
+    "context-parallel:hybrid-per-group-lookup": "manager: on a hybrid model with decode context parallelism, "
+                                                "asking each group's own longest hit (what a KV connector of a "
+                                                "Mamba hybrid is given)",
     ANY_BAD_CONFIG: "pool and manager: any incoherent configuration (a target that leaves its checks to its "
                     "caller)",
     NON_POSITIVE_SIZE: "pool and manager: built with a block size, hash block size, max_model_len or "
@@ -46,6 +51,13 @@ AVOIDABLE: dict[str, str] = {
     "layout:NAME": "the layout NAME altogether (a finding the layout's configuration itself triggers)",
 }
 """The inputs a machine can be told not to send (``--avoid``), and what each is."""
+
+
+def in_releases(version: str, releases: tuple[str, str | None]) -> bool:
+    """Whether ``version`` is in ``releases``: from the first, before the
+    second (``None``: not fixed yet)."""
+    first, fixed = releases
+    return version_key(first) <= version_key(version) and (fixed is None or version_key(version) < version_key(fixed))
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,11 @@ class Finding:
     avoid: str  # the machine input it needs (a knob of the machines), or "" if it cannot be steered around
     trace: str  # file name under docs/findings/
     also: tuple[str, ...] = ()  # further scopes whose machines send its input (steered there too)
+    releases: tuple[str, str | None] = (BASE, None)  # the first release it is in, the first it is fixed in
+
+    def affects(self, version: str) -> bool:
+        """Whether vLLM ``version`` has it (as far as the releases measured say)."""
+        return in_releases(version, self.releases)
 
     @property
     def scope(self) -> str:
@@ -120,6 +137,13 @@ FINDINGS: tuple[Finding, ...] = (
         "last one on, so an earlier image its hash block overlaps is missing from its extra keys",
         ("hash-map-consistency",), "partial-entry:earlier-image", "F11-pool-partial-event-drops-images.json",
     ),
+    Finding(
+        "F12", "vllm", "Decode context parallelism on a full-attention + Mamba model: the per-group lookup a KV "
+        "connector is given (find_longest_cache_hit_per_group) reads full attention's hashes at the per-rank "
+        "block size and raises AssertionError on the first request",
+        (), "context-parallel:hybrid-per-group-lookup", "F12-dcp-hybrid-per-group-lookup.json",
+        releases=("0.26.0", "0.29.0"),
+    ),
 )
 
 
@@ -133,8 +157,12 @@ def is_avoidable(name: str, layouts: list[str]) -> bool:
 def known_findings(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "manager")) -> tuple[Finding, ...]:
     """``target``'s known findings at ``scopes``: at scheduler scope, those
     of vLLM's scheduler (kvspec.conformance.vllm.scheduler_findings), which
-    every block manager under it inherits."""
-    found = tuple(f for f in FINDINGS if f.target == target and ({f.scope, *f.also} & set(scopes)))
+    every block manager under it inherits.  Only those of the release
+    judged: a finding fixed before it (or not yet in it) is not steered
+    around, so that its return is seen."""
+    version = releases.current().version
+    found = tuple(f for f in FINDINGS if f.target == target and ({f.scope, *f.also} & set(scopes))
+                  and f.affects(version))
     if "scheduler" in scopes:
         from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS
 
@@ -165,6 +193,9 @@ def matching_finding(target: str, scope: str, layout: str, trace: object) -> Fin
         if finding.avoid.startswith("bad-input:") and finding.scope == scope and finding.avoid.split(":")[1] in values:
             return finding
         if finding.avoid == "mamba-align-external" and "mamba" in layout and "external blocks" in labels:
+            return finding
+        if finding.avoid == "context-parallel:hybrid-per-group-lookup" and "dcp" in layout and \
+                any("find_longest_cache_hit_per_group" in op for op in failing.operations):
             return finding
         if finding.avoid == "context-parallel:save-past-computed" and layout in MANAGER_LAYOUTS and \
                 MANAGER_LAYOUTS[layout].context_parallel_ranks > 1 and \

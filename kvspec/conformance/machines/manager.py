@@ -389,7 +389,8 @@ def manager_machine(
             if request is None:
                 request = self.waiting[data.draw(st.integers(0, len(self.waiting) - 1), label="waiting")]
             blocks, hit = self.each("get_computed_blocks", request)
-            if len(layout.views) > 1 and hasattr(self.target, "find_longest_cache_hit_per_group"):
+            if len(layout.views) > 1 and hasattr(self.target, "find_longest_cache_hit_per_group") and \
+                    not (layout.dcp_world_size > 1 and "context-parallel:hybrid-per-group-lookup" in self.avoid):
                 # What a hybrid model's KV connector is given: each group's own hit (optional; no draw).
                 self.apply("find_longest_cache_hit_per_group", request, lockstep=False)
             room = request.num_tokens - hit

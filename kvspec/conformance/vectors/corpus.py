@@ -530,6 +530,8 @@ def finding_vectors() -> list[Vector]:
 
     out = []
     for finding in FINDINGS:
+        if not finding.affects(releases.current().version):  # a corpus holds its own release's findings
+            continue
         trace = Trace.load(finding.trace_path)
         if [s.rule for s in trace.steps] == ["configure"]:  # a construction: its vector is a configuration's
             built = dict(trace.steps[0].draws)["configuration"]
