@@ -73,6 +73,7 @@ from kvspec.kv_cache_interface import (
     managed_kind,
 )
 from kvspec.spec.interface import NULL_BLOCK_ID
+from kvspec.spec.layout import mamba_hold_back
 from kvspec.spec.pool import SpecBlockPool
 
 NULL = NULL_BLOCK_ID
@@ -582,6 +583,7 @@ class Mamba(GroupManager):
         super().__init__(spec, *args, **kwargs)
         self.mode = spec.mamba_cache_mode
         self.num_speculative_blocks = spec.num_speculative_blocks
+        self.hold_back = mamba_hold_back(spec.num_speculative_blocks)
         self.cached_this_step: set[bytes] = set()
         # align mode only: who has allocated, and where the previous state sits
         self.allocated: set[str] = set()
@@ -696,11 +698,12 @@ class Mamba(GroupManager):
         return table[before:]
 
     def removal_plan(self, rid, total_computed_tokens, num_prompt_tokens=None):
-        """Draft tokens may still be rejected, so ``s`` fewer tokens count as
-        computed.  Besides the skipped prefix, align mode also frees the
-        previous running state once it lies before the current state
-        position (a separate free call)."""
-        computed = max(0, total_computed_tokens - self.num_speculative_blocks)
+        """Draft tokens may still be rejected, so fewer tokens count as
+        computed: ``s`` in the base, none from 0.26
+        (:func:`~kvspec.spec.layout.mamba_hold_back`).  Besides the skipped
+        prefix, align mode also frees the previous running state once it
+        lies before the current state position (a separate free call)."""
+        computed = max(0, total_computed_tokens - self.hold_back)
         plan = super().removal_plan(rid, computed)
         if self.mode == "align":
             last = self.last_state_position.get(rid)

@@ -284,16 +284,17 @@ def window_start(group: GroupView, num_computed: int) -> int:
     """The first table position a request with ``num_computed`` tokens
     computed may still read; every block before it left the attention window:
     sliding window ``w``: tokens before ``num_computed - w + 1``; chunked
-    local ``c``: the chunks before the one of token ``num_computed``; Mamba
-    (``s`` speculative blocks; drafts may be rejected): all but the state
-    after ``max(0, num_computed - s)`` tokens; full and cross attention:
-    none (R-SWA: see :func:`out_of_window`)."""
+    local ``c``: the chunks before the one of token ``num_computed``; Mamba:
+    all but the state after ``max(0, num_computed - h)`` tokens, ``h`` the
+    tokens it holds back for drafts that may still be rejected
+    (:func:`~kvspec.spec.layout.mamba_hold_back`); full and cross
+    attention: none (R-SWA: see :func:`out_of_window`)."""
     if group.kind == AttentionKind.SLIDING_WINDOW:
         skipped = num_computed - group.sliding_window + 1
     elif group.kind == AttentionKind.CHUNKED_LOCAL_ATTENTION:
         skipped = num_computed // group.attention_chunk_size * group.attention_chunk_size
     elif group.kind == AttentionKind.MAMBA:
-        skipped = max(0, num_computed - group.num_speculative_blocks) - 1
+        skipped = max(0, num_computed - group.window_hold_back) - 1
     else:
         skipped = 0
     return max(0, skipped) // group.block_size

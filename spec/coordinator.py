@@ -33,6 +33,7 @@ from typing import Any
 
 from kvspec.hashing import block_hashes_for_size
 from kvspec.kv_cache_interface import FullAttentionSpec, KVCacheSpec
+from kvspec.spec import releases
 from kvspec.spec.attention import NULL, CrossAttention, GroupManager, HitPositions
 from kvspec.spec.pool import SpecBlockPool
 
@@ -234,6 +235,7 @@ class HybridCoordinator(Coordinator):
                 spec_groups.append(SpecGroup(group.spec, [g], type(group), eagle))
         spec_groups.sort(key=lambda sg: not sg.is_full_attention)
         self.spec_groups = spec_groups
+        self.lookahead_hashes = releases.current().has("eagle-lookahead-hashes")
         for sg in spec_groups:
             if sg.use_eagle:
                 for g in sg.group_ids:
@@ -266,7 +268,10 @@ class HybridCoordinator(Coordinator):
           length;
         - **one EAGLE drop per candidate length**: an EAGLE spec group
           searches up to one block *past* the candidate (never past
-          ``max_length``) and drops that block; it is then *verified* and
+          ``max_length``; from 0.32, release delta ``eagle-lookahead-hashes``,
+          never past the request's last full hash block: the block after
+          the hit may be the prompt's last, whose hash proves it) and drops
+          that block; it is then *verified* and
           searches without a drop while the candidate stays put, or shrinks
           through another EAGLE group's drop.  When a group without a pending
           drop shrinks the candidate, every verification is forgotten.
@@ -289,6 +294,7 @@ class HybridCoordinator(Coordinator):
         """
         hits: list[list[int] | None] = [None] * len(self.groups)
         hit_length = max_length
+        peek_limit = len(block_hashes) * self.hash_block_size if self.lookahead_hashes else max_length
         simple_hybrid = len(self.spec_groups) == 2 and self.spec_groups[0].is_full_attention
         verified: set[int] = set()
         while True:
@@ -299,7 +305,7 @@ class HybridCoordinator(Coordinator):
                     length = length // block_size * block_size
                     continue
                 drop = sg.use_eagle and idx not in verified
-                search_max = min(length + block_size, max_length) if drop else length
+                search_max = min(length + block_size, peek_limit) if drop else length
                 hit = sg.cls.find_hit(
                     sg.spec,
                     self.lookup(sg.spec, block_hashes, sg.group_ids),

@@ -111,6 +111,18 @@ class GroupView:
     mamba_cache_mode: str | None = None
     num_speculative_blocks: int = 0
     eagle: bool = False
+    window_hold_back: int = 0  # Mamba: tokens held back before freeing states (:func:`mamba_hold_back`)
+
+
+def mamba_hold_back(num_speculative_blocks: int, release: Release | None = None) -> int:
+    """How many of a request's computed tokens a Mamba group does not count
+    when it frees states that left the window.  In the base, ``s`` (its
+    speculative blocks): the caller may count draft tokens that are still
+    to be verified, so the group assumes all of them rejected.  From 0.26
+    (release delta ``processed-token-windows``) none: the caller passes
+    only processed tokens (computed minus in flight)."""
+    release = release or releases.current()
+    return 0 if release.has("processed-token-windows") else num_speculative_blocks
 
 
 def view_of(spec: KVCacheSpec, eagle: bool) -> GroupView:
@@ -124,7 +136,8 @@ def view_of(spec: KVCacheSpec, eagle: bool) -> GroupView:
         AttentionKind.SLIDING_WINDOW: lambda: {"sliding_window": spec.sliding_window},
         AttentionKind.CHUNKED_LOCAL_ATTENTION: lambda: {"attention_chunk_size": spec.attention_chunk_size},
         AttentionKind.MAMBA: lambda: {"mamba_cache_mode": spec.mamba_cache_mode,
-                                      "num_speculative_blocks": spec.num_speculative_blocks},
+                                      "num_speculative_blocks": spec.num_speculative_blocks,
+                                      "window_hold_back": mamba_hold_back(spec.num_speculative_blocks)},
     }.get(kind, dict)()
     return GroupView(kind, block_size=spec.block_size, eagle=eagle, **numbers)
 

@@ -16,9 +16,21 @@ from kvspec.kv_cache_interface import AttentionKind, cdiv
 from kvspec.spec.content import key_for
 from kvspec.spec.interface import PoolSnapshot
 from kvspec.spec.layout import Layout
+from kvspec.spec.releases import Release
 
 
-def group_can_serve(pool: PoolSnapshot, request: Any, layout: Layout, g: int, length: int, max_length: int) -> bool:
+def eagle_peek_limit(request: Any, layout: Layout, release: Release) -> int:
+    """How far an EAGLE group may look past a hit for the block that proves
+    it: ``num_tokens - 1`` in the base; from 0.32 (release delta
+    ``eagle-lookahead-hashes``) in a hybrid model, the end of the request's
+    last full hash block -- a block-aligned prompt's last block proves the
+    block before it."""
+    if release.has("eagle-lookahead-hashes") and len(layout.groups) > 1:
+        return request.num_tokens // layout.hash_block_size * layout.hash_block_size
+    return request.num_tokens - 1
+
+
+def group_can_serve(pool: PoolSnapshot, request: Any, layout: Layout, g: int, length: int, peek_limit: int) -> bool:
     """Could group ``g`` start ``request`` with ``length`` tokens computed,
     from what the pool's hash table holds?  ``length`` must be a multiple of
     the group's block size ``B``; ``n = length / B``.  The positions it needs
@@ -33,8 +45,9 @@ def group_can_serve(pool: PoolSnapshot, request: Any, layout: Layout, g: int, le
     - cross attention: never (length 0 only).
 
     An EAGLE group (never a Mamba group: drafts have no Mamba layers) must
-    also have position ``n`` cached, within ``max_length``: it serves
-    ``length`` by recomputing one more block.  Length 0 is always served.
+    also have position ``n`` cached, ending within ``peek_limit``
+    (:func:`eagle_peek_limit`): it serves ``length`` by recomputing one
+    more block.  Length 0 is always served.
     """
     if length == 0:
         return True
@@ -55,13 +68,13 @@ def group_can_serve(pool: PoolSnapshot, request: Any, layout: Layout, g: int, le
     else:
         raise ValueError(f"unknown group kind {group.kind}")
     if group.eagle and group.kind != AttentionKind.MAMBA:
-        if length + bs > max_length:
+        if length + bs > peek_limit:
             return False
         needed.append(n)
     return all((key := key_for(request, layout, g, i)) is not None and key in pool.table for i in needed)
 
 
-def oracle_hit_length(pool: PoolSnapshot, request: Any, layout: Layout) -> int:
+def oracle_hit_length(pool: PoolSnapshot, request: Any, layout: Layout, release: Release) -> int:
     """The optimal hit: the longest length ``L <= num_tokens - 1``, a
     multiple of the layout's hit alignment, that every group can serve
     (:func:`group_can_serve`) -- found by trying every candidate, longest
@@ -69,9 +82,10 @@ def oracle_hit_length(pool: PoolSnapshot, request: Any, layout: Layout) -> int:
     if not layout.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
         return 0
     max_length = request.num_tokens - 1
+    peek_limit = eagle_peek_limit(request, layout, release)
     align = layout.hit_alignment
     for length in range(max_length // align * align, 0, -align):
-        if all(group_can_serve(pool, request, layout, g, length, max_length) for g in range(len(layout.views))):
+        if all(group_can_serve(pool, request, layout, g, length, peek_limit) for g in range(len(layout.views))):
             return length
     return 0
 

@@ -103,6 +103,13 @@ DELTAS: tuple[Delta, ...] = (
         "scheduler and hash block sizes follow.",
         rules=("block-size-coherence",)),
     Delta(
+        "0.26.0", "processed-token-windows",
+        "Blocks leave the attention window on the processed-token basis: the scheduler passes "
+        "remove_skipped_blocks the tokens computed minus those in flight, and allocate_slots frees on that "
+        "basis too.  So a Mamba group no longer holds back its num_speculative_blocks tokens (drafts that may "
+        "still be rejected) before it frees the states behind the last one.",
+        rules=("content-soundness",)),
+    Delta(
         "0.27.0", "stats-at-admission",
         "The prefix-cache stats stop counting lookups: get_computed_blocks records nothing, and the scheduler "
         "records a request once it is admitted, with record_prefix_cache_stats(request, num_hits) -- one "
@@ -129,10 +136,10 @@ DELTAS: tuple[Delta, ...] = (
         rules=("hash-map-consistency", "tenant-isolation")),
     Delta(
         "0.32.0", "eagle-lookahead-hashes",
-        "The EAGLE lookup is redesigned: a hit is proved with lookahead hashes of the blocks after it and "
-        "kept only with a margin of proven tokens, instead of dropping the last matched block.",
-        rules=("hit-soundness", "hit-optimality"), status=NOT_MODELLED,
-        shows_on=("manager/full+swa-eagle",)),
+        "In a hybrid model, an EAGLE group's search past the candidate hit may reach the end of the request's "
+        "last full hash block, not only num_tokens - 1: on a block-aligned prompt the last block, whose hash "
+        "the request has, proves the block before it, so the hit keeps one block more than the base's.",
+        rules=("hit-soundness", "hit-optimality")),
     Delta(
         "0.33.0", "mamba-all-removed",
         "Mamba's `all` cache mode is gone: a Mamba group with prefix caching must use `align`, and a model "

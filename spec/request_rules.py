@@ -50,7 +50,7 @@ from kvspec.spec.content import (
 )
 from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot, Stored
 from kvspec.spec.layout import GroupView, Layout
-from kvspec.spec.oracle import group_can_serve, oracle_hit_length
+from kvspec.spec.oracle import eagle_peek_limit, group_can_serve, oracle_hit_length
 from kvspec.spec.releases import Release
 from kvspec.spec.rules import Violation
 
@@ -316,6 +316,7 @@ def hit_soundness(step: ManagerStep, ctx: RequestContext) -> list[str]:
     if observed is None or layout is None:
         return []
     request, tables, hit = observed
+    peek_limit = eagle_peek_limit(request, layout, ctx.release)
     problems = []
     if hit < 0 or hit > max(request.num_tokens - 1, 0):
         problems.append(f"hit {hit} outside 0..{request.num_tokens - 1}")
@@ -333,7 +334,7 @@ def hit_soundness(step: ManagerStep, ctx: RequestContext) -> list[str]:
         for i, b in enumerate(blocks):
             if b != NULL and step.before.pool.key_of.get(b) != key_for(request, layout, g, i):
                 problems.append(f"hit block {b} at position {i} of group {g} is not cached for this request")
-        if hit and not group_can_serve(step.before.pool, request, layout, g, hit, request.num_tokens - 1):
+        if hit and not group_can_serve(step.before.pool, request, layout, g, hit, peek_limit):
             problems.append(f"group {g} ({group.kind}) cannot serve hit {hit}")
     return problems
 
@@ -368,7 +369,7 @@ def hit_optimality(step: ManagerStep, ctx: RequestContext) -> list[str]:
     if observed is None or ctx.layout is None:
         return []
     request, _, hit = observed
-    best = oracle_hit_length(step.before.pool, request, ctx.layout)
+    best = oracle_hit_length(step.before.pool, request, ctx.layout, ctx.release)
     return [] if hit == best else [f"hit {hit}, but the longest servable is {best}"]
 
 

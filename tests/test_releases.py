@@ -80,7 +80,7 @@ def test_a_release_is_judged_by_the_newest_known_release_at_or_before_it():
         releases.judged("0.26.0").warning()
     assert [d.key for d in releases.deltas_until("0.27.0")] == [
         "partial-hit-copy-on-write", "zeroing-with-mamba-only", "dcp-on-hybrid-models", "pcp-outside-the-block",
-        "stats-at-admission"]
+        "processed-token-windows", "stats-at-admission"]
 
 
 def test_bad_releases_and_delta_names_are_refused_by_name():
@@ -240,3 +240,41 @@ def test_a_fixed_finding_is_steered_around_only_on_the_releases_that_have_it():
     for version, steered in (("0.26.0", True), ("0.28.0", True), ("0.29.0", False)):
         with releases.judging(version):
             assert (tag in inputs_to_avoid("vllm")) == steered, version
+
+
+def test_from_0_26_a_mamba_group_frees_states_on_the_processed_token_basis():
+    """With 2 speculative blocks, the base holds back 2 computed tokens
+    before freeing Mamba states (the caller may count unverified drafts);
+    from 0.26 the caller passes processed tokens and nothing is held back."""
+    layout = MANAGER_LAYOUTS["full+mamba-all-drafts"]
+    assert layout.views[1].window_hold_back == 2
+    with releases.judging("0.26.0"):
+        assert layout.views[1].window_hold_back == 0
+
+
+def test_from_0_32_an_eagle_hit_in_a_hybrid_may_be_proved_by_the_prompt_s_last_block():
+    """Full attention + sliding window with EAGLE, blocks of 2: a first
+    request computes 4 tokens, which are cached.  A second request of the
+    same 4 tokens: the base's EAGLE search stops at token 3 (num_tokens -
+    1), finds one block and drops it: no hit.  0.32's search may read the
+    second block, whose hash the request has, and keeps the first: 2."""
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.request import Request
+    from kvspec.spec.manager import SpecKVCacheManager
+
+    layout = MANAGER_LAYOUTS["full+swa-eagle"]
+
+    def resend_hit(version):
+        with releases.judging(version):
+            manager = SpecKVCacheManager(*layout.target_args())
+            hasher = get_request_block_hasher(layout.hash_block_size)
+            first = Request("a", [1, 2, 3, 4, 5], block_hasher=hasher)
+            assert manager.allocate_slots(first, 5) is not None
+            first.num_computed_tokens = 4
+            manager.cache_blocks(first, 4)
+            manager.new_step_starts()
+            _, hit = manager.get_computed_blocks(Request("b", [1, 2, 3, 4], block_hasher=hasher))
+            return hit
+
+    assert resend_hit(releases.BASE) == 0
+    assert resend_hit("0.32.0") == 2
