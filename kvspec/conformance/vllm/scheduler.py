@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.spec import releases
 from kvspec.spec.layout import Layout
 
 
@@ -52,38 +51,26 @@ class ModelStandIn:
         return None
 
 
-class EagleStandIn:
-    """What vLLM 0.25.1's scheduler reads of ``speculative_config`` for
-    EAGLE with ``k`` draft tokens per step (no draft model is loaded).
-    A release that reads more of it (draft slots, block-drop switches)
-    gets an ``AttributeError`` naming what it asked; the version matrix
-    lists such releases as n/a for drafts."""
+def eagle_config(k: int) -> Any:
+    """vLLM's own ``SpeculativeConfig`` for EAGLE with ``k`` draft tokens
+    per step, built without the hub: every field at its default, ``method``
+    and ``num_speculative_tokens`` set, and ``__post_init__`` -- which loads
+    the draft model's config -- not run.  What the scheduler asks of it
+    (``use_eagle()``, the block-drop switches of later releases) is then
+    the installed release's own code, not a stand-in's answer."""
+    import dataclasses
 
-    num_speculative_tokens_per_batch_size = None
-    method = "eagle"
-    parallel_drafting = False
+    from vllm.config import SpeculativeConfig
 
-    def __init__(self, k: int):
-        self.num_speculative_tokens = k
-
-    def use_eagle(self) -> bool:
-        return True
-
-    def uses_draft_model(self) -> bool:
-        return False
-
-    def use_dflash(self) -> bool:
-        return False
-
-    def use_dspark(self) -> bool:
-        return False
-
-    def uses_dynamic_speculative_decoding(self) -> bool:
-        return False
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"EagleStandIn models vLLM {releases.BASE}'s reads of speculative_config; "
-                             f"this release also reads {name!r}")
+    config = object.__new__(SpeculativeConfig)
+    for field in dataclasses.fields(SpeculativeConfig):
+        if field.default is not dataclasses.MISSING:
+            object.__setattr__(config, field.name, field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            object.__setattr__(config, field.name, field.default_factory())
+    object.__setattr__(config, "method", "eagle")
+    object.__setattr__(config, "num_speculative_tokens", k)
+    return config
 
 
 FAILURE_POLICIES = ("recompute", "fail")
@@ -132,7 +119,7 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
                              device_config=DeviceConfig(device="cpu"), kv_transfer_config=transfer)
     object.__setattr__(vllm_config, "model_config", ModelStandIn(layout.max_model_len))
     if num_draft_tokens:
-        object.__setattr__(vllm_config, "speculative_config", EagleStandIn(num_draft_tokens))
+        object.__setattr__(vllm_config, "speculative_config", eagle_config(num_draft_tokens))
     scheduler_class = AsyncScheduler if async_scheduling else Scheduler
     return scheduler_class(vllm_config=vllm_config, kv_cache_config=to_vllm_config(layout.kv_cache_config()),
                      log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config),
