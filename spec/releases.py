@@ -73,16 +73,23 @@ class Delta:
 
 DELTAS: tuple[Delta, ...] = (
     Delta(
+        "0.26.0", "partial-tail-entries",
+        "Where a full-attention group's blocks hold several hash blocks, caching a request's blocks also "
+        "registers the prompt's last hash boundary, when it ends inside a block and is computed, as a partial "
+        "entry of the block that holds it (chapter 1's cache_partial_block, with its Stored event).  Such an "
+        "entry is found only by the partial hits of delta partial-hit-copy-on-write; elsewhere it is held, "
+        "announced and evicted like any other key.",
+        rules=("hash-map-consistency",)),
+    Delta(
         "0.26.0", "partial-hit-copy-on-write",
-        "Where a group's blocks are bigger than the hash block (full attention or Mamba align in a hybrid "
-        "model), the managers cache a block's partial entries as it fills (chapter 1's cache_partial_block, "
-        "with its Stored events) and a hit may end inside a block: the lookup probes the partial entries past "
-        "the last full block.  The shared tail block is copied on write into a block of the request's own, the "
-        "hash moves to the copy, and the pending copy holds references to both blocks outside any block table "
-        "until the step runs.",
+        "Where a Mamba group in align mode has blocks bigger than the hash block (and no context parallelism), "
+        "a hit may end inside a block: the lookup probes partial entries past the last full block, Mamba "
+        "registers its own partial tail states, the shared tail block is copied on write into a block of the "
+        "request's own, the hash moves to the copy, and the pending copy holds references to both blocks "
+        "outside any block table until the step runs.",
         rules=("ref-conservation", "no-eviction-in-use", "content-soundness", "hit-soundness",
                "hash-map-consistency"), status=NOT_MODELLED,
-        shows_on=("manager/full+mamba-align-drafts", "manager/full8+swa2-sparse", "manager/full4+mamba2-all")),
+        shows_on=("manager/full+mamba-align-drafts",)),
     Delta(
         "0.26.0", "zeroing-with-mamba-only",
         "The worker zeroes newly allocated attention blocks only for a model with Mamba layers (the KV-cache "
@@ -140,6 +147,12 @@ DELTAS: tuple[Delta, ...] = (
         "last full hash block, not only num_tokens - 1: on a block-aligned prompt the last block, whose hash "
         "the request has, proves the block before it, so the hit keeps one block more than the base's.",
         rules=("hit-soundness", "hit-optimality")),
+    Delta(
+        "0.32.0", "partial-tail-resend-boundary",
+        "The partial tail entry's boundary is the last hash boundary within the prompt less its last token -- "
+        "the longest hit a resend of the prompt can use -- except in an EAGLE group, whose search reads the "
+        "whole prompt; a block-aligned prompt's tail may thus be registered one hash block earlier.",
+        rules=("hash-map-consistency",)),
     Delta(
         "0.33.0", "mamba-all-removed",
         "Mamba's `all` cache mode is gone: a Mamba group with prefix caching must use `align`, and a model "

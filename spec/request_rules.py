@@ -445,22 +445,31 @@ def stored_events_describe_their_blocks(step: ManagerStep, ctx: RequestContext) 
     (:func:`~kvspec.spec.pool.stored_event`), and it names its group's kind
     and sliding window (:func:`~kvspec.kv_cache_interface.event_metadata`)
     -- so a consumer of the events, a KV-aware router, rebuilds the prefix
-    tree the pool holds and tells the groups apart."""
+    tree the pool holds and tells the groups apart.  From 0.26 a partial
+    entry's event (one hash block) describes the request too."""
     if ctx.layout is None:
         return []
     problems = []
     for event in step.events:
-        if isinstance(event, Stored) and not any(_describes(event, r, ctx.layout) for r in ctx.requests.values()):
+        if isinstance(event, Stored) and not any(_describes(event, r, ctx.layout, ctx.release)
+                                                 for r in ctx.requests.values()):
             problems.append(f"a Stored event of group {event.group} ({len(event.block_hashes)} hashes, parent "
                             f"{event.parent_block_hash!r}, {len(event.token_ids)} tokens) describes no request's "
                             "blocks as the request filled them (parent, tokens, LoRA or extra keys)")
     return problems
 
 
-def _describes(event: Stored, request: Any, layout: Layout) -> bool:
+def _describes(event: Stored, request: Any, layout: Layout, release: Release) -> bool:
     """Whether ``event`` is the one caching ``request``'s blocks would emit:
-    blocks of its group's size, annotated with its group's kind."""
-    if not 0 <= event.group < len(layout.views) or event.block_size != layout.views[event.group].block_size:
+    blocks of its group's size -- or, from 0.26 (release delta
+    ``partial-tail-entries``), one hash block: a partial entry's --,
+    annotated with its group's kind."""
+    if not 0 <= event.group < len(layout.views):
+        return False
+    sizes = {layout.views[event.group].block_size}
+    if release.has("partial-tail-entries"):
+        sizes.add(layout.hash_block_size)
+    if event.block_size not in sizes:
         return False
     return (event.spec_kind, event.sliding_window) == event_metadata(layout.groups[event.group]) \
         and pool_rules.describes(event, request, layout.hash_block_size)

@@ -79,8 +79,8 @@ def test_a_release_is_judged_by_the_newest_known_release_at_or_before_it():
     assert "not modelled yet: partial-hit-copy-on-write)" in \
         releases.judged("0.26.0").warning()
     assert [d.key for d in releases.deltas_until("0.27.0")] == [
-        "partial-hit-copy-on-write", "zeroing-with-mamba-only", "dcp-on-hybrid-models", "pcp-outside-the-block",
-        "processed-token-windows", "stats-at-admission"]
+        "partial-tail-entries", "partial-hit-copy-on-write", "zeroing-with-mamba-only", "dcp-on-hybrid-models",
+        "pcp-outside-the-block", "processed-token-windows", "stats-at-admission"]
 
 
 def test_bad_releases_and_delta_names_are_refused_by_name():
@@ -278,3 +278,37 @@ def test_from_0_32_an_eagle_hit_in_a_hybrid_may_be_proved_by_the_prompt_s_last_b
 
     assert resend_hit(releases.BASE) == 0
     assert resend_hit("0.32.0") == 2
+
+
+def test_from_0_26_a_full_attention_group_registers_the_prompt_s_partial_tail():
+    """Full attention with blocks of 8 over hash blocks of 2 (and a window):
+    a 13-token prompt computed to 16 tokens caches block 0 and block 1; from
+    0.26 block 1 is also a partial entry for the prompt's first 12 tokens
+    (from 0.32 the same: 12 is within the prompt less its last token), with a
+    Stored event of one hash block; the base registers none."""
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.request import Request
+    from kvspec.spec.interface import Stored
+    from kvspec.spec.manager import SpecKVCacheManager
+
+    layout = MANAGER_LAYOUTS["full8+swa2-sparse"]
+
+    def partial_entries(version):
+        with releases.judging(version):
+            manager = SpecKVCacheManager(*layout.target_args())
+            request = Request("a", list(range(13)), block_hasher=get_request_block_hasher(layout.hash_block_size))
+            assert manager.allocate_slots(request, 13) is not None
+            request.num_computed_tokens = 13
+            for token in (13, 14, 15):
+                request.append_output_token_ids(token)
+                assert manager.allocate_slots(request, 1) is not None
+                request.num_computed_tokens += 1
+            manager.cache_blocks(request, 16)
+            events = [e for e in manager.take_events() if isinstance(e, Stored) and e.group == 0]
+            pool = manager.snapshot().pool
+            return {b: len(keys) for b, keys in pool.partial_of.items()}, [e.block_size for e in events]
+
+    assert partial_entries(releases.BASE) == ({}, [8, 8])
+    for version in ("0.26.0", "0.32.0"):
+        partial, sizes = partial_entries(version)
+        assert list(partial.values()) == [1] and sorted(sizes) == [2, 8, 8], version

@@ -35,7 +35,8 @@ AVOIDABLE: dict[str, str] = {
     "bad-input:bad_hash": "pool: get_cached_block with a str for a hash",
     "bad-input:no_tokens": "manager: allocate_slots with no tokens at all",
     "partial-entry:earlier-image": "pool: a partial entry whose last hash block overlaps an image that is not the "
-                                   "request's last",
+                                   "request's last; manager: a multimodal prompt whose partial tail (from 0.26) "
+                                   "would be such an entry",
     "mamba-align-external": "manager: external (connector) tokens where a Mamba group caches in align mode",
     "context-parallel:save-past-computed": "manager: on a context-parallel layout, asking which blocks a KV "
                                            "connector saves while the request's table reaches past its computed "
@@ -136,6 +137,7 @@ FINDINGS: tuple[Finding, ...] = (
         "F11", "vllm", "BlockPool.cache_partial_block: the BlockStored event looks for images from the request's "
         "last one on, so an earlier image its hash block overlaps is missing from its extra keys",
         ("hash-map-consistency",), "partial-entry:earlier-image", "F11-pool-partial-event-drops-images.json",
+        also=("manager",),  # from 0.26 the full-attention manager registers partial tails (partial-tail-entries)
     ),
     Finding(
         "F12", "vllm", "Decode context parallelism on a full-attention + Mamba model: the per-group lookup a KV "

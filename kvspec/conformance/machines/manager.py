@@ -311,11 +311,29 @@ def manager_machine(
                 tokens[start:start + size] = [MM_PLACEHOLDER] * size
                 features.append(MultiModalFeatureSpec(image, PlaceholderRange(start, size)))
                 at = start + size
+            if "partial-entry:earlier-image" in self.avoid:
+                features = self.without_earlier_image_in_tail(tokens, features)
             self.next_id += 1
             request = Request(f"r{self.next_id}", tokens, mm_features=features, block_hasher=self.hasher)
             self.requests[request.request_id] = request
             self.waiting.append(request)
             self.admit(data, request)
+
+        def without_earlier_image_in_tail(self, tokens: list[int], features: list) -> list:
+            """Avoids finding F11 (``partial-entry:earlier-image``): the
+            items up to the first that overlaps the last hash block before
+            a partial tail boundary the prompt may get (which then is the
+            last), the later ones' placeholders turned back into text."""
+            hbs = layout.hash_block_size
+            tail = {b for b in (len(tokens) // hbs * hbs, (len(tokens) - 1) // hbs * hbs) if b > 0}
+            for k, f in enumerate(features):
+                start, end = f.mm_position.offset, f.mm_position.offset + f.mm_position.length
+                if any(start < b and end > b - hbs for b in tail):
+                    for later in features[k + 1:]:
+                        offset = later.mm_position.offset
+                        tokens[offset:offset + later.mm_position.length] = [0] * later.mm_position.length
+                    return features[:k + 1]
+            return features
 
         def ended(self) -> list[Request]:
             """The earlier requests that hold nothing now (finished or preempted)."""
