@@ -218,6 +218,13 @@ def test_a_later_release_s_layout_is_searched_there_and_skipped_with_its_reason_
     assert result.conforms and not result.skipped and result.operations > 0, result
     with releases.judging("0.26.0"):
         assert "full+mamba-align-dcp2" in layout_names("manager")
+    from kvspec.conformance.gate import make_plan
+
+    assert ("manager", "full+mamba-align-dcp2") not in make_plan(GateOptions(target="impl", scope="manager"))
+    # the default plan is made under the release judged, so a later release's layouts are in it
+    assert ("manager", "full+mamba-align-dcp2") in make_plan(GateOptions(target="impl", scope="manager",
+                                                                          release="0.26.0"))
+    releases.use(releases.BASE)
 
 
 def test_where_a_release_takes_decode_ranks_the_refused_variant_sends_prefill_ranks():

@@ -228,6 +228,9 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
         if not is_avoidable(name, [n for scope in SCOPES for n in layout_names(scope)] + model_layout_names()):
             raise SetupError(f"--avoid {name!r}: not an input the machines know; choose from {sorted(AVOIDABLE)}")
     scopes = scopes_for(options.target) if options.scope == "all" else [options.scope]
+    for scope in scopes:
+        check_target(options.target, scope)  # an unusable target stops the run before it starts
+    judge_by(options)  # before the layouts: a later release has layouts of its own
     plan = [(scope, name) for scope in scopes for name in _layouts(scope, options.layouts)]
     unknown = [name for name in options.layouts or [] if name != "models" and all(n != name for _, n in plan)]
     if unknown or not plan:
@@ -243,9 +246,6 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
         plan = plan[shard - 1::shards]  # round robin: each shard gets pool and manager layouts alike
         if not plan:
             raise SetupError(f"--shard {options.shard}: only {shard - 1} layout(s) to share, shard {shard} has none")
-    for scope in scopes:
-        check_target(options.target, scope)  # an unusable target stops the run before it starts
-    judge_by(options)
     return plan
 
 
