@@ -117,6 +117,12 @@ DELTAS: tuple[Delta, ...] = (
         "still be rejected) before it frees the states behind the last one.",
         rules=("content-soundness",)),
     Delta(
+        "0.26.0", "shared-prefix-boundary",
+        "get_computed_blocks returns a third value after (blocks, num_hits): the block-aligned end of a "
+        "shared prefix a sparse-retention group has not cached yet, which the scheduler pins (0: none).  "
+        "The spec's answer is the pair; the third value is read and not judged.",
+        status=OUTSIDE),
+    Delta(
         "0.27.0", "stats-at-admission",
         "The prefix-cache stats stop counting lookups: get_computed_blocks records nothing, and the scheduler "
         "records a request once it is admitted, with record_prefix_cache_stats(request, num_hits) -- one "
@@ -157,12 +163,6 @@ DELTAS: tuple[Delta, ...] = (
         "0.33.0", "mamba-all-removed",
         "Mamba's `all` cache mode is gone: a Mamba group with prefix caching must use `align`, and a model "
         "configured with `all` is refused.  Layouts with an `all` Mamba group do not exist in this release.",
-        status=OUTSIDE),
-    Delta(
-        "0.33.0", "shared-prefix-boundary",
-        "get_computed_blocks returns a third value after (blocks, num_hits): the block-aligned end of a "
-        "shared prefix a sparse-retention group has not cached yet, which the scheduler pins (0: none).  "
-        "The spec's answer is the pair; the third value is read and not judged.",
         status=OUTSIDE),
     Delta(
         "0.34.0", "common-prefix-blocks-removed",

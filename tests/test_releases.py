@@ -80,7 +80,7 @@ def test_a_release_is_judged_by_the_newest_known_release_at_or_before_it():
         releases.judged("0.26.0").warning()
     assert [d.key for d in releases.deltas_until("0.27.0")] == [
         "partial-tail-entries", "partial-hit-copy-on-write", "zeroing-with-mamba-only", "dcp-on-hybrid-models",
-        "pcp-outside-the-block", "processed-token-windows", "stats-at-admission"]
+        "pcp-outside-the-block", "processed-token-windows", "shared-prefix-boundary", "stats-at-admission"]
 
 
 def test_bad_releases_and_delta_names_are_refused_by_name():

@@ -112,11 +112,13 @@ FINDINGS: tuple[Finding, ...] = (
         "F6", "vllm", "Two full-attention specs: the second keeps the blocks of its longer first search "
         "when another group shortens the hit (with external tokens: get_new_blocks(-1))",
         ("hit-soundness",), "layout:two-full-specs", "F6-two-full-specs-uncut.json",
+        releases=(BASE, "0.29.0"),  # its trace holds from 0.29.0, where the layout conforms unsteered (0.28.0 fails)
     ),
     Finding(
         "F7", "vllm", "EAGLE with a Mamba group: Mamba is searched as an EAGLE group without the drop, "
         "so the hit outruns full attention",
         ("hit-soundness",), "layout:full+mamba-eagle", "F7-mamba-as-eagle-group.json",
+        releases=(BASE, "0.26.0"),  # its trace holds from 0.26.0, where the layout conforms unsteered
     ),
     Finding(
         "F8", "vllm", "Mamba align mode with drafts: once rejected drafts left the state table long, the block "

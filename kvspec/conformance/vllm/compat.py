@@ -37,8 +37,8 @@ the vllm target is built for."""
 
 def hit_of(computed: Any) -> tuple[Any, int]:
     """``(blocks, num_hits)`` of what a release's ``get_computed_blocks``
-    returned: the pair through 0.32, the pair and the shared-prefix
-    boundary from 0.33 (spec delta ``shared-prefix-boundary``: read, not judged)."""
+    returned: the pair in 0.25.1, the pair and the shared-prefix
+    boundary from 0.26 (spec delta ``shared-prefix-boundary``: read, not judged)."""
     blocks, num_hits = tuple(computed)[:2]
     return blocks, num_hits
 
