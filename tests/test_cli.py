@@ -77,13 +77,8 @@ def test_the_installed_command_runs():
     assert done.returncode == 2 and "Traceback" not in done.stderr
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_vllm_target_without_vllm_is_a_usage_error(capsys):
-    try:
-        import vllm  # noqa: F401
-
-        pytest.skip("vLLM is installed here")
-    except ImportError:
-        pass
     assert main(["conform", "--target", "vllm"]) == 2
     assert "install it with tools/install_vllm.sh" in capsys.readouterr().err
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvspec.conformance.machines.configurations import ANY_BAD_CONFIG, NON_POSITIVE_SIZE
-from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.machines.layouts import LATER_LAYOUTS, MANAGER_LAYOUTS
 from kvspec.conformance.machines.scheduler import AVOIDABLE as SCHEDULER_AVOIDABLE
 from kvspec.spec import releases
 from kvspec.spec.releases import BASE, version_key
@@ -198,7 +198,8 @@ def matching_finding(target: str, scope: str, layout: str, trace: object) -> Fin
             return finding
         if finding.avoid == "mamba-align-external" and "mamba" in layout and "external blocks" in labels:
             return finding
-        if finding.avoid == "context-parallel:hybrid-per-group-lookup" and "dcp" in layout and \
+        if finding.avoid == "context-parallel:hybrid-per-group-lookup" and layout in LATER_LAYOUTS and \
+                LATER_LAYOUTS[layout].dcp_world_size > 1 and \
                 any("find_longest_cache_hit_per_group" in op for op in failing.operations):
             return finding
         if finding.avoid == "context-parallel:save-past-computed" and layout in MANAGER_LAYOUTS and \
