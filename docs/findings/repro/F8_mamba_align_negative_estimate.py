@@ -1,4 +1,4 @@
-"""F8, standalone: vLLM 0.25.1's block estimate for a Mamba group in align
+"""F8, standalone: vLLM's block estimate (0.25.1 and every later release measured) for a Mamba group in align
 mode goes negative once rejected draft tokens left the request's state table
 longer than it needs, and the negative count offsets the other groups' needs.
 
@@ -22,10 +22,16 @@ of a running request, so there the other groups need nothing whenever the
 Mamba count is negative: the wrong count is not known to reach a failure
 through ``Scheduler.schedule()``, only through the manager's API.
 
+Measured on 0.25.1-0.34.0: the estimate is ``[1, -1]`` on each.  Only
+0.25.1's allocation fails half-way: from 0.26 ``allocate_slots`` frees the
+previous Mamba state (on the processed-token basis) before it allocates, and
+that block covers the full-attention group's need here.
+
 Exit status 1 and "BUG" when the estimate is negative or the allocation fails
 half-way, 0 otherwise (a fixed vLLM).
 """
 
+import inspect
 import sys
 
 import torch
@@ -65,8 +71,14 @@ request.append_output_token_ids([1])
 # The next token, with 7 lookahead slots (full attention needs one more block).
 manager.new_step_starts()
 computed = request.num_computed_tokens
-per_group = [m.get_num_blocks_to_allocate(request.request_id, computed + 1 + 7, [], computed, computed + 1)
-             for m in manager.coordinator.single_type_managers]
+# The arguments allocate_slots passes for a running request; from 0.26 they include the tokens of the
+# local hit (0: a running request takes no hits).
+arguments = dict(request_id=request.request_id, num_tokens=computed + 1 + 7, new_computed_blocks=[],
+                 total_computed_tokens=computed, num_tokens_main_model=computed + 1)
+estimate = manager.coordinator.single_type_managers[0].get_num_blocks_to_allocate
+if "num_local_computed_tokens" in inspect.signature(estimate).parameters:
+    arguments["num_local_computed_tokens"] = 0
+per_group = [m.get_num_blocks_to_allocate(**arguments) for m in manager.coordinator.single_type_managers]
 print(f"estimates per group: {per_group} (full attention, Mamba)")
 others = manager.block_pool.get_new_blocks(manager.block_pool.get_num_free_blocks())  # other requests hold the rest
 try:
