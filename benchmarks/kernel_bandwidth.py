@@ -86,8 +86,10 @@ def adjacency(tables: list[list[int]]) -> float:
 def decode_kernel(device: str):
     """The decode kernel and how to prepare it: vLLM's ``unified_attention``
     where vLLM is installed, else flex_attention (compiled on a GPU)."""
-    if K.vllm_kernels_available() is None:
-        return "vllm unified_attention", K.prepare_vllm_unified_attention
+    from kvspec.conformance.vllm.kernels import prepare_vllm_unified_attention, vllm_kernels_available
+
+    if vllm_kernels_available() is None:
+        return "vllm unified_attention", prepare_vllm_unified_attention
     if device == "cuda":
         return "flex_attention (compiled)", lambda batch: K.prepare_flex_attention_paged(batch, compiled=True)
     return "flex_attention (eager)", K.prepare_flex_attention_paged

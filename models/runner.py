@@ -341,7 +341,7 @@ class Engine:
             raise ValueError(f"unknown worker {worker!r}; choose one of {sorted(WORKERS)}")
         self.worker = None  # kvspec's own tables and writes: self.tables
         if worker == "vllm":
-            from kvspec.models.vllm_worker import VllmWorker
+            from kvspec.conformance.vllm.worker import VllmWorker
 
             self.worker = VllmWorker(self)  # the kernels read vLLM's; self.tables stays the oracle
         # The caches: one tensor per layer index as vLLM's worker plans them, or kvspec's model of that plan.
@@ -854,17 +854,21 @@ def run_kernel(name: str, group: Group, layer: int, batch: K.AttentionBatch) -> 
     if name == "flex":
         return K.flex_attention_paged(batch)
     if name == "vllm":
+        from kvspec.conformance.vllm import kernels as vllm_kernels
+
         if group.kind == "mla":
             if batch.query.shape[0] != batch.num_requests:
                 return None  # vLLM's MLA decode kernel takes decodes only
-            return K.vllm_mla_decode(batch, group.contents[layer].latent)
-        return K.vllm_unified_attention(batch)
+            return vllm_kernels.vllm_mla_decode(batch, group.contents[layer].latent)
+        return vllm_kernels.vllm_unified_attention(batch)
     raise ValueError(f"unknown kernel {name!r}; choose from reference, flex, vllm")
 
 
 def run_mamba_kernel(kernels: Sequence[str], state: torch.Tensor, x, dt, A, B, C, D, dt_bias, src: int,
                      dst: int) -> torch.Tensor:
-    kernel = K.vllm_selective_state_update if "vllm" in kernels and state.is_cuda else K.selective_state_update
+    kernel = K.selective_state_update
+    if "vllm" in kernels and state.is_cuda:
+        from kvspec.conformance.vllm.kernels import vllm_selective_state_update as kernel
     dev = state.device
     return kernel(state, x.to(dev), dt.to(dev), A.to(dev), B.to(dev), C.to(dev), D.to(dev), dt_bias.to(dev),
                   dt_softplus=True, state_batch_indices=torch.tensor([src], device=dev),

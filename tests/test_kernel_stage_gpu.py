@@ -18,7 +18,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.conformance.machines.kernel import kernel_machine
 from kvspec.conformance.settings import kernel_settings
 from kvspec.conformance.targets.manager import ImplManagerTarget
-from kvspec.models import kernels as K
+from kvspec.conformance.vllm.kernels import vllm_kernels_available
 from kvspec.models.architectures import ARCHITECTURES
 from kvspec.models.architectures import setup as model_setup  # a module-level "setup" is pytest 8.0's xunit hook
 from kvspec.models.runner import Engine
@@ -29,7 +29,7 @@ pytestmark = [
                        reason="the GPU stage: KVSPEC_DEVICE=cuda on a machine with a CUDA device"),
 ]
 
-KERNELS = ("reference", "flex") + (("vllm",) if K.vllm_kernels_available() is None else ())
+KERNELS = ("reference", "flex") + (("vllm",) if vllm_kernels_available() is None else ())
 GPU_EXAMPLES = 4  # each up to 20 steps of thousands of tokens
 
 

@@ -285,9 +285,9 @@ def versions(target: str, scopes: list[str] = ()) -> dict[str, str]:
 
     found = {"kvspec": __version__}
     if target == "vllm" or "scheduler" in scopes:
-        import vllm
+        from kvspec.conformance.vllm import installed
 
-        found["vLLM"] = vllm.__version__
+        found["vLLM"] = installed.version()
     found["release judged"] = releases.current().known
     found["Python"] = platform.python_version()
     found["Hypothesis"] = hypothesis.__version__

@@ -83,7 +83,6 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
         import torch
 
         import kvspec.conformance.machines.kernel  # noqa: F401  (torch, Hypothesis and the engine import here)
-        from kvspec.models import kernels as K
         from kvspec.models.architectures import ARCHITECTURES, SCALES, setup, setup_from_layout
     except ImportError as error:
         raise SetupError(f"the kernel stage needs torch ({error}); install kvspec[kernels]") from None
@@ -102,11 +101,13 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
         raise SetupError(f"--worker {worker!r}: choose one of {', '.join(WORKERS)}")
     if o.dtype not in DTYPES:
         raise SetupError(f"--dtype {o.dtype!r}: choose one of {', '.join(DTYPES)}")
-    problem = K.vllm_kernels_available() if "vllm" in o.kernels else None
+    from kvspec.conformance.vllm.kernels import vllm_kernels_available
+
+    problem = vllm_kernels_available() if "vllm" in o.kernels else None
     if problem is not None:
         raise SetupError(f"--kernels vllm: {problem} (run kvspec from tools/install_vllm.sh's environment)")
     if worker == "vllm":
-        from kvspec.models.vllm_worker import vllm_worker_available
+        from kvspec.conformance.vllm.worker import vllm_worker_available
 
         problem = vllm_worker_available()
         if problem is not None:

@@ -74,15 +74,9 @@ def scopes_for(target: str) -> list[str]:
 
 def vllm_importable() -> bool:
     """Whether vLLM's scheduler imports here (without importing it when it is absent)."""
-    import importlib.util
+    from kvspec.conformance.vllm import installed
 
-    if importlib.util.find_spec("vllm") is None:
-        return False
-    try:
-        import vllm.v1.core.sched.scheduler  # noqa: F401
-    except Exception:
-        return False
-    return True
+    return installed.scheduler_importable()
 
 
 def rules_checked(scope: str, level: str) -> list[str]:
@@ -113,19 +107,18 @@ def require_vllm(who: str = "the vllm target") -> None:
     """vLLM must import, and its hash chains must share kvspec's root: both
     derive it from ``PYTHONHASHSEED``; unset, it is set to ``0`` here (only
     the chains' root depends on it, not Python's own ``hash``)."""
-    try:
-        import vllm.v1.core.block_pool  # noqa: F401
-    except Exception as error:  # ImportError, or a broken install
+    from kvspec.conformance.vllm import installed
+
+    problem = installed.problem()
+    if problem is not None:
         raise SetupError(
-            f"{who} needs vLLM {compat.REFERENCE_RELEASE} importable in this Python ({type(error).__name__}: "
-            f"{error}); "
+            f"{who} needs vLLM {compat.REFERENCE_RELEASE} importable in this Python ({problem}); "
             "install it with tools/install_vllm.sh and run kvspec from that environment"
-        ) from None
-    import vllm
+        )
 
     from kvspec import hashing
 
-    releases.use(vllm.__version__)  # judged by the installed release's rules, hashed in its format
+    releases.use(installed.version())  # judged by the installed release's rules, hashed in its format
     if os.environ.get("PYTHONHASHSEED") is None:
         os.environ["PYTHONHASHSEED"] = "0"
         hashing.init_none_hash()

@@ -215,20 +215,18 @@ class SchedulerHarness:
         """The client aborts ``request_id``: between steps, or (``in_flight``)
         while the next step runs -- after its ``schedule()``, before its
         output is processed, where the engine drains such aborts."""
-        from vllm.v1.request import RequestStatus
+        from kvspec.conformance.vllm.scheduler import abort
 
         if in_flight:
             self.in_flight_aborts.append(request_id)
             self.trace.append(f"abort {request_id} in flight (after the next schedule(), before its output)")
             return
-        self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+        abort(self.scheduler, request_id)
         self.trace.append(f"abort {request_id}")
 
     def step(self) -> list[Violation]:
         """One engine step; every rule's violations, in order."""
-        from vllm.v1.outputs import KVConnectorOutput
-
-        from kvspec.conformance.vllm.scheduler import runner_output
+        from kvspec.conformance.vllm.scheduler import abort, connector_output, runner_output
 
         self.steps += 1
         self.shadow.new_step()
@@ -275,15 +273,11 @@ class SchedulerHarness:
         self.pending = [load for load in loads if load.is_async]
         ids = list(out.num_scheduled_tokens)
         if self.in_flight_aborts:  # the engine handles the client's aborts while the step runs
-            from vllm.v1.request import RequestStatus
-
-            self.scheduler.finish_requests(self.in_flight_aborts, RequestStatus.FINISHED_ABORTED)
+            abort(self.scheduler, self.in_flight_aborts)
             self.trace.append(f"  aborted in flight: {self.in_flight_aborts}")
             self.in_flight_aborts = []
-        connector_output = None
-        if received or invalid:
-            connector_output = KVConnectorOutput(finished_recving=received or None, invalid_block_ids=invalid)
-        outputs = self.scheduler.update_from_output(out, runner_output(ids, sampled, connector_output))
+        loaded = connector_output(received, invalid) if received or invalid else None
+        outputs = self.scheduler.update_from_output(out, runner_output(ids, sampled, loaded))
         for (rid, draft), tokens in zip(drafts.items(), sampled, strict=True):
             if draft and tokens:  # the accepted drafts' KV is the request's own; the rejected ones' is junk
                 accepted = len(tokens) - 1
@@ -303,11 +297,11 @@ class SchedulerHarness:
     def _propose_drafts(self) -> None:
         """The drafter's proposals for the next step: ``k`` tokens for every
         running request (vLLM ignores them for prefill chunks)."""
-        from vllm.v1.outputs import DraftTokenIds
+        from kvspec.conformance.vllm.scheduler import propose_drafts
 
         running = sorted(self.scheduler.requests)
         proposals = [[self.rng.randrange(1000) for _ in range(self.num_draft_tokens)] for _ in running]
-        self.scheduler.update_draft_token_ids(DraftTokenIds(running, proposals))
+        propose_drafts(self.scheduler, running, proposals)
 
     # --- the model runner's and the worker's part ------------------------------------------
 
@@ -427,14 +421,11 @@ def _code_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
     import kvspec
     from kvspec import impl, spec
+    from kvspec.conformance.vllm import installed
 
     target = (os.path.dirname(impl.__file__) + os.sep,)
-    try:
-        import vllm
-
-        target += (os.path.dirname(vllm.__file__) + os.sep,)
-    except ImportError:
-        pass
+    if installed.package_dir() is not None:
+        target += (installed.package_dir(),)
     harness = tuple(os.path.dirname(m.__file__) + os.sep for m in (kvspec, spec))
     return target, harness
 

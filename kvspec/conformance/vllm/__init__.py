@@ -6,7 +6,12 @@ kvspec's configs and requests into vLLM's; ``scheduler`` builds vLLM's own
 scripted KV connector vLLM loads into it; ``scheduler_findings`` holds the
 minimal traces of what that machine found in vLLM; ``version_probe`` replays
 every finding against the installed release (``tools/version_matrix.py``);
-``compat`` holds the reference release and every switch on the release.
+``compat`` holds the reference release and every switch on the release;
+``installed`` answers whether and which vLLM is here; ``specs``, ``worker``
+and ``kernels`` are the kernel stage's side of vLLM (its spec classes, its
+worker path, its Triton kernels) and ``dropin`` is the drop-in's code
+(public name :mod:`kvspec.dropin`).  Nothing else in kvspec's package
+imports vLLM (``tests/test_vllm_seam.py``).
 vLLM is imported lazily, inside these modules' functions, so that kvspec
 installs and runs without it.
 """

@@ -97,7 +97,7 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from kvspec.models.vllm_specs import to_vllm_config
+    from kvspec.conformance.vllm.specs import to_vllm_config
 
     block_size = layout.scheduler_block_size
     scheduler_config = SchedulerConfig(
@@ -201,6 +201,28 @@ def runner_output(ids: list[str], sampled: list[list[int]], connector_output: An
     extra = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if _maps_ids_to_rows() else {}
     return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
                              pooler_output=[], kv_connector_output=connector_output, **extra)
+
+
+def abort(scheduler: Any, request_ids: str | list[str]) -> None:
+    """The client aborts ``request_ids``: the scheduler finishes them as aborted."""
+    from vllm.v1.request import RequestStatus
+
+    scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+
+def connector_output(received: set[str], invalid_block_ids: set[int]) -> Any:
+    """The ``KVConnectorOutput`` of a step: the requests whose asynchronous
+    loads finished, and the blocks a failed load left invalid."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    return KVConnectorOutput(finished_recving=received or None, invalid_block_ids=invalid_block_ids)
+
+
+def propose_drafts(scheduler: Any, request_ids: list[str], proposals: list[list[int]]) -> None:
+    """The drafter hands the scheduler ``proposals[i]`` for ``request_ids[i]``."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    scheduler.update_draft_token_ids(DraftTokenIds(request_ids, proposals))
 
 
 @functools.cache

@@ -1,0 +1,46 @@
+"""The installed vLLM, as the rest of kvspec asks about it: whether it
+imports, which release it is, where its code lives.
+
+Every question kvspec outside this package asks about vLLM goes through
+here or through the other modules of the seam; nothing outside
+:mod:`kvspec.conformance.vllm` imports vLLM (``tests/test_vllm_seam.py``
+keeps it so).  vLLM is imported inside the functions, so that asking
+costs nothing where it is absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+
+def problem(module: str = "vllm.v1.core.block_pool") -> str | None:
+    """Why ``module`` of vLLM does not import here (``"ImportError: ..."``,
+    or whatever a broken install raises), or ``None`` when it does."""
+    if importlib.util.find_spec("vllm") is None:
+        return "ModuleNotFoundError: No module named 'vllm'"
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # ImportError, or a broken install's own error
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def scheduler_importable() -> bool:
+    """Whether vLLM's scheduler imports here (without importing vLLM when it is absent)."""
+    return problem("vllm.v1.core.sched.scheduler") is None
+
+
+def version() -> str:
+    """The installed vLLM's ``__version__`` (vLLM must import)."""
+    import vllm
+
+    return vllm.__version__
+
+
+def package_dir() -> str | None:
+    """The directory of the installed vLLM package (with a trailing separator), or ``None``."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return None
+    return os.path.dirname(spec.origin) + os.sep

@@ -1,0 +1,48 @@
+"""The vLLM seam: outside ``kvspec/conformance/vllm/``, kvspec's package
+imports no vLLM module, so that one directory is where a release's API is
+met (issue 26).  Scripts that stand outside the package -- the findings'
+standalone reproductions (vLLM alone, by design), benchmarks and tools
+that put vLLM's classes side by side with kvspec's -- are not the package
+and are not held to it; the drop-in's own module reaches vLLM through the
+seam's ``dropin`` too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ("kvspec", "spec", "impl", "models", "proofs")
+SEAM = ROOT / "kvspec" / "conformance" / "vllm"
+
+
+def vllm_imports(path: Path) -> list[str]:
+    """``line: statement`` for every import of a vllm module in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        if any(n == "vllm" or n.startswith("vllm.") for n in names):
+            found.append(f"{node.lineno}: {', '.join(names)}")
+    return found
+
+
+def test_only_the_seam_imports_vllm():
+    offenders = {}
+    for top in PACKAGE:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if SEAM in path.parents:
+                continue
+            if hits := vllm_imports(path):
+                offenders[str(path.relative_to(ROOT))] = hits
+    assert not offenders, f"vLLM imported outside kvspec/conformance/vllm/: {offenders}"
+
+
+def test_the_check_sees_an_import(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from vllm.v1.core import block_pool\n    import vllm\n")
+    assert vllm_imports(planted) == ["2: vllm.v1.core", "3: vllm"]
