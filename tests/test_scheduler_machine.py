@@ -12,8 +12,10 @@ pytest.importorskip("vllm")
 
 from kvspec import dropin  # noqa: E402
 from kvspec.conformance.machines.scheduler import (  # noqa: E402
+    LOAD_MODES,
     SCHEDULER_LAYOUTS,
     SchedulerHarness,
+    engine_of,
     search,
 )
 from kvspec.conformance.trace import Trace  # noqa: E402
@@ -114,6 +116,36 @@ def test_the_machine_finds_s2_from_scratch():
 
 def test_full_attention_is_clean_without_failing_loads():
     assert search(SCHEDULER_LAYOUTS["full"], ("none", "sync", "async"), 60) is None
+
+
+def test_the_async_layout_runs_vllms_async_scheduler_with_every_rule_holding():
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    layout, engine = SCHEDULER_LAYOUTS["full-async"], engine_of("full-async")
+    assert isinstance(SchedulerHarness(layout, engine=engine).scheduler, AsyncScheduler)
+    # Every load mode asked for; the failing ones are not sent under AsyncScheduler (see ENGINES).
+    assert search(layout, LOAD_MODES, 60, engine=engine) is None
+
+
+def test_a_fault_planted_in_vllms_async_scheduler_is_caught(monkeypatch):
+    """AsyncScheduler caches a request's blocks up to one token past what
+    was computed (the token just sampled, whose KV the next step writes):
+    the block cached at that boundary holds nothing in its last slot."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import RequestStatus
+
+    def one_token_early(self, request, new_token_ids):
+        running = request.status == RequestStatus.RUNNING
+        new_token_ids, stopped = Scheduler._update_request_with_output(self, request, new_token_ids)
+        request.num_output_placeholders -= len(new_token_ids)
+        if running:
+            self.kv_cache_manager.cache_blocks(request, min(request.num_computed_tokens + 1, request.num_tokens))
+        return new_token_ids, stopped
+
+    monkeypatch.setattr(AsyncScheduler, "_update_request_with_output", one_token_early)
+    failure = search(SCHEDULER_LAYOUTS["full-async"], LOAD_MODES, 100, engine=engine_of("full-async"))
+    assert failure is not None and "content-soundness" in failure and "holds nothing" in failure, failure
 
 
 def test_kvspec_under_vllms_scheduler_is_clean_where_vllms_manager_is(on_kvspec):

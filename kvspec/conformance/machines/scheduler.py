@@ -101,16 +101,18 @@ class Engine:
 
 ENGINES: dict[str, Engine] = {
     "full-fail": Engine(failure_policy="fail"),  # vLLM's default policy
+    "full-async": Engine(failure_policy="fail", async_scheduling=True),  # vLLM's defaults, both
 }
 """The scheduler layouts whose engine is not the default :class:`Engine`
 (the recompute policy, synchronous scheduling).  The hybrid layouts keep
 the default: a block-level load failure on them is S3 in every release.
-``AsyncScheduler`` runs the scheduler findings' traces
-(:mod:`kvspec.conformance.vllm.scheduler_findings`), not the random
-search: the harness does not model what an asynchronous worker feeds for
-an output placeholder whose sample the scheduler discarded (a request
-rolled back by a failed load), so a search there could blame vLLM for the
-harness's guess."""
+Under ``AsyncScheduler`` (``full-async``) the search sends no failing load:
+the harness does not model what an asynchronous worker feeds for an output
+placeholder whose sample the scheduler discarded (a request rolled back by
+a failed load), so a search there could blame vLLM for the harness's
+guess.  Failing loads under ``AsyncScheduler`` are driven by the scheduler
+findings' traces (:mod:`kvspec.conformance.vllm.scheduler_findings`: S2
+and S2-fail under both schedulers)."""
 for _name in ENGINES:
     SCHEDULER_LAYOUTS[_name] = SCHEDULER_LAYOUTS["full"]
 
@@ -456,8 +458,8 @@ def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple
     connector = load_modes != ("none",) and not (has_mamba and "scheduler:mamba-connector" in avoid)
     if not connector:
         load_modes = ("none",)
-    if "scheduler:hybrid-failing-loads" in avoid and len(layout.groups) > 1:
-        load_modes = tuple(m for m in load_modes if m not in FAILING_LOADS)
+    if engine.async_scheduling or ("scheduler:hybrid-failing-loads" in avoid and len(layout.groups) > 1):
+        load_modes = tuple(m for m in load_modes if m not in FAILING_LOADS)  # async: see ENGINES
     harness_class = HARNESSES[target]
     roots = _code_roots()
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
