@@ -11,7 +11,10 @@ language-neutral JSON vectors (docs/VECTORS.md); ``kvspec vectors check DIR
 --target T`` replays them against a target.
 
 Exit codes: 0 conforms, 1 a rule was broken (or the target diverged from
-the spec), 2 usage or environment error (one line, no traceback).
+the spec), 2 usage or environment error (one line, no traceback), 3
+(``conform``) nothing broke but some layout was not searched -- its turn
+never came within the budget, or it ran fewer operations than its scope's
+floor -- so the run is no pass for it (``--allow-unsearched``: exit 0).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from kvspec.conformance.gate import (
     BUDGET_SPENT,
     FAIL_FAST,
     STEERED,
+    TOO_FEW,
     FirstFailure,
     GateOptions,
     Listener,
@@ -85,6 +89,10 @@ class ConformPrinter(Listener):
             shown = {BUDGET_SPENT: "not searched (the budget is spent)",
                      FAIL_FAST: "not searched (--fail-fast: stopped at a failure)"}.get(
                 r.skipped, f"skipped ({r.skipped.removeprefix(STEERED)})")
+            if r.skipped.startswith(TOO_FEW):
+                shown = f"not searched ({r.skipped})"
+                print(f"{r.scope:<8} {r.layout:<24} {r.operations:>10} {r.seconds:>8.1f}  {shown}", flush=True)
+                return
             print(f"{r.scope:<8} {r.layout:<24} {'-':>10} {'-':>8}  {shown}", flush=True)
             return
         reached = f"  ({r.distinct_states} distinct states)" if r.conforms and r.distinct_states else ""
@@ -113,10 +121,20 @@ def conform(args: argparse.Namespace) -> int:
     for finding, layouts in report.known_groups().items():
         print(f"known finding {finding}\n    on {len(layouts)} layout(s): {', '.join(layouts)}"
               " (--known-findings steers around it)")
-    print("all layouts conform" if not failures else f"{failures} layout(s) failed")
+    unsearched = report.unsearched
+    if failures:
+        print(f"{failures} layout(s) failed")
+    elif unsearched:
+        print(f"nothing broke, but {len(unsearched)} of {len(report.results)} layout(s) were not searched: "
+              f"{', '.join(f'{r.scope}/{r.layout}' for r in unsearched)} -- no pass for them"
+              + ("" if args.allow_unsearched else " (exit 3; --allow-unsearched accepts it)"))
+    else:
+        print("all layouts conform")
     for path in report.written:
         print(f"wrote {path}")
-    return 1 if failures else 0
+    if failures:
+        return 1
+    return 3 if unsearched and not args.allow_unsearched else 0
 
 
 def _workers(text: str) -> int:
@@ -237,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check a KV-cache block manager against the executable specification of vLLM v1's block "
         f"manager (reference: vLLM {REFERENCE_RELEASE}).",
         epilog="Exit codes: 0 conforms, 1 a rule broke or the target diverged from the spec, 2 usage or "
-        "environment error.  The specification: spec/README.md; the vectors' format: docs/VECTORS.md.",
+        "environment error, 3 (conform) nothing broke but some layout was not searched.  The specification: "
+        "spec/README.md; the vectors' format: docs/VECTORS.md.",
     )
     parser.add_argument("--version", action="version",
                         version=f"kvspec {__version__} (reference: vLLM {REFERENCE_RELEASE})")
@@ -282,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fail-fast", "-x", action="store_true",
                      help="stop at the first layout that fails (other than as a known finding): the gate's "
                      "verdict as soon as it is known")
+    run.add_argument("--allow-unsearched", action="store_true",
+                     help="exit 0, not 3, when nothing broke but some layout was not searched (its turn never "
+                     "came within the budget, or it ran fewer operations than its scope's floor)")
     run.add_argument("--workers", "-n", type=_workers, default=1, metavar="N",
                      help="search in N processes at once; 'auto': one per core this process may use "
                      "(default 1)")

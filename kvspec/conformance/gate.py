@@ -46,7 +46,16 @@ from kvspec import __version__
 from kvspec.conformance import spec_coverage
 from kvspec.conformance.findings import AVOIDABLE, Finding, is_avoidable, known_findings, matching_finding
 from kvspec.conformance.machines.machinery import ConformanceError
-from kvspec.conformance.report import LayoutResult, RunReport, write_reports
+from kvspec.conformance.report import (
+    BUDGET_SPENT,
+    FAIL_FAST,
+    OPERATION_FLOOR,
+    STEERED,
+    TOO_FEW,
+    LayoutResult,
+    RunReport,
+    write_reports,
+)
 from kvspec.conformance.runner import (
     SCOPES,
     Progress,
@@ -67,9 +76,6 @@ from kvspec.conformance.settings import PROFILES, DatabaseError, example_databas
 from kvspec.conformance.trace import Trace, trace_file_name
 from kvspec.spec import releases
 
-BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
-FAIL_FAST = "--fail-fast: the run stopped at the first failure"
-STEERED = "steered around "  # + the findings (or --avoid) a skipped layout was steered around for
 WORKER_GRACE = 5.0  # seconds past the budget before a worker that has not answered is stopped
 FIRST_SLICE = (0.25, 2.0)  # seconds: the bounds of a layout's first slice under a budget
 SHRINK_SECONDS = 15.0  # under a budget, how long a failure found in a slice may shrink at most
@@ -153,6 +159,7 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
                        steered_around=[f"{f.id}: {f.title}" for f in steered],
                        checked={scope: rules_checked(scope, options.level) for scope in scopes},
                        command=options.command, versions=versions(options.target, scopes))
+    _check_budget_covers_loading(options, deadline)
     listener.begin(options, steered, avoid)
     with _measured(options) as measure:
         _search(options, plan, steered, avoid, deadline, report, listener)
@@ -162,6 +169,20 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     if options.report_dir:
         report.written = write_reports(report, options.report_dir)
     return report
+
+
+def _check_budget_covers_loading(options: GateOptions, deadline: float | None) -> None:
+    """A budget already spent before the search could start -- loading the
+    target (importing vLLM takes seconds) and planning ate it -- is a usage
+    error naming how long that took, not a run of unsearched layouts."""
+    if deadline is None:
+        return
+    now = time.perf_counter()
+    if now >= deadline:
+        loading = now - options.started
+        raise SetupError(f"--budget {options.budget:g} s cannot cover loading the target: getting {options.target} "
+                         f"ready took {loading:.1f} s, leaving nothing to search; give a budget of at least "
+                         f"{int(loading) + 10} s")
 
 
 @contextlib.contextmanager
@@ -331,6 +352,9 @@ class _Run:
             self.collected.append(r)
             return
         o = self.options
+        floor = OPERATION_FLOOR.get(r.scope, 0)
+        if r.skipped is None and r.conforms and r.operations < floor:  # a pass needs a search
+            r.skipped = f"{TOO_FEW}{r.operations} ran, the floor at {r.scope} scope is {floor}"
         self.report.results.append(r)
         r.finished = round(time.perf_counter() - o.started, 3)
         if r.began is not None:

@@ -15,6 +15,19 @@ from pathlib import Path
 
 from kvspec.conformance.trace import Trace
 
+BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
+FAIL_FAST = "--fail-fast: the run stopped at the first failure"
+STEERED = "steered around "  # + the findings (or --avoid) a skipped layout was steered around for
+TOO_FEW = "too few operations: "  # + how many ran and the scope's floor
+
+OPERATION_FLOOR = {"pool": 25, "manager": 25, "scheduler": 10}
+"""Per scope, the fewest operations a layout's search must run for the run
+to say anything about it: about a quarter of one example of the pool and
+manager machines (up to 100 operations each), and of the scheduler
+machine's (arrivals, steps and aborts, each step a whole engine step).  A
+search that ran fewer -- a budget eaten by loading the target, a slice cut
+short -- reports the layout *not searched*, never *conforms*."""
+
 
 @dataclass
 class LayoutResult:
@@ -41,6 +54,15 @@ class LayoutResult:
     # failure saved in the example database replays at once
     finished: float | None = None
     distinct_states: int = 0  # abstract states the search reached (CheckingMachine.cover)
+
+    @property
+    def unsearched(self) -> bool:
+        """The run says nothing about this layout: its turn never came (the
+        budget, --fail-fast) or its search ran fewer operations than the
+        floor.  A layout steered around a known finding, or one the target
+        or release does not have, is skipped on purpose, not unsearched."""
+        return self.skipped is not None and (self.skipped in (BUDGET_SPENT, FAIL_FAST)
+                                             or self.skipped.startswith(TOO_FEW))
 
     def verdict(self) -> str:
         """The layout's result as the command prints it: ``conforms``, or
@@ -88,6 +110,22 @@ class RunReport:
     def conforms(self) -> bool:
         return all(r.conforms for r in self.results)
 
+    @property
+    def unsearched(self) -> list[LayoutResult]:
+        """The layouts the run says nothing about (:attr:`LayoutResult.unsearched`)."""
+        return [r for r in self.results if r.unsearched]
+
+    @property
+    def verdict(self) -> str:
+        """``conforms``, ``does NOT conform``, or -- nothing broke, but some
+        layout was not searched -- ``was NOT fully searched``: a run that
+        did not search a layout never reads as a pass for it."""
+        if not self.conforms:
+            return "does NOT conform"
+        if self.unsearched:
+            return f"was NOT fully searched ({len(self.unsearched)} of {len(self.results)} layouts not searched)"
+        return "conforms"
+
     def known_groups(self) -> dict[str, list[str]]:
         """Failures that look like known findings: finding -> layouts."""
         groups: dict[str, list[str]] = {}
@@ -124,7 +162,7 @@ class RunReport:
     def to_markdown(self) -> str:
         """A report fit for a pull-request comment: the verdict, how it was
         run, one row per layout, the rules, and each failure folded."""
-        verdict = "conforms" if self.conforms else "does NOT conform"
+        verdict = self.verdict
         versions = ", ".join(f"{k} {v}" for k, v in self.versions.items())
         lines = [
             f"## kvspec conform: `{self.target}` {verdict} at {self.level}",
@@ -213,7 +251,8 @@ def write_reports(report: RunReport, directory: str | Path) -> list[Path]:
                 "steered_around": report.steered_around, "known_findings": report.known_groups(),
                 "rules": [{"rule": rule, "layouts_checked": n, "broken_in": broken}
                           for rule, n, broken in report.rule_summary(report.checked)],
-                "conforms": report.conforms, "results": [r.to_json() for r in report.results],
+                "conforms": report.conforms, "unsearched": [f"{r.scope}/{r.layout}" for r in report.unsearched],
+                "results": [r.to_json() for r in report.results],
                 **({"coverage": report.coverage} if report.coverage is not None else {}),
             },
             indent=2,

@@ -496,13 +496,20 @@ def _hard_stop_at(deadline: float | None) -> Iterator[None]:
             return
         raise BudgetSpent
 
-    previous = signal.signal(signal.SIGALRM, stop)
+    def unraisable(event: Any) -> None:
+        # A stop swallowed where Python cannot raise comes again (above): not worth a traceback on stderr.
+        if not isinstance(event.exc_value, BudgetSpent):
+            hook(event)
+
+    previous, hook = signal.signal(signal.SIGALRM, stop), sys.unraisablehook
+    sys.unraisablehook = unraisable
     signal.setitimer(signal.ITIMER_REAL, max(deadline - time.perf_counter(), 0) + HARD_STOP_GRACE)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        sys.unraisablehook = hook
 
 
 def _limit_shrinking(seconds: float) -> None:
