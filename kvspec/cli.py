@@ -158,6 +158,8 @@ def replay_command(args: argparse.Namespace) -> int:
     if args.budget <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     level = args.level or trace.level
+    if args.expect_failure and not trace.failure:
+        raise UsageError(f"--expect-failure: trace {args.trace} records no failure to expect")
     quiet_loggers()
     recorded = ""
     if trace.failure:
@@ -180,6 +182,10 @@ def replay_command(args: argparse.Namespace) -> int:
         raise UsageError(f"trace {args.trace} does not fit the {trace.scope} machine: {error}") from None
     if outcome.conforms:
         print(f"{target} conforms at {level}: {outcome.message}")
+        if trace.failure:
+            print(f"the recorded failure did NOT reproduce (recorded at step {trace.failure.get('step')})"
+                  + ("" if args.expect_failure else "; --expect-failure makes that exit 1"))
+            return 1 if args.expect_failure else 0
         return 0
     steps = outcome.trace.steps
     print(f"step {outcome.diverged_at} {steps[-1].rule if steps else '?'}: DIVERGED")
@@ -188,6 +194,12 @@ def replay_command(args: argparse.Namespace) -> int:
     for line in outcome.message.splitlines():
         print(f"  {line}")
     print(f"{target} diverges at step {outcome.diverged_at} of {outcome.steps}")
+    if trace.failure:
+        recorded = trace.failure.get("step")
+        if outcome.diverged_at == recorded:
+            print("the recorded failure reproduced, at the same step")
+            return 0 if args.expect_failure else 1
+        print(f"it fails differently from the recording: at step {outcome.diverged_at}, recorded at step {recorded}")
     return 1
 
 
@@ -329,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--target", help="impl, spec, vllm, or module:factory (default: the trace's target)")
     rep.add_argument("--level", choices=sorted(LEVELS), help="default: the trace's level")
     rep.add_argument("--quiet", action="store_true", help="print only the diverging step and the verdict")
+    rep.add_argument("--expect-failure", action="store_true",
+                     help="the trace's recorded failure is expected: exit 0 when the replay fails as recorded, 1 "
+                     "when it does not (a finding that must still show, a planted fault that must stay caught)")
     rep.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
                      help="stop a target that has not finished the replay by then: it hangs (default 300)")
     rep.set_defaults(func=replay_command)

@@ -144,11 +144,18 @@ def test_a_failing_pool_run_saves_a_trace_that_replays_to_the_same_step(tmp_path
     first = capsys.readouterr().out
     assert f"step {failed_at} " in first and "DIVERGED" in first and "hash-map-consistency" in first
     assert f"diverges at step {failed_at} of" in first
+    assert "the recorded failure reproduced, at the same step" in first
     assert main(["replay", str(path)]) == 1
     assert capsys.readouterr().out == first, "a replay is deterministic"
 
+    # Against a target where it no longer fails, the replay says the recorded failure did not reproduce
+    # (issue 27); --expect-failure turns that into exit 1.
     assert main(["replay", str(path), "--target", "impl", "--level", "L3"]) == 0
-    assert "impl conforms at L3" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "impl conforms at L3" in out
+    assert f"the recorded failure did NOT reproduce (recorded at step {failed_at})" in out
+    assert main(["replay", str(path), "--target", "impl", "--level", "L3", "--expect-failure"]) == 1
+    assert main(["replay", str(path), "--expect-failure"]) == 0  # it fails as recorded: as expected
 
 
 def test_a_failing_manager_run_saves_a_trace_that_replays(tmp_path, capsys):
@@ -681,6 +688,21 @@ def test_a_layout_below_the_operation_floor_is_not_searched_never_conforms(tmp_p
         "## kvspec conform: `impl` was NOT fully searched (1 of 1 layouts not searched) at L3")
     assert json.loads((tmp_path / "report.json").read_text())["unsearched"] == ["pool/tiny-pool"]
     assert '<skipped message="too few operations' in (tmp_path / "junit.xml").read_text()
+
+
+@pytest.mark.parametrize("flag", ["--report-dir", "--trace-dir"])
+def test_a_report_dir_that_is_a_file_is_a_usage_error_before_any_search(flag, tmp_path, capsys):
+    """Found before the search, not after it (issue 27): one line, exit 2."""
+    import time
+
+    afile = tmp_path / "report.txt"
+    afile.write_text("")
+    for directory, said in ((afile, "is a file"), (afile / "under", f"cannot be made: {afile} is a file")):
+        start = time.perf_counter()
+        assert main(["conform", "--target", "impl", flag, str(directory)]) == 2
+        assert time.perf_counter() - start < 5  # no layout was searched
+        err = capsys.readouterr().err.strip()
+        assert err == f"kvspec: error: {flag} {directory} {said}; give a directory", err
 
 
 def test_a_budget_that_loading_the_target_eats_is_a_usage_error(tmp_path, monkeypatch, capsys):
