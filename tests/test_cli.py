@@ -224,6 +224,18 @@ def test_a_budgeted_run_stops_in_time_and_prints_its_seed(capsys):
     assert "budget=2s seed=7" in out and "all layouts conform" in out
 
 
+def test_a_budgeted_run_without_a_seed_prints_the_seed_it_chose(tmp_path, capsys):
+    import json
+    import re
+
+    assert main(["conform", "--scope", "pool", "--layout", "tiny-pool", "--budget", "1",
+                 "--report-dir", str(tmp_path)]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    seed = re.search(r" seed=(\d+)$", header)
+    assert seed, header
+    assert json.loads((tmp_path / "report.json").read_text())["seed"] == int(seed[1])
+
+
 def test_a_seeded_run_repeats(capsys):
     argv = ["conform", "--scope", "manager", "--layout", "full+swa", "--examples", "5", "--seed", "11"]
     def operations(out: str) -> str:

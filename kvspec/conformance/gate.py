@@ -150,6 +150,8 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     ``options.report_dir`` too, its paths in ``report.written``)."""
     listener = listener or Listener()
     plan = make_plan(options)
+    if options.budget and options.seed is None:  # a budgeted search is random: its seed is chosen here, and told
+        options.seed = int.from_bytes(os.urandom(4), "big")
     quiet_loggers()
     scopes = list(dict.fromkeys(scope for scope, _ in plan))
     steered = known_findings(options.target, scopes) if options.known_findings else ()
