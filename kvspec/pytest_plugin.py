@@ -10,7 +10,9 @@ A project checks its block manager with one line in a test module::
 That is one pytest test per layout (ids ``pool/two-groups``,
 ``manager/full+swa``, ...), each marked ``kvspec`` with its scope and
 layout, so ``-k two-groups`` or ``-m kvspec`` choose among them and
-pytest-xdist spreads them over processes.  A failing layout fails with what
+pytest-xdist spreads them over processes.  ``-k`` matches substrings
+(``-k full`` is every layout with ``full`` in its name);
+``--kvspec-layout NAME`` (repeatable) chooses layouts by exact name.  A failing layout fails with what
 ``kvspec conform`` prints -- the broken rules, the minimal failing run step
 by step, where its trace is saved -- not with Hypothesis's raw draws.
 
@@ -19,6 +21,20 @@ left without arguments takes: ``--kvspec-target``, ``--kvspec-scope``,
 ``--kvspec-level``, ``--kvspec-profile`` and ``--kvspec-trace-dir``::
 
     test_conformance = conformance_suite()          # pytest --kvspec-target mypkg.kvcache:make_pool
+
+and two that size and steer every suite's search:
+
+- ``known_findings_avoided=True`` (or ``--kvspec-known-findings``): steer
+  around the target's known findings, as ``kvspec conform
+  --known-findings`` does -- a layout that is one of them is skipped,
+  naming it (a suite over vLLM is red on F1-F4 and F9 otherwise);
+- ``budget=SECONDS`` (or ``--kvspec-budget SECONDS``): each layout searches
+  for that long instead of a number of examples.
+
+A layout's search that ran fewer operations than its scope's floor fails
+("not searched"): no check, no pass.  kvspec's and vLLM's loggers are kept
+at ERROR while a layout runs (vLLM warns at every prefix-cache reset the
+machines ask for).
 """
 
 from __future__ import annotations
@@ -36,6 +52,7 @@ from kvspec.conformance.runner import (
     SetupError,
     layout_names,
     machine_for,
+    quiet_loggers,
     run_layout,
     scopes_for,
 )
@@ -43,7 +60,8 @@ from kvspec.conformance.settings import PROFILES, scope_settings
 from kvspec.conformance.trace import trace_file_name
 from kvspec.spec.catalogue import LEVELS
 
-OPTIONS = {"target": None, "scope": "all", "level": "L3", "profile": "ci", "trace_dir": "kvspec-traces"}
+OPTIONS = {"target": None, "scope": "all", "level": "L3", "profile": "ci", "trace_dir": "kvspec-traces",
+           "known_findings": False, "budget": None, "layout": None}
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -54,6 +72,12 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--kvspec-level", choices=sorted(LEVELS), help="L1, L2 or L3 (default L3)")
     group.addoption("--kvspec-profile", choices=sorted(PROFILES), help="Hypothesis profile of the search (default ci)")
     group.addoption("--kvspec-trace-dir", help="where failing runs are saved (default kvspec-traces)")
+    group.addoption("--kvspec-known-findings", action="store_true", default=None,
+                    help="steer around the target's known findings (docs/findings.md), as kvspec conform does")
+    group.addoption("--kvspec-budget", type=float, metavar="SECONDS",
+                    help="search each layout for SECONDS instead of a number of examples")
+    group.addoption("--kvspec-layout", action="append", metavar="NAME",
+                    help="run only the layout NAME (exact; repeatable) -- -k matches substrings")
 
 
 def pytest_configure(config: Any) -> None:
@@ -69,12 +93,17 @@ def _option(config: Any, name: str, given: Any) -> Any:
 
 def conformance_suite(target: str | None = None, *, scope: str | None = None, level: str | None = None,
                       layouts: list[str] | None = None, examples: int | None = None, profile: str | None = None,
-                      known_findings_avoided: bool = False) -> Any:
+                      known_findings_avoided: bool | None = None, budget: float | None = None) -> Any:
     """A pytest test function over the layouts of ``scope`` (or ``layouts``),
     each checking ``target`` at ``level``.  Arguments left out come from the
     command line (``--kvspec-*``), then the defaults: scope ``all``, level
     ``L3``, profile ``ci``.  ``known_findings_avoided``: steer around the
-    target's known findings (as ``kvspec conform --known-findings``)."""
+    target's known findings (as ``kvspec conform --known-findings``).
+    ``budget``: seconds of search per layout (instead of ``examples``)."""
+    if examples is not None and budget is not None:
+        raise ValueError("conformance_suite: examples and budget size the search two ways; give one")
+    if budget is not None and budget <= 0:
+        raise ValueError(f"conformance_suite: budget must be a positive number of seconds, got {budget}")
     scopes = SCOPES if scope in (None, "all") else (scope,)
     cases = [(s, name) for s in scopes for name in (layouts or layout_names(s)) if name in layout_names(s) or
              name.startswith("model:")]
@@ -84,6 +113,9 @@ def conformance_suite(target: str | None = None, *, scope: str | None = None, le
     @pytest.mark.parametrize("kvspec_scope, kvspec_layout", params)
     def test_conformance(kvspec_scope: str, kvspec_layout: str, request: Any) -> None:
         config = request.config
+        exact = _option(config, "layout", None)
+        if exact and kvspec_layout not in exact:
+            pytest.skip(f"--kvspec-layout {' '.join(exact)}")
         chosen = _option(config, "scope", scope)
         if chosen != "all" and chosen != kvspec_scope:
             pytest.skip(f"--kvspec-scope {chosen}")
@@ -95,7 +127,8 @@ def conformance_suite(target: str | None = None, *, scope: str | None = None, le
                         "where vLLM is installed)")
         chosen_level, chosen_profile = _option(config, "level", level), _option(config, "profile", profile)
         scopes = (kvspec_scope,)
-        avoid = inputs_to_avoid(name, scopes) if known_findings_avoided else frozenset()
+        avoid = inputs_to_avoid(name, scopes) if _option(config, "known_findings", known_findings_avoided) \
+            else frozenset()
         if f"layout:{kvspec_layout}" in avoid:
             ids = ", ".join(f.id for f in known_findings(name, scopes) if f.avoid == f"layout:{kvspec_layout}")
             pytest.skip(f"steered around known finding {ids}")
@@ -104,7 +137,9 @@ def conformance_suite(target: str | None = None, *, scope: str | None = None, le
             machine = machine_for(kvspec_scope, kvspec_layout, name, chosen_level, avoid)
         except SetupError as error:
             pytest.fail(f"kvspec: {error}", pytrace=False)
-        result = run_layout(machine, Search(settings, examples=examples))
+        seconds = _option(config, "budget", budget) if examples is None else None
+        quiet_loggers()
+        result = run_layout(machine, Search(settings, examples=None if seconds else examples, seconds=seconds))
         if not result.conforms:
             if result.trace is not None:
                 result.trace.target, result.trace.level = name, chosen_level

@@ -44,3 +44,43 @@ def test_the_command_line_fills_in_the_target_and_k_chooses_layouts(tmp_path):
     assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout
     result = run(tmp_path, "-m", "kvspec", "-k", "two-groups")
     assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout
+
+
+EXACT_SUITE = '''
+from kvspec.pytest_plugin import conformance_suite
+
+test_pools = conformance_suite("impl", scope="pool", layouts=["tiny-pool", "two-groups"], examples=3)
+test_budgeted = conformance_suite("impl", scope="manager", layouts=["full", "full+swa"], budget=1)
+test_vllm = conformance_suite("vllm", scope="manager", layouts=["full+mamba-align-drafts"], examples=3)
+'''
+
+
+def run_suite(tmp_path, suite, *args):
+    (tmp_path / "test_exact.py").write_text(suite)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "-p", "no:benchmark", "-q", "-rs", "test_exact.py", *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": f"{tmp_path}:{TESTS}", "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
+
+
+def test_kvspec_layout_chooses_exactly_where_k_matches_substrings_and_a_budget_sizes_the_search(tmp_path):
+    """-k full matches full and full+swa; --kvspec-layout full is full alone
+    (issue 27).  A suite with budget=1 searches each layout for a second."""
+    result = run_suite(tmp_path, EXACT_SUITE, "-k", "test_budgeted and full")
+    assert "2 passed" in result.stdout, result.stdout
+    result = run_suite(tmp_path, EXACT_SUITE, "-k", "test_budgeted", "--kvspec-layout", "full", "--durations=0")
+    assert result.returncode == 0 and "1 passed" in result.stdout and "--kvspec-layout full" in result.stdout, \
+        result.stdout
+    (timed,) = [line for line in result.stdout.splitlines() if "call" in line and "manager/full]" in line]
+    assert 0.9 <= float(timed.split("s")[0]) < 30, timed  # about the budget: searched for a second, no more
+
+
+def test_known_findings_steer_from_the_command_line(tmp_path):
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("the vllm target needs vLLM (tools/install_vllm.sh)")
+    result = run_suite(tmp_path, EXACT_SUITE, "-k", "test_vllm", "--kvspec-known-findings")
+    assert "1 skipped" in result.stdout and "steered around known finding F8" in result.stdout, result.stdout

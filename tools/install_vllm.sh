@@ -6,6 +6,13 @@
 #         VENV_DIR defaults to .venv-vllm in the repository root.
 #         PYTHON (env) chooses the interpreter that creates the venv
 #         (default: python3; vLLM 0.25.1 needs Python >= 3.10).
+#         VLLM_VERSION (env) installs another release (default: the reference).
+#         VLLM_SOURCE (env) runs a vLLM source tree instead of the release's
+#         own code: a fork's checkout (a directory holding vllm/), or a git
+#         URL, optionally URL@REF.  Its Python files are put over the wheel of
+#         VLLM_VERSION -- the release it is based on -- whose compiled parts
+#         stay (tools/overlay_vllm.py): no CUDA build, no GPU.  The source's
+#         commit is recorded in site-packages/vllm/KVSPEC_OVERLAY.json.
 #
 # Afterwards `VENV_DIR/bin/kvspec conform --target vllm` runs (with
 # PYTHONHASHSEED set), and `VENV_DIR/bin/python` can import kvspec and
@@ -111,9 +118,14 @@ pip_install --upgrade pip
 log "installing $TORCH_SPEC"
 pip_install "$TORCH_SPEC"
 
-# 4. vLLM itself, without its GPU-oriented dependency list.
+# 4. vLLM itself, without its GPU-oriented dependency list (afresh under a
+#    source overlay, so that no file of an earlier overlay stays behind).
 log "installing vllm==$VLLM_VERSION (--no-deps)"
-pip_install --no-deps "vllm==$VLLM_VERSION"
+if [[ -n "${VLLM_SOURCE:-}" ]]; then
+    pip_install --no-deps --force-reinstall "vllm==$VLLM_VERSION"
+else
+    pip_install --no-deps "vllm==$VLLM_VERSION"
+fi
 
 # 5. What importing the KV-cache manager actually needs.  torch is passed
 #    again as a constraint so that no dependency can replace it.
@@ -122,6 +134,13 @@ pip_install "$TORCH_SPEC" "${IMPORT_DEPS[@]}"
 pip_install --no-deps "$XGRAMMAR_SPEC"
 log "installing $TRITON_SPEC (vLLM's kernels, interpreted on a CPU)"
 pip_install --no-deps "$TRITON_SPEC"
+
+# 5b. A source tree's Python code over the wheel: a fork, a pull request, vLLM main.
+if [[ -n "${VLLM_SOURCE:-}" ]]; then
+    site_vllm="$("$PY" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("vllm").origin))')"
+    log "overlaying $VLLM_SOURCE on vllm==$VLLM_VERSION"
+    "$PY" "$REPO_ROOT/tools/overlay_vllm.py" "$VLLM_SOURCE" "$site_vllm"
+fi
 
 # 6. kvspec itself with its kernel stage, editable, so both import in one
 #    interpreter; pytest for the tests that need vLLM (tests/test_impl_vs_vllm.py,
