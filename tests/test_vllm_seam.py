@@ -46,3 +46,14 @@ def test_the_check_sees_an_import(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("def f():\n    from vllm.v1.core import block_pool\n    import vllm\n")
     assert vllm_imports(planted) == ["2: vllm.v1.core", "3: vllm"]
+
+
+def test_an_overlaid_source_is_named_in_the_reports_versions(tmp_path, monkeypatch):
+    import json
+
+    from kvspec.conformance.vllm import installed
+
+    monkeypatch.setattr(installed, "package_dir", lambda: str(tmp_path) + "/")
+    assert installed.overlay() is None  # a release as shipped
+    (tmp_path / "KVSPEC_OVERLAY.json").write_text(json.dumps({"source": "/src/fork", "commit": "ab" * 20}))
+    assert installed.overlay() == "/src/fork@abababababab"

@@ -329,6 +329,8 @@ def versions(target: str, scopes: list[str] = ()) -> dict[str, str]:
         from kvspec.conformance.vllm import installed
 
         found["vLLM"] = installed.version()
+        if (source := installed.overlay()) is not None:
+            found["vLLM source"] = source  # a fork or main over the release's wheel
     found["release judged"] = releases.current().known
     found["Python"] = platform.python_version()
     found["Hypothesis"] = hypothesis.__version__

@@ -11,6 +11,7 @@ costs nothing where it is absent.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 
 
@@ -36,6 +37,18 @@ def version() -> str:
     import vllm
 
     return vllm.__version__
+
+
+def overlay() -> str | None:
+    """The source tree put over the installed wheel (``tools/overlay_vllm.py``),
+    as ``SOURCE@COMMIT``, or ``None`` for a release as shipped."""
+    directory = package_dir()
+    record = os.path.join(directory, "KVSPEC_OVERLAY.json") if directory else None
+    if record is None or not os.path.isfile(record):
+        return None
+    with open(record) as f:
+        found = json.load(f)
+    return f"{found['source']}@{found['commit'][:12]}" if found.get("commit") else found["source"]
 
 
 def package_dir() -> str | None:
