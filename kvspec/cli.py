@@ -73,6 +73,9 @@ class ConformPrinter(Listener):
         print(header + (f" seed={options.seed}" if options.seed is not None else ""))
         if warning := releases.current().warning():
             print(warning)
+        if options.findings_of not in (None, options.target):
+            print(f"target {options.target} runs {options.findings_of}'s code: {options.findings_of}'s known findings "
+                  "apply to it (docs/findings.md)")
         if steered:
             print(f"steering around known findings {', '.join(f.id for f in steered)} (docs/findings.md)")
         if avoid:

@@ -139,3 +139,48 @@ def test_a_60_second_budget_against_vllm_ends_in_time_with_its_findings_labelled
     assert "<details>" in markdown and "kvspec conform --target vllm --budget 60" in markdown
     assert "vLLM 0.25.1" in markdown
     assert "<testsuites" in (tmp_path / "junit.xml").read_text()
+
+
+FORK = '''
+"""A fork's patched BlockPool, tested without reinstalling: vLLM's class with one method changed."""
+from vllm.v1.core.block_pool import BlockPool
+
+
+class ForkPool(BlockPool):
+    def free_blocks(self, ordered_blocks):
+        blocks = list(ordered_blocks)
+        for block in blocks:
+            if block.ref_cnt == 2:
+                block.ref_cnt += 1  # the fork's patch: a shared block keeps a reference
+        super().free_blocks(blocks)
+
+
+def fork(*args):
+    return ForkPool(*args)
+
+
+def upstream(*args):
+    return BlockPool(*args)
+'''
+
+
+@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.25.1 is not installed (tools/install_vllm.sh)")
+def test_a_factory_of_vllms_classes_keeps_vllms_identity(tmp_path, monkeypatch, capsys):
+    """module:factory around vLLM's classes -- the way a maintainer tests a
+    patch without reinstalling -- is vLLM (issue 27): vLLM's known findings
+    are steered around and its constructor's assertions read as refusals, so
+    upstream as-is conforms as --target vllm does, and only the patch fails."""
+    (tmp_path / "my_fork.py").write_text(FORK)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["conform", "--scope", "pool", "--layout", "two-groups", "--known-findings", "--examples", "60",
+            "--no-progress"]
+    assert main([argv[0], "--target", "my_fork:upstream", *argv[1:]]) == 0
+    out = capsys.readouterr().out
+    assert "target my_fork:upstream runs vllm's code: vllm's known findings apply" in out
+    assert "steering around known findings F1" in out and "all layouts conform" in out, out
+    assert main([argv[0], "--target", "my_fork:fork", *argv[1:]]) == 1
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.startswith("pool     two-groups") and "FAILED" in line]
+    assert "looks like known finding" not in row, row
+    assert "ref-conservation" in out

@@ -62,6 +62,7 @@ from kvspec.conformance.runner import (
     Search,
     SetupError,
     check_target,
+    findings_target,
     is_layout,
     layout_names,
     layout_unsupported,
@@ -106,6 +107,7 @@ class GateOptions:
     progress: bool = False  # a progress bar on stderr
     coverage: bool = False  # measure what the run exercises of the spec (kvspec.conformance.spec_coverage)
     coverage_dir: str | None = None  # where each process's measurement goes (set by run_gate)
+    findings_of: str | None = None  # whose known findings apply: set by run_gate (runner.findings_target)
     command: str = "kvspec conform"  # recorded in the report
     started: float = field(default_factory=time.perf_counter)  # the budget counts from here
 
@@ -154,13 +156,15 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
         options.seed = int.from_bytes(os.urandom(4), "big")
     quiet_loggers()
     scopes = list(dict.fromkeys(scope for scope, _ in plan))
-    steered = known_findings(options.target, scopes) if options.known_findings else ()
+    options.findings_of = next((found for scope in scopes if (found := findings_target(options.target, scope))
+                                != options.target), options.target)
+    steered = known_findings(options.findings_of, scopes) if options.known_findings else ()
     avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(options.avoid)
     deadline = options.started + options.budget if options.budget else None
     report = RunReport(options.target, options.level, options.profile, seed=options.seed,
                        steered_around=[f"{f.id}: {f.title}" for f in steered],
                        checked={scope: rules_checked(scope, options.level) for scope in scopes},
-                       command=options.command, versions=versions(options.target, scopes))
+                       command=options.command, versions=versions(options.findings_of, scopes))
     _check_budget_covers_loading(options, deadline)
     listener.begin(options, steered, avoid)
     with _measured(options) as measure:
@@ -369,7 +373,7 @@ class _Run:
         layout's trace saved and labelled; the listener told."""
         if self.report is None:  # a worker: the parent finishes it (labelled here too, for fail-fast)
             if r.skipped is None and r.trace is not None:
-                known = matching_finding(self.options.target, r.scope, r.layout, r.trace)
+                known = matching_finding(self.options.findings_of, r.scope, r.layout, r.trace)
                 r.known_finding = f"{known.id}: {known.title}" if known else None
             self.collected.append(r)
             return
@@ -386,7 +390,7 @@ class _Run:
         if r.skipped is None and r.trace is not None:
             r.trace.target, r.trace.level, r.trace.release = o.target, o.level, _recorded_release(o)
             r.trace_file = str(r.trace.save(o.traces() / trace_file_name(r.scope, r.layout)))
-            known = matching_finding(o.target, r.scope, r.layout, r.trace)
+            known = matching_finding(o.findings_of, r.scope, r.layout, r.trace)
             r.known_finding = f"{known.id}: {known.title}" if known else None
         self.listener.layout_done(r)
         self.see(r)
@@ -409,7 +413,7 @@ class _Announcer:
         seconds = time.perf_counter() - o.started
         trace.target, trace.level, trace.release = o.target, o.level, _recorded_release(o)
         path = trace.save(o.traces() / trace_file_name(self.scope, self.layout).replace(".json", ".unshrunk.json"))
-        known = matching_finding(o.target, self.scope, self.layout, trace)
+        known = matching_finding(o.findings_of, self.scope, self.layout, trace)
         if isinstance(error, ConformanceError):
             broken = ", ".join(sorted({v.rule for v in error.violations})) or "divergence from the spec"
         else:  # the target raised where no refusal is possible

@@ -10,6 +10,7 @@ unknown target, a module that does not import, vLLM missing) raises
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import logging
@@ -158,7 +159,13 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
         raise SetupError(f"module {module_name!r} has no callable {attr!r}")
 
     def make(*args: Any, **options: Any) -> Any:
-        target = factory(*args, **options)
+        try:
+            target = factory(*args, **options)
+        except AssertionError as error:  # vLLM checks its constructors' sizes by assertion: its refusal
+            if findings_target(name, scope) == "vllm":
+                raise ValueError(f"vLLM refused the configuration (assertion): {error or 'assert failed'}") \
+                    from error
+            raise
         if target is None:
             raise SetupError(f"target factory {name} returned None")
         if scope == "pool" and not hasattr(target, "snapshot"):
@@ -166,7 +173,8 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
             if missing:
                 raise SetupError(f"target factory {name} returned a {type(target).__name__}, which is neither a "
                                  f"PoolTarget nor a pool with vLLM's BlockPool API (it lacks {', '.join(missing)})")
-            return VllmApiPoolTarget(target)
+            # a pool of vLLM's class is read as vLLM's own is, with the same translations
+            return VllmPoolTarget.wrapping(target) if builds_vllm(target) else VllmApiPoolTarget(target)
         return target
 
     make.__name__ = attr
@@ -236,6 +244,39 @@ def _build(factory: Callable[..., Any], scope: str) -> Any:
         raise
     except (Exception, SystemExit) as error:
         return error
+
+
+VLLM_CODE = ("vllm.", "kvspec.conformance.vllm.")
+"""Module prefixes of vLLM's classes and of kvspec's adapters of them."""
+
+
+def builds_vllm(target: Any) -> bool:
+    """Whether a built target runs vLLM's code: it is, or directly holds, an
+    instance of a class of vLLM's (or of kvspec's adapter of one) -- a
+    subclass or a patched copy's class included, wherever it was defined,
+    as long as one of its bases is vLLM's."""
+
+    def is_vllm(obj: Any) -> bool:
+        return any(c.__module__.startswith(VLLM_CODE) for c in type(obj).__mro__)
+
+    return is_vllm(target) or any(is_vllm(v) for v in getattr(target, "__dict__", {}).values())
+
+
+@functools.cache
+def findings_target(name: str, scope: str) -> str:
+    """Whose known findings a target at ``scope`` inherits: ``vllm`` for the
+    vllm target and for a ``module:factory`` whose targets are vLLM's code
+    (:func:`builds_vllm`: a fork's patched classes, a subclass, kvspec's
+    adapter around them) -- so that ``--known-findings`` steers around
+    upstream's findings and labels them, and the hash chains share vLLM's
+    root (``PYTHONHASHSEED``, set as for the vllm target); else ``name``."""
+    if ":" not in name or scope == "scheduler":
+        return name
+    built = _build(resolve_target(name, scope), scope)
+    if isinstance(built, BaseException) or not builds_vllm(built):
+        return name
+    require_vllm(f"target {name} (vLLM's classes)")
+    return "vllm"
 
 
 def check_scheduler_target(name: str) -> str:

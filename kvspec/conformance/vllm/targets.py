@@ -44,6 +44,15 @@ class VllmPoolTarget(VllmApiPoolTarget):
             pool = BlockPool(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events)
         super().__init__(pool)
 
+    @classmethod
+    def wrapping(cls, pool: Any) -> VllmPoolTarget:
+        """A pool of vLLM's class (a fork's patched one, a subclass) built
+        elsewhere -- by a ``module:factory`` target -- read with the same
+        translations as vLLM's own."""
+        target = cls.__new__(cls)
+        VllmApiPoolTarget.__init__(target, pool)
+        return target
+
     def evict_blocks(self, block_ids: Any) -> None:
         try:
             super().evict_blocks(block_ids)
