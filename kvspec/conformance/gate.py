@@ -46,6 +46,7 @@ from kvspec import __version__
 from kvspec.conformance import spec_coverage
 from kvspec.conformance.findings import AVOIDABLE, Finding, is_avoidable, known_findings, matching_finding
 from kvspec.conformance.machines.machinery import ConformanceError
+from kvspec.conformance.minimise import MINIMISE_SECONDS, minimise
 from kvspec.conformance.report import (
     BUDGET_SPENT,
     FAIL_FAST,
@@ -368,9 +369,23 @@ class _Run:
     def announce(self, scope: str, layout: str) -> Callable[[Trace, BaseException], None]:
         return _Announcer(self.options, self.listener, scope, layout)
 
+    def minimise(self, r: LayoutResult) -> None:
+        """Cut a failing layout's run to the steps it needs (:mod:`.minimise`),
+        in what is left of the budget (at most MINIMISE_SECONDS)."""
+        if r.skipped is not None or r.conforms or r.trace is None or r.minimised_from is not None:
+            return
+        seconds = MINIMISE_SECONDS if self.deadline is None else \
+            min(MINIMISE_SECONDS, self.deadline - time.perf_counter())
+        if seconds < 0.5:
+            return
+        cut = minimise(r.trace, self.options.target, self.options.level, seconds=seconds)
+        if cut is not None and len(cut.trace.steps) < len(r.trace.steps):
+            r.minimised_from, r.trace, r.details = len(r.trace.steps), cut.trace, cut.message.splitlines()
+
     def finish(self, r: LayoutResult) -> None:
         """Record a layout's result: times from the run's start, a failing
-        layout's trace saved and labelled; the listener told."""
+        layout's trace minimised, saved and labelled; the listener told."""
+        self.minimise(r)
         if self.report is None:  # a worker: the parent finishes it (labelled here too, for fail-fast)
             if r.skipped is None and r.trace is not None:
                 known = matching_finding(self.options.findings_of, r.scope, r.layout, r.trace)

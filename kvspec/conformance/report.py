@@ -54,6 +54,7 @@ class LayoutResult:
     # failure saved in the example database replays at once
     finished: float | None = None
     distinct_states: int = 0  # abstract states the search reached (CheckingMachine.cover)
+    minimised_from: int | None = None  # the steps of Hypothesis's failing run, when replays cut it shorter
 
     @property
     def unsearched(self) -> bool:
@@ -73,6 +74,9 @@ class LayoutResult:
         lines = ["FAILED" + known, *("    " + line for line in self.details)]
         if self.shrinking_stopped:
             lines += ["    shrinking stopped at the budget: the run below is the smallest found in time"]
+        if self.minimised_from is not None and self.trace is not None:
+            lines += [f"    cut from {self.minimised_from} to {len(self.trace.steps)} steps by replaying it with steps "
+                      "left out (the same failure)"]
         if self.trace is not None:
             lines += ["    minimal failing run:", *("      " + line for line in self.trace.readable())]
             if self.trace_file:
