@@ -109,6 +109,7 @@ class GateOptions:
     coverage: bool = False  # measure what the run exercises of the spec (kvspec.conformance.spec_coverage)
     coverage_dir: str | None = None  # where each process's measurement goes (set by run_gate)
     findings_of: str | None = None  # whose known findings apply: set by run_gate (runner.findings_target)
+    minimise: bool = True  # cut a failing layout's run by replay (kvspec mutate needs the verdict only)
     command: str = "kvspec conform"  # recorded in the report
     started: float = field(default_factory=time.perf_counter)  # the budget counts from here
 
@@ -372,7 +373,8 @@ class _Run:
     def minimise(self, r: LayoutResult) -> None:
         """Cut a failing layout's run to the steps it needs (:mod:`.minimise`),
         in what is left of the budget (at most MINIMISE_SECONDS)."""
-        if r.skipped is not None or r.conforms or r.trace is None or r.minimised_from is not None:
+        if not self.options.minimise or r.skipped is not None or r.conforms or r.trace is None or \
+                r.minimised_from is not None:
             return
         seconds = MINIMISE_SECONDS if self.deadline is None else \
             min(MINIMISE_SECONDS, self.deadline - time.perf_counter())

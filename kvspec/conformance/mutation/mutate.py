@@ -62,7 +62,7 @@ def run_one(name: str, target: str, level: str, budget: float, seed: int | None)
     from kvspec.conformance.runner import SetupError
 
     with tempfile.TemporaryDirectory() as trace_dir, applied(mutant, family):
-        options = GateOptions(target=target, level=level, budget=budget, seed=seed, fail_fast=True,
+        options = GateOptions(target=target, level=level, budget=budget, seed=seed, fail_fast=True, minimise=False,
                               known_findings=True, trace_dir=trace_dir,
                               command=f"kvspec mutate --mutant {name} --target {target} --level {level}")
         try:
