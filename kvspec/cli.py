@@ -238,7 +238,8 @@ def kernels_command(args: argparse.Namespace) -> int:
     options = KernelOptions(target=args.target, models=args.model or ["all"], scale=args.scale, layers=args.layers,
                             kernels=[k.strip() for k in args.kernels.split(",") if k.strip()], device=args.device,
                             dtype=args.dtype, profile=args.profile, examples=args.examples, seed=args.seed,
-                            worker=args.worker)
+                            worker=args.worker, budget=args.budget, report_dir=args.report_dir,
+                            command=" ".join(["kvspec", *map(shlex.quote, args.argv)]))
     plan = plan_kernel_stage(options)  # usage errors before the header
     failures = 0
 
@@ -258,9 +259,15 @@ def kernels_command(args: argparse.Namespace) -> int:
           f"kernels={','.join(options.kernels)} device={options.device} dtype={options.dtype} "
           f"profile={options.profile}")
     print(f"{'layout':<28} {'steps':>7} {'checks':>8} {'seconds':>8}  result", flush=True)
-    plan.run(on_result=show)
+    results = plan.run(on_result=show)
     print()
     print("every layout passed every check" if not failures else f"{failures} layout(s) failed")
+    if options.report_dir:
+        from kvspec.conformance.kernel_stage import stage_report
+        from kvspec.conformance.report import write_reports
+
+        for path in write_reports(stage_report(options, results), options.report_dir):
+            print(f"wrote {path}")
     return 1 if failures else 0
 
 
@@ -377,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     ker.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="Hypothesis profile (default ci)")
     ker.add_argument("--examples", type=int, help="examples per layout (overrides the profile)")
     ker.add_argument("--seed", type=int, help="a random search with this seed (default: the profile's)")
+    ker.add_argument("--budget", type=float, metavar="SECONDS",
+                     help="search for SECONDS in all, the models sharing them, instead of a number of examples")
+    ker.add_argument("--report-dir", help="write report.json, report.md and junit.xml here (as conform does)")
     ker.add_argument("--worker", choices=["kvspec", "vllm"],
                      help="whose block tables, slot mapping and cache writes the kernels read: vllm (vLLM's own "
                      "MultiGroupBlockTable and triton_reshape_and_cache_flash, checked against kvspec's tables; "

@@ -746,3 +746,25 @@ def test_a_run_says_which_release_judges_it(capsys):
             assert said in out if said else "judged" not in out, out
     finally:
         releases.use(releases.BASE)
+
+
+def test_the_kernel_stage_is_a_ci_step(tmp_path, capsys):
+    """kvspec kernels takes a budget and writes report.md, report.json and
+    junit.xml as conform does; a report dir that is a file is one line,
+    exit 2, before any search (issue 27, friction 6)."""
+    import json
+    import time
+
+    start = time.perf_counter()
+    assert main(["kernels", "--model", "llama-3-8b", "--budget", "3", "--report-dir", str(tmp_path)]) == 0
+    assert time.perf_counter() - start < 60
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'junit.xml'}" in out
+    assert (tmp_path / "report.md").read_text().startswith("## kvspec kernels: `impl` conforms\n")
+    report = json.loads((tmp_path / "report.json").read_text())
+    (row,) = report["results"]
+    assert row["scope"] == "kernels" and row["layout"] == "model:llama-3-8b" and row["operations"] > 0
+    assert 'testcase' in (tmp_path / "junit.xml").read_text()
+    assert main(["kernels", "--report-dir", str(tmp_path / "report.md")]) == 2
+    assert "is a file; give a directory" in capsys.readouterr().err
+    assert main(["kernels", "--budget", "3", "--examples", "2"]) == 2

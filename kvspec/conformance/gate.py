@@ -55,6 +55,7 @@ from kvspec.conformance.report import (
     TOO_FEW,
     LayoutResult,
     RunReport,
+    unwritable,
     write_reports,
 )
 from kvspec.conformance.runner import (
@@ -254,8 +255,8 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
     if options.scope not in (*SCOPES, "all"):
         raise SetupError(f"no scope {options.scope!r}; choose one of {', '.join(SCOPES)} or all")
     for flag, directory in (("--report-dir", options.report_dir), ("--trace-dir", options.traces())):
-        if directory is not None:
-            _check_writable(flag, Path(directory))
+        if directory is not None and (problem := unwritable(flag, Path(directory))) is not None:
+            raise SetupError(problem)
     for name in options.avoid:
         if not is_avoidable(name, [n for scope in SCOPES for n in layout_names(scope)] + model_layout_names()):
             raise SetupError(f"--avoid {name!r}: not an input the machines know; choose from {sorted(AVOIDABLE)}")
@@ -279,21 +280,6 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
         if not plan:
             raise SetupError(f"--shard {options.shard}: only {shard - 1} layout(s) to share, shard {shard} has none")
     return plan
-
-
-def _check_writable(flag: str, directory: Path) -> None:
-    """``directory`` is, or can be made, a directory this process writes in
-    -- asked before any search, so that a report directory that is a file
-    does not end a long run with a traceback.  A directory that does not
-    exist yet is not made here: only its nearest existing parent is asked."""
-    existing = directory
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        what = "is a file" if existing == directory else f"cannot be made: {existing} is a file"
-        raise SetupError(f"{flag} {directory} {what}; give a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise SetupError(f"{flag} {directory}: {existing} is not writable by this process")
 
 
 def _recorded_release(options: GateOptions) -> str:

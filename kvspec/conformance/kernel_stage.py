@@ -41,6 +41,9 @@ class KernelOptions:
     examples: int | None = None
     seed: int | None = None
     worker: str | None = None  # None: vllm for --target vllm, else kvspec
+    budget: float | None = None  # seconds for the whole stage, shared by the models (instead of examples)
+    report_dir: str | None = None  # report.json, report.md and junit.xml, as kvspec conform writes them
+    command: str = "kvspec kernels"  # recorded in the report
 
     def chosen_worker(self) -> str:
         return self.worker or ("vllm" if self.target == "vllm" else "kvspec")
@@ -58,17 +61,77 @@ class KernelPlan:
     dtype: Any  # torch.dtype
 
     def run(self, on_result: Callable[[Any, Any], None] | None = None) -> list[tuple[Any, Any]]:
-        """Search each model setup's kernel machine; ``(setup, result)`` pairs."""
-        from kvspec.conformance.machines.kernel import run_stage
+        """Search each model setup's kernel machine; ``(setup, result)`` pairs.
+        Under a budget each model gets an equal share of what is left, searched
+        in batches of :data:`BUDGET_BATCH` examples (each batch its own seed)
+        until its share is spent or a check fails."""
+        import time
 
         o, results = self.options, []
-        for s in self.setups:
-            result = run_stage(s, self.factory, self.settings, seeded=self.seeded, kernels=o.kernels,
-                               dtype=self.dtype, device=o.device, worker=o.chosen_worker())
+        deadline = time.perf_counter() + o.budget if o.budget else None
+        for i, s in enumerate(self.setups):
+            if deadline is None:
+                result = self._search(s, self.settings, self.seeded)
+            else:
+                share = (deadline - time.perf_counter()) / (len(self.setups) - i)
+                result = self._search_for(s, share)
             results.append((s, result))
             if on_result:
                 on_result(s, result)
         return results
+
+    def _search(self, setup: Any, run_settings: Any, seeded: Any) -> Any:
+        from kvspec.conformance.machines.kernel import run_stage
+
+        o = self.options
+        return run_stage(setup, self.factory, run_settings, seeded=seeded, kernels=o.kernels, dtype=self.dtype,
+                         device=o.device, worker=o.chosen_worker())
+
+    def _search_for(self, setup: Any, seconds: float) -> Any:
+        """Batches of the kernel machine on ``setup`` for ``seconds``; one result, totals summed."""
+        import time
+        from collections import Counter
+
+        from hypothesis import seed as hypothesis_seed
+        from hypothesis import settings as hypothesis_settings
+
+        from kvspec.conformance.machines.kernel import StageResult
+
+        start, totals, batch = time.perf_counter(), Counter(), 0
+        base = self.options.seed if self.options.seed is not None else 0
+        batch_settings = hypothesis_settings(self.settings, max_examples=BUDGET_BATCH, derandomize=False)
+        while True:
+            result = self._search(setup, batch_settings, hypothesis_seed(base + batch))
+            totals += result.totals
+            batch += 1
+            if not result.passed or time.perf_counter() - start >= seconds:
+                return StageResult(result.name, totals, time.perf_counter() - start, result.failure, result.example)
+
+
+BUDGET_BATCH = 1  # examples per batch of a budgeted kernel search: an example runs up to 20 forward steps,
+# seconds each under Triton's interpreter, and a batch in flight is let finish
+
+
+def stage_report(options: KernelOptions, results: list[tuple[Any, Any]]) -> Any:
+    """The stage's results as a :class:`~kvspec.conformance.report.RunReport`
+    (scope ``kernels``, a row per model), so that report.md, report.json and
+    junit.xml read as ``kvspec conform``'s do; a model that ran no step is
+    not searched, never passed."""
+    from kvspec.conformance.report import TOO_FEW, LayoutResult, RunReport
+
+    report = RunReport(options.target, "", options.profile, seed=options.seed, command=options.command,
+                       command_name="kernels",
+                       checked={"kernels": sorted({k.removeprefix("check ") for _, r in results
+                                                   for k in r.totals if k.startswith("check ")})},
+                       versions={"worker": options.chosen_worker(), "kernels": ",".join(options.kernels),
+                                 "device": options.device, "dtype": options.dtype, "scale": options.scale})
+    for setup, r in results:
+        steps = r.totals.get("steps", 0)
+        failure = [f"{type(r.failure).__name__}: {r.failure}"] if r.failure is not None else []
+        report.results.append(LayoutResult(
+            "kernels", setup.name, steps, round(r.seconds, 3), r.passed, details=failure + r.example,
+            skipped=f"{TOO_FEW}0 steps ran" if r.passed and not steps else None))
+    return report
 
 
 def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
@@ -101,6 +164,17 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
         raise SetupError(f"--worker {worker!r}: choose one of {', '.join(WORKERS)}")
     if o.dtype not in DTYPES:
         raise SetupError(f"--dtype {o.dtype!r}: choose one of {', '.join(DTYPES)}")
+    if o.budget is not None and o.budget <= 0:
+        raise SetupError(f"--budget must be a positive number of seconds, got {o.budget:g}")
+    if o.budget is not None and o.examples is not None:
+        raise SetupError("--examples and --budget size the search two ways: give one")
+    if o.report_dir is not None:
+        from pathlib import Path
+
+        from kvspec.conformance.report import unwritable
+
+        if (problem := unwritable("--report-dir", Path(o.report_dir))) is not None:
+            raise SetupError(problem)
     from kvspec.conformance.vllm.kernels import vllm_kernels_available
 
     problem = vllm_kernels_available() if "vllm" in o.kernels else None

@@ -105,6 +105,7 @@ class RunReport:
     versions: dict[str, str] = field(default_factory=dict)  # kvspec, the target, Python, Hypothesis
     written: list[Path] = field(default_factory=list)  # the report files, once written
     coverage: dict | None = None  # --coverage: what the run exercised of the spec (kvspec.conformance.spec_coverage)
+    command_name: str = "conform"  # the kvspec command the report is of: conform, or kernels (no level)
 
     @property
     def searched(self) -> list[LayoutResult]:
@@ -169,7 +170,7 @@ class RunReport:
         verdict = self.verdict
         versions = ", ".join(f"{k} {v}" for k, v in self.versions.items())
         lines = [
-            f"## kvspec conform: `{self.target}` {verdict} at {self.level}",
+            f"## kvspec {self.command_name}: `{self.target}` {verdict}" + (f" at {self.level}" if self.level else ""),
             "",
             *([f"`{self.command}`", ""] if self.command else []),
             f"Profile `{self.profile}`" + (f", seed {self.seed}" if self.seed is not None else "")
@@ -214,7 +215,7 @@ class RunReport:
     def to_junit(self) -> str:
         """One test suite per scope, one test case per layout: a failure
         names its rules, a layout not searched is ``<skipped/>``."""
-        suites = ET.Element("testsuites", name=f"kvspec conform {self.target} {self.level}")
+        suites = ET.Element("testsuites", name=f"kvspec {self.command_name} {self.target} {self.level}".strip())
         for scope in dict.fromkeys(r.scope for r in self.results):
             results = [r for r in self.results if r.scope == scope]
             suite = ET.SubElement(
@@ -241,6 +242,25 @@ def _result_text(r: LayoutResult) -> str:
         return "conforms"
     text = "FAILED: " + (", ".join(r.rules) or "divergence from the spec")
     return text + (f" (known finding {r.known_finding.split(':')[0]})" if r.known_finding else "")
+
+
+def unwritable(flag: str, directory: Path) -> str | None:
+    """Why ``directory`` (given as ``flag``) cannot take a run's reports, or
+    ``None``: it is, or can be made, a directory this process writes in --
+    asked before any search, so that a report directory that is a file does
+    not end a long run with a traceback.  A directory that does not exist
+    yet is not made here: only its nearest existing parent is asked."""
+    import os
+
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        what = "is a file" if existing == directory else f"cannot be made: {existing} is a file"
+        return f"{flag} {directory} {what}; give a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{flag} {directory}: {existing} is not writable by this process"
+    return None
 
 
 def write_reports(report: RunReport, directory: str | Path) -> list[Path]:
