@@ -95,3 +95,53 @@ def test_the_pre_commit_hook_runs_as_declared(tmp_path):
     result = subprocess.run([*entry, "--target", "impl", "--scope", "pool"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "all layouts conform" in result.stdout, result.stdout + result.stderr
+
+
+FORK_TEMPLATE = TEMPLATE.parent / "kvspec-vllm-fork.yml"
+
+
+def test_the_fork_template_has_what_a_vllm_fork_needs():
+    """Permissions for the comment, a path filter, the gate only after a good
+    install, vLLM's defaults (every scope, L3, known findings), the pip cache,
+    and one comment for all shards, updated in place (issue 27, friction 7)."""
+    workflow = yaml.safe_load(FORK_TEMPLATE.read_text())
+    on = workflow[True] if True in workflow else workflow["on"]  # YAML 1.1 reads the key `on` as true
+    assert "vllm/v1/core/**" in on["pull_request"]["paths"]
+    assert workflow["permissions"] == {"contents": "read", "pull-requests": "write"}
+    steps = workflow["jobs"]["conform"]["steps"]
+    (install,) = [s for s in steps if s.get("id") == "install"]
+    assert "VLLM_SOURCE=" in install["run"] and "tools/install_vllm.sh" in install["run"]
+    (gate,) = [s for s in steps if "kvspec conform" in s.get("run", "")]
+    assert gate["if"] == "steps.install.outcome == 'success'"
+    assert all(flag in gate["run"] for flag in ("--target vllm", "--scope all", "--level L3", "--known-findings"))
+    assert any(s.get("uses", "").startswith("actions/cache") and "pip" in s["with"]["path"] for s in steps)
+    comment = workflow["jobs"]["comment"]
+    assert comment["needs"] == "conform" and "always()" in comment["if"]
+    (post,) = [s for s in comment["steps"] if "gh pr comment" in s.get("run", "")]
+    assert "--edit-last --create-if-none" in post["run"]
+
+
+def test_the_fork_templates_gate_and_comment_steps_run_as_written(tmp_path):
+    """The gate step as a runner runs it (vLLM installed here stands for the
+    fork's install), then the step that merges the shards' reports."""
+    pytest.importorskip("vllm")
+    workflow = yaml.safe_load(FORK_TEMPLATE.read_text())
+    steps = workflow["jobs"]["conform"]["steps"]
+    (gate,) = [s for s in steps if "kvspec conform" in s.get("run", "")]
+    venv_bin = tmp_path / ".venv-kvspec" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "kvspec").symlink_to(Path(sys.executable).parent / "kvspec")
+    env = {**os.environ, **workflow["env"], "KVSPEC_BUDGET": "40"}
+    result = subprocess.run(["bash", "-c", fill(gate["run"], {"matrix.shard": "1"})], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    shard = tmp_path / "reports" / "shard-1"
+    assert {"report.md", "report.json", "junit.xml"} <= {p.name for p in shard.iterdir()}
+    # the comment job: the artifacts downloaded as kvspec-shard-N, merged into one comment
+    (tmp_path / "reports" / "kvspec-shard-1").mkdir()
+    shutil.copy(shard / "report.md", tmp_path / "reports" / "kvspec-shard-1" / "report.md")
+    (merge,) = [s for s in workflow["jobs"]["comment"]["steps"] if "> comment.md" in s.get("run", "")]
+    script = merge["run"].replace("${{ needs.conform.result == 'success' && 'passed' || 'FAILED' }}", "passed")
+    subprocess.run(["bash", "-c", script], cwd=tmp_path, check=True)
+    text = (tmp_path / "comment.md").read_text()
+    assert text.startswith("<!-- kvspec gate -->\n### kvspec gate: passed") and "##### kvspec conform: `vllm`" in text
