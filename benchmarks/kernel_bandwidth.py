@@ -86,7 +86,7 @@ def adjacency(tables: list[list[int]]) -> float:
 def decode_kernel(device: str):
     """The decode kernel and how to prepare it: vLLM's ``unified_attention``
     where vLLM is installed, else flex_attention (compiled on a GPU)."""
-    from kvspec.conformance.vllm.kernels import prepare_vllm_unified_attention, vllm_kernels_available
+    from kvspec.models.vllm_kernels import prepare_vllm_unified_attention, vllm_kernels_available
 
     if vllm_kernels_available() is None:
         return "vllm unified_attention", prepare_vllm_unified_attention

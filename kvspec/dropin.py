@@ -1,17 +1,143 @@
 """kvspec's block manager inside vLLM 0.25.1: the drop-in mode.
 
-The public name of :mod:`kvspec.conformance.vllm.dropin`, where the code
-lives with the rest of what meets vLLM's API (the vLLM seam)::
+:func:`install` puts ``kvspec.impl``'s classes and functions in place of
+vLLM's in vLLM's own block-manager modules -- ``vllm.v1.core.block_pool``,
+``kv_cache_utils``, ``single_type_kv_cache_manager``,
+``kv_cache_coordinator``, ``kv_cache_manager`` -- and in every vLLM module
+that imported them by name (the scheduler does), and makes kvspec's pool
+emit vLLM's own KV-event classes (``vllm.distributed.kv_events``), so vLLM's
+event consumers work unchanged.  Everything else stays vLLM's: the
+scheduler, the workers, the engine's KV-cache sizing (``get_kv_cache_configs``
+and friends in ``kv_cache_utils``), and vLLM's spec classes, which kvspec's
+managers accept as they are (see ``kvspec.kv_cache_interface.spec_is``).
 
-    import kvspec.dropin
-    kvspec.dropin.install()      # vLLM's block manager is now kvspec.impl's
-    kvspec.dropin.uninstall()    # and vLLM's again
+Two ways in:
 
-or ``KVSPEC_DROPIN=1 vllm serve ...``: kvspec registers :func:`plugin`
-under vLLM's ``vllm.general_plugins`` entry points.  Importing this module
-imports no vLLM.
+- explicitly, before vLLM builds an engine or scheduler::
+
+      import kvspec.dropin
+      kvspec.dropin.install()
+
+- as a vLLM plugin: kvspec registers ``kvspec.dropin:plugin`` under vLLM's
+  ``vllm.general_plugins`` entry points, which vLLM loads in every process
+  it starts; the plugin installs the drop-in only when ``KVSPEC_DROPIN=1``
+  is set (installing kvspec next to vLLM changes nothing by itself)::
+
+      KVSPEC_DROPIN=1 vllm serve ...
+
+:func:`uninstall` puts vLLM's originals back.  Not replaced (vLLM 0.25.1
+features kvspec does not implement): the R-SWA and sink managers, which stay
+registered for their specs.
 """
 
-from kvspec.conformance.vllm.dropin import REPLACED, install, installed, plugin, uninstall
+from __future__ import annotations
 
-__all__ = ["REPLACED", "install", "installed", "plugin", "uninstall"]
+import importlib
+import logging
+import os
+import sys
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# vLLM module -> kvspec module, and the names kvspec provides for it.
+REPLACED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "vllm.v1.core.kv_cache_utils": ("kvspec.impl.kv_cache_utils", (
+        "KVCacheBlock", "FreeKVCacheBlockQueue", "BlockHashListWithBlockSize", "hash_block_tokens",
+        "get_request_block_hasher", "generate_block_hash_extra_keys", "need_extra_keys",
+        "make_block_hash_with_group_id", "get_block_hash", "get_group_id", "maybe_convert_block_hash",
+    )),
+    "vllm.v1.core.block_pool": ("kvspec.impl.block_pool", ("BlockPool", "BlockHashToBlockMap")),
+    "vllm.v1.core.single_type_kv_cache_manager": ("kvspec.impl.single_type_kv_cache_manager", (
+        "SingleTypeKVCacheManager", "FullAttentionManager", "SlidingWindowManager", "ChunkedLocalAttentionManager",
+        "MambaManager", "CrossAttentionManager", "get_manager_for_kv_cache_spec",
+    )),
+    "vllm.v1.core.kv_cache_coordinator": ("kvspec.impl.kv_cache_coordinator", (
+        "KVCacheCoordinator", "KVCacheCoordinatorNoPrefixCache", "UnitaryKVCacheCoordinator",
+        "HybridKVCacheCoordinator", "get_kv_cache_coordinator",
+    )),
+    "vllm.v1.core.kv_cache_manager": ("kvspec.impl.kv_cache_manager", ("KVCacheManager", "KVCacheBlocks")),
+}
+
+_saved: dict[tuple[str, str], Any] = {}  # (module, name) -> vLLM's original
+_saved_events: Any = None
+
+
+def installed() -> bool:
+    return bool(_saved)
+
+
+def install() -> list[str]:
+    """Replace vLLM's block manager by kvspec's; returns what was replaced
+    (``module.name``).  Installing twice changes nothing more."""
+    global _saved_events
+    if installed():
+        return sorted(f"{m}.{n}" for m, n in _saved if m in REPLACED)
+    from vllm.distributed import kv_events as vllm_events
+    from vllm.v1.core import kv_cache_utils as vllm_utils
+
+    from kvspec import hashing
+    from kvspec.impl import kv_events
+
+    originals: dict[int, Any] = {}
+    for vllm_name, (ours_name, names) in REPLACED.items():
+        theirs, ours = importlib.import_module(vllm_name), importlib.import_module(ours_name)
+        for name in names:
+            original = getattr(theirs, name)
+            originals[id(original)] = getattr(ours, name)
+            _replace(theirs, name, getattr(ours, name))
+    # vLLM's root hash lives in its module: keep the two roots one.
+    _replace(vllm_utils, "init_none_hash", _init_none_hash(vllm_utils, hashing))
+    if getattr(vllm_utils, "NONE_HASH", None) is not None:
+        hashing.NONE_HASH = vllm_utils.NONE_HASH
+    # Modules that imported the names before: the scheduler, the engine, ...
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith("vllm.") or module_name in REPLACED or module is None:
+            continue
+        for name, value in list(vars(module).items()):
+            replacement = originals.get(id(value))
+            if replacement is not None:
+                _replace(module, name, replacement)
+    _saved_events = kv_events.use_event_classes(vllm_events.BlockStored, vllm_events.BlockRemoved,
+                                                vllm_events.AllBlocksCleared)
+    # Tensors hashed through vLLM's own helper, logs through vLLM's loggers.
+    _replace(hashing, "TENSOR_BYTES", lambda tensor: vllm_utils.tensor_data(tensor))
+    for vllm_name, (ours_name, _) in REPLACED.items():
+        theirs, ours = sys.modules[vllm_name], sys.modules[ours_name]
+        if hasattr(theirs, "logger") and hasattr(ours, "logger"):
+            _replace(ours, "logger", theirs.logger)
+    logger.info("kvspec drop-in: vLLM's block manager is kvspec.impl's (%d names)", len(_saved))
+    return sorted(f"{m}.{n}" for m, n in _saved if m in REPLACED)
+
+
+def uninstall() -> None:
+    """Put vLLM's originals back."""
+    global _saved_events
+    for (module_name, name), original in _saved.items():
+        setattr(sys.modules[module_name], name, original)
+    _saved.clear()
+    if _saved_events is not None:
+        from kvspec.impl import kv_events
+
+        kv_events.use_event_classes(_saved_events.stored, _saved_events.removed, _saved_events.cleared)
+        _saved_events = None
+
+
+def plugin() -> None:
+    """vLLM's ``vllm.general_plugins`` hook: install when ``KVSPEC_DROPIN=1``."""
+    if os.environ.get("KVSPEC_DROPIN", "0") == "1":
+        install()
+
+
+def _replace(module: Any, name: str, value: Any) -> None:
+    _saved.setdefault((module.__name__, name), getattr(module, name))
+    setattr(module, name, value)
+
+
+def _init_none_hash(vllm_utils: Any, hashing: Any) -> Any:
+    def init_none_hash(hash_fn: Any) -> None:
+        """kvspec's root, mirrored into vLLM's module (its code and tests read
+        ``kv_cache_utils.NONE_HASH``)."""
+        vllm_utils.NONE_HASH = hashing.init_none_hash(hash_fn)
+
+    return init_none_hash

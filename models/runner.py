@@ -341,7 +341,7 @@ class Engine:
             raise ValueError(f"unknown worker {worker!r}; choose one of {sorted(WORKERS)}")
         self.worker = None  # kvspec's own tables and writes: self.tables
         if worker == "vllm":
-            from kvspec.conformance.vllm.worker import VllmWorker
+            from kvspec.models.vllm_worker import VllmWorker
 
             self.worker = VllmWorker(self)  # the kernels read vLLM's; self.tables stays the oracle
         # The caches: one tensor per layer index as vLLM's worker plans them, or kvspec's model of that plan.
@@ -854,7 +854,7 @@ def run_kernel(name: str, group: Group, layer: int, batch: K.AttentionBatch) -> 
     if name == "flex":
         return K.flex_attention_paged(batch)
     if name == "vllm":
-        from kvspec.conformance.vllm import kernels as vllm_kernels
+        from kvspec.models import vllm_kernels
 
         if group.kind == "mla":
             if batch.query.shape[0] != batch.num_requests:
@@ -868,7 +868,7 @@ def run_mamba_kernel(kernels: Sequence[str], state: torch.Tensor, x, dt, A, B, C
                      dst: int) -> torch.Tensor:
     kernel = K.selective_state_update
     if "vllm" in kernels and state.is_cuda:
-        from kvspec.conformance.vllm.kernels import vllm_selective_state_update as kernel
+        from kvspec.models.vllm_kernels import vllm_selective_state_update as kernel
     dev = state.device
     return kernel(state, x.to(dev), dt.to(dev), A.to(dev), B.to(dev), C.to(dev), D.to(dev), dt_bias.to(dev),
                   dt_softplus=True, state_batch_indices=torch.tensor([src], device=dev),

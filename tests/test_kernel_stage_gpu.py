@@ -18,10 +18,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.conformance.machines.kernel import kernel_machine
 from kvspec.conformance.settings import kernel_settings
 from kvspec.conformance.targets.manager import ImplManagerTarget
-from kvspec.conformance.vllm.kernels import vllm_kernels_available
 from kvspec.models.architectures import ARCHITECTURES
 from kvspec.models.architectures import setup as model_setup  # a module-level "setup" is pytest 8.0's xunit hook
 from kvspec.models.runner import Engine
+from kvspec.models.vllm_kernels import vllm_kernels_available
 
 pytestmark = [
     pytest.mark.gpu,

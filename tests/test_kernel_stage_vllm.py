@@ -21,12 +21,12 @@ from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 from kvspec.conformance.machines.kernel import kernel_machine  # noqa: E402
 from kvspec.conformance.runner import require_vllm  # noqa: E402
 from kvspec.conformance.settings import kernel_settings  # noqa: E402
-from kvspec.conformance.vllm.kernels import vllm_kernels_available  # noqa: E402
-from kvspec.conformance.vllm.specs import to_vllm_spec  # noqa: E402
 from kvspec.conformance.vllm.targets import VllmManagerTarget as vllm_manager  # noqa: E402
 from kvspec.models.architectures import ARCHITECTURES, architecture, kv_cache_config, layer_specs  # noqa: E402
 from kvspec.models.architectures import setup as model_setup  # noqa: E402 (pytest 8.0 calls a module-level "setup")
 from kvspec.models.runner import Engine  # noqa: E402
+from kvspec.models.vllm_kernels import vllm_kernels_available  # noqa: E402
+from kvspec.models.vllm_specs import to_vllm_spec  # noqa: E402
 
 require_vllm()
 pytestmark = pytest.mark.skipif(vllm_kernels_available() is not None,

@@ -1,11 +1,11 @@
-"""The failing run cut to the steps it needs (kvspec.conformance.minimise):
+"""The failing run cut to the steps it needs (kvspec.conformance.gate.minimise):
 delta debugging by replay, after Hypothesis's shrinker (issue 27)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvspec.conformance.minimise import minimise
+from kvspec.conformance.gate import minimise
 from kvspec.conformance.trace import Trace, TraceStep
 
 

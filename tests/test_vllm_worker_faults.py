@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 pytest.importorskip("triton")
 
 from kvspec.cli import main  # noqa: E402
-from kvspec.conformance.vllm.worker import vllm_worker_available  # noqa: E402
+from kvspec.models.vllm_worker import vllm_worker_available  # noqa: E402
 
 # Each fault is patched into vLLM's modules with monkeypatch: in the test's own process, undone after it.
 pytestmark = pytest.mark.skipif(vllm_worker_available() is not None,

@@ -175,13 +175,13 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
 
         if (problem := unwritable("--report-dir", Path(o.report_dir))) is not None:
             raise SetupError(problem)
-    from kvspec.conformance.vllm.kernels import vllm_kernels_available
+    from kvspec.models.vllm_kernels import vllm_kernels_available
 
     problem = vllm_kernels_available() if "vllm" in o.kernels else None
     if problem is not None:
         raise SetupError(f"--kernels vllm: {problem} (run kvspec from tools/install_vllm.sh's environment)")
     if worker == "vllm":
-        from kvspec.conformance.vllm.worker import vllm_worker_available
+        from kvspec.models.vllm_worker import vllm_worker_available
 
         problem = vllm_worker_available()
         if problem is not None:

@@ -7,11 +7,12 @@ scripted KV connector vLLM loads into it; ``scheduler_findings`` holds the
 minimal traces of what that machine found in vLLM; ``version_probe`` replays
 every finding against the installed release (``tools/version_matrix.py``);
 ``compat`` holds the reference release and every switch on the release;
-``installed`` answers whether and which vLLM is here; ``specs``, ``worker``
-and ``kernels`` are the kernel stage's side of vLLM (its spec classes, its
-worker path, its Triton kernels) and ``dropin`` is the drop-in's code
-(public name :mod:`kvspec.dropin`).  Nothing else in kvspec's package
-imports vLLM (``tests/test_vllm_seam.py``).
+``installed`` answers whether and which vLLM is here.  The seam has two
+more rooms, each at the layer that uses it (``tests/test_layers.py``):
+``kvspec.models.vllm_*`` (the kernel stage's side: vLLM's spec classes,
+its worker path, its Triton kernels) and :mod:`kvspec.dropin` (impl inside
+vLLM).  Nothing else in kvspec's package imports vLLM
+(``tests/test_vllm_seam.py``).
 vLLM is imported lazily, inside these modules' functions, so that kvspec
 installs and runs without it.
 """

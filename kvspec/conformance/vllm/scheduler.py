@@ -97,7 +97,7 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from kvspec.conformance.vllm.specs import to_vllm_config
+    from kvspec.models.vllm_specs import to_vllm_config
 
     block_size = layout.scheduler_block_size
     scheduler_config = SchedulerConfig(

@@ -19,9 +19,9 @@ from kvspec import hashing
 from kvspec.conformance.targets.manager import KVCacheManagerTarget
 from kvspec.conformance.targets.pool import VllmApiPoolTarget
 from kvspec.conformance.vllm import compat
-from kvspec.conformance.vllm.specs import to_vllm_config
 from kvspec.impl.kv_cache_coordinator import RETENTION_ENV, RETENTION_FROM_ENV, retention_interval_from_env
 from kvspec.kv_cache_interface import KVCacheConfig
+from kvspec.models.vllm_specs import to_vllm_config
 from kvspec.request import Request
 
 

@@ -58,9 +58,9 @@ from unittest import mock
 
 import torch
 
-from kvspec.conformance.vllm.specs import to_vllm_spec
 from kvspec.models.block_table import manager_block_ids
 from kvspec.models.kernels import triton_cannot_run
+from kvspec.models.vllm_specs import to_vllm_spec
 from kvspec.spec.content import mamba_token_positions
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """kvspec's KV-cache specs and configs as vLLM's objects: the one
 conversion, used by vLLM's worker path in the kernel stage
-(:mod:`.worker`) and by vLLM's manager targets
+(:mod:`.vllm_worker`) and by vLLM's manager targets
 (:mod:`kvspec.conformance.vllm.targets`).  vLLM is imported inside the
 functions: importing this module needs no vLLM."""
 
