@@ -363,6 +363,8 @@ class _Run:
         if not self.options.minimise or r.skipped is not None or r.conforms or r.trace is None or \
                 r.minimised_from is not None:
             return
+        if not r.shrinking_stopped and len(r.trace.steps) <= MINIMISE_OVER:
+            return  # Hypothesis finished shrinking to a short run: replays would not cut it further, only cost
         seconds = MINIMISE_SECONDS if self.deadline is None else \
             min(MINIMISE_SECONDS, self.deadline - time.perf_counter())
         if seconds < 0.5:
@@ -681,6 +683,11 @@ def _can_fork() -> bool:
 # it returns is always a failing trace: the input itself when nothing could
 # be cut in time.
 
+
+MINIMISE_OVER = 12
+"""A failing run Hypothesis finished shrinking is cut by replay only when it
+is longer than this many steps; one whose shrinking the budget stopped,
+always."""
 
 MINIMISE_SECONDS = 10.0
 """The longest a layout's failing run is minimised after the search (less
