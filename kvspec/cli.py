@@ -30,16 +30,12 @@ from pathlib import Path
 from kvspec import __version__
 from kvspec.conformance.findings import AVOIDABLE, Finding, known_findings
 from kvspec.conformance.gate import (
-    BUDGET_SPENT,
-    FAIL_FAST,
-    STEERED,
-    TOO_FEW,
     FirstFailure,
     GateOptions,
     Listener,
     run_gate,
 )
-from kvspec.conformance.report import LayoutResult
+from kvspec.conformance.report import BUDGET_SPENT, FAIL_FAST, STEERED, TOO_FEW, LayoutResult
 from kvspec.conformance.runner import (
     BLOCK_SCOPES,
     LEVELS,
@@ -92,11 +88,10 @@ class ConformPrinter(Listener):
             shown = {BUDGET_SPENT: "not searched (the budget is spent)",
                      FAIL_FAST: "not searched (--fail-fast: stopped at a failure)"}.get(
                 r.skipped, f"skipped ({r.skipped.removeprefix(STEERED)})")
+            operations, seconds = "-", "-"  # it did not run, or (below the floor) ran too little to count
             if r.skipped.startswith(TOO_FEW):
-                shown = f"not searched ({r.skipped})"
-                print(f"{r.scope:<8} {r.layout:<24} {r.operations:>10} {r.seconds:>8.1f}  {shown}", flush=True)
-                return
-            print(f"{r.scope:<8} {r.layout:<24} {'-':>10} {'-':>8}  {shown}", flush=True)
+                shown, operations, seconds = f"not searched ({r.skipped})", r.operations, f"{r.seconds:.1f}"
+            print(f"{r.scope:<8} {r.layout:<24} {operations:>10} {seconds:>8}  {shown}", flush=True)
             return
         reached = f"  ({r.distinct_states} distinct states)" if r.conforms and r.distinct_states else ""
         print(f"{r.scope:<8} {r.layout:<24} {r.operations:>10} {r.seconds:>8.1f}  {r.verdict()}{reached}", flush=True)

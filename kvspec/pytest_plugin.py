@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 
 from kvspec.conformance.findings import inputs_to_avoid, known_findings
-from kvspec.conformance.report import OPERATION_FLOOR
+from kvspec.conformance.report import below_floor
 from kvspec.conformance.runner import (
     SCOPES,
     Search,
@@ -149,8 +149,7 @@ def conformance_suite(target: str | None = None, *, scope: str | None = None, le
                 result.trace_file = str(result.trace.save(path))
             pytest.fail(f"{name} on {kvspec_scope}/{kvspec_layout} at {chosen_level}: {result.verdict()}",
                         pytrace=False)
-        if result.operations < OPERATION_FLOOR[kvspec_scope]:  # no check, no pass
-            pytest.fail(f"{name} on {kvspec_scope}/{kvspec_layout}: not searched -- {result.operations} operations "
-                        f"ran, the floor at {kvspec_scope} scope is {OPERATION_FLOOR[kvspec_scope]}", pytrace=False)
+        if (why := below_floor(kvspec_scope, result.operations)) is not None:  # no check, no pass
+            pytest.fail(f"{name} on {kvspec_scope}/{kvspec_layout}: not searched -- {why}", pytrace=False)
 
     return test_conformance

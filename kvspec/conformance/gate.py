@@ -50,15 +50,15 @@ from kvspec.conformance.machines.machinery import ConformanceError
 from kvspec.conformance.report import (
     BUDGET_SPENT,
     FAIL_FAST,
-    OPERATION_FLOOR,
     STEERED,
-    TOO_FEW,
     LayoutResult,
     RunReport,
+    below_floor,
     unwritable,
     write_reports,
 )
 from kvspec.conformance.runner import (
+    HANGS,
     SCOPES,
     Progress,
     Search,
@@ -358,7 +358,7 @@ class _Run:
         return _Announcer(self.options, self.listener, scope, layout)
 
     def minimise(self, r: LayoutResult) -> None:
-        """Cut a failing layout's run to the steps it needs (:mod:`.minimise`),
+        """Cut a failing layout's run to the steps it needs (:func:`minimise`),
         in what is left of the budget (at most MINIMISE_SECONDS)."""
         if not self.options.minimise or r.skipped is not None or r.conforms or r.trace is None or \
                 r.minimised_from is not None:
@@ -384,9 +384,8 @@ class _Run:
             self.collected.append(r)
             return
         o = self.options
-        floor = OPERATION_FLOOR.get(r.scope, 0)
-        if r.skipped is None and r.conforms and r.operations < floor:  # a pass needs a search
-            r.skipped = f"{TOO_FEW}{r.operations} ran, the floor at {r.scope} scope is {floor}"
+        if r.skipped is None and r.conforms:  # a pass needs a search
+            r.skipped = below_floor(r.scope, r.operations)
         self.report.results.append(r)
         r.finished = round(time.perf_counter() - o.started, 3)
         if r.began is not None:
@@ -662,8 +661,7 @@ def _can_fork() -> bool:
 
 # --- the failing run, cut to the steps it needs ------------------------------------------------------------
 #
-# The failing run, cut to the steps it needs: delta debugging over a saved
-# trace, after Hypothesis's shrinker.
+# Delta debugging over a saved trace, after Hypothesis's shrinker.
 #
 # Hypothesis shrinks the *draws* of a failing run, and a budget often stops
 # it early: a bug that three operations reproduce can come out as a run of a
@@ -711,7 +709,7 @@ def minimise(trace: Trace, target: str | Callable[..., Any], level: str, *, seco
     ``seconds``; ``None`` when the trace does not fail on replay in the
     first place (then there is nothing to keep)."""
     replay = replay or replay_trace
-    if "the target hangs" in (trace.failure or {}).get("message", "") or any(
+    if HANGS in (trace.failure or {}).get("message", "") or any(
             "did not return" in op for step in trace.steps for op in step.operations):
         return None  # each replay would wait out its time in the call that never returns
     deadline = time.perf_counter() + seconds
@@ -729,15 +727,13 @@ def minimise(trace: Trace, target: str | Callable[..., Any], level: str, *, seco
         outcome = replay(candidate, target, level, seconds=left)
         if outcome.conforms or sorted(outcome.rules) != wanted or outcome.message.startswith(LEFT_THE_PATH):
             return None
-        if "did not return within" in outcome.message or "did not finish within" in outcome.message:
-            return None  # the time ran out inside the replay: no verdict
-        return outcome
+        return None if HANGS in outcome.message else outcome  # the time ran out inside the replay: no verdict
 
     steps = [s for s in trace.steps if s.rule != "teardown"]
     best = attempt(steps)
     if best is None:
         return None
-    steps = steps[:best.diverged_at] if best.diverged_at <= len(steps) else steps  # nothing after the failure
+    steps = _through_failure(steps, best)
     chunks = 2
     while len(steps) >= 2 and time.perf_counter() < deadline:
         size = -(-len(steps) // chunks)
@@ -746,7 +742,7 @@ def minimise(trace: Trace, target: str | Callable[..., Any], level: str, *, seco
                 continue
             cut = steps[:start] + steps[start + size:]
             if cut and (outcome := attempt(cut)) is not None:
-                steps, best = cut[:outcome.diverged_at] if outcome.diverged_at <= len(cut) else cut, outcome
+                steps, best = _through_failure(cut, outcome), outcome
                 chunks = max(chunks - 1, 2)
                 break
         else:
@@ -758,3 +754,8 @@ def minimise(trace: Trace, target: str | Callable[..., Any], level: str, *, seco
     if found.failure is None:
         found.record_failure(wanted, best.message)
     return Minimised(found, best.message, replays)
+
+
+def _through_failure(steps: list[Any], outcome: Any) -> list[Any]:
+    """``steps`` up to the one the replay failed at (a failure in teardown keeps them all)."""
+    return steps[:outcome.diverged_at] if outcome.diverged_at <= len(steps) else steps

@@ -117,7 +117,7 @@ def stage_report(options: KernelOptions, results: list[tuple[Any, Any]]) -> Any:
     (scope ``kernels``, a row per model), so that report.md, report.json and
     junit.xml read as ``kvspec conform``'s do; a model that ran no step is
     not searched, never passed."""
-    from kvspec.conformance.report import TOO_FEW, LayoutResult, RunReport
+    from kvspec.conformance.report import LayoutResult, RunReport, below_floor
 
     report = RunReport(options.target, "", options.profile, seed=options.seed, command=options.command,
                        command_name="kernels",
@@ -130,7 +130,7 @@ def stage_report(options: KernelOptions, results: list[tuple[Any, Any]]) -> Any:
         failure = [f"{type(r.failure).__name__}: {r.failure}"] if r.failure is not None else []
         report.results.append(LayoutResult(
             "kernels", setup.name, steps, round(r.seconds, 3), r.passed, details=failure + r.example,
-            skipped=f"{TOO_FEW}0 steps ran" if r.passed and not steps else None))
+            skipped=below_floor("kernels", steps) if r.passed else None))
     return report
 
 

@@ -20,13 +20,21 @@ FAIL_FAST = "--fail-fast: the run stopped at the first failure"
 STEERED = "steered around "  # + the findings (or --avoid) a skipped layout was steered around for
 TOO_FEW = "too few operations: "  # + how many ran and the scope's floor
 
-OPERATION_FLOOR = {"pool": 25, "manager": 25, "scheduler": 10}
+OPERATION_FLOOR = {"pool": 25, "manager": 25, "scheduler": 10, "kernels": 1}
 """Per scope, the fewest operations a layout's search must run for the run
 to say anything about it: about a quarter of one example of the pool and
 manager machines (up to 100 operations each), and of the scheduler
-machine's (arrivals, steps and aborts, each step a whole engine step).  A
-search that ran fewer -- a budget eaten by loading the target, a slice cut
-short -- reports the layout *not searched*, never *conforms*."""
+machine's (arrivals, steps and aborts, each step a whole engine step); one
+step of the kernel stage (a whole forward pass).  A search that ran fewer
+-- a budget eaten by loading the target, a slice cut short -- reports the
+layout *not searched*, never *conforms*."""
+
+
+def below_floor(scope: str, operations: int) -> str | None:
+    """Why a search of ``operations`` at ``scope`` counts for nothing (the
+    skip reason, :data:`TOO_FEW` first), or ``None`` when it reached the floor."""
+    floor = OPERATION_FLOOR.get(scope, 0)
+    return f"{TOO_FEW}{operations} ran, the floor at {scope} scope is {floor}" if operations < floor else None
 
 
 @dataclass

@@ -51,7 +51,7 @@ from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget, Vllm
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
 from kvspec.conformance.vllm import compat
-from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget
+from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget, refusal_of
 from kvspec.spec import releases
 from kvspec.spec.catalogue import LEVELS
 from kvspec.spec.layout import Layout
@@ -163,8 +163,7 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
             target = factory(*args, **options)
         except AssertionError as error:  # vLLM checks its constructors' sizes by assertion: its refusal
             if findings_target(name, scope) == "vllm":
-                raise ValueError(f"vLLM refused the configuration (assertion): {error or 'assert failed'}") \
-                    from error
+                raise refusal_of(error) from error
             raise
         if target is None:
             raise SetupError(f"target factory {name} returned None")
@@ -456,7 +455,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
     except BudgetSpent:
         if machine.hung_in is not None:  # the target never returned: a hang is a failure, with the run so far
             failure = ConformanceError(divergence=f"{machine.hung_in} did not return before the budget ran out "
-                                                  "(the target hangs)")
+                                                  f"({HANGS})")
             machine.last_trace.record_failure([], str(failure))
         elif machine.best_failure is not None:  # time ran out while shrinking: report the smallest run so far
             machine.last_trace, failure = machine.best_failure
@@ -511,6 +510,9 @@ class _ShrinkWatch:
             return
         self.default(message)
 
+
+HANGS = "the target hangs"
+"""How a run or a replay that a call never returned from ends its account."""
 
 HARD_STOP_GRACE = 0.25  # seconds past the deadline before the alarm interrupts whatever runs
 
@@ -706,7 +708,7 @@ def replay(
             releases.use(judged_before)
     hung = machine.hung_in if machine is not None else None
     where = f"{hung} did not return" if hung else "the replay did not finish"
-    message = f"{where} within {seconds:g} s (the target hangs)"
+    message = f"{where} within {seconds:g} s ({HANGS})"
     done = machine.trace if machine is not None else Trace(trace.scope, trace.layout)
     ran = [s for s in done.steps if s.rule != "teardown"]
     return ReplayOutcome(len(trace.steps), max(1, len(ran)), message, [], done)

@@ -170,7 +170,12 @@ def _assertion_is_refusal() -> Iterator[None]:
     try:
         yield
     except AssertionError as error:
-        raise ValueError(f"vLLM refused the configuration (assertion): {error or 'assert failed'}") from error
+        raise refusal_of(error) from error
+
+
+def refusal_of(error: AssertionError) -> ValueError:
+    """vLLM's constructor assertion, as the refusal it is."""
+    return ValueError(f"vLLM refused the configuration (assertion): {error or 'assert failed'}")
 
 
 @contextmanager
