@@ -35,6 +35,7 @@ from kvspec.conformance.gate import (
     Listener,
     run_gate,
 )
+from kvspec.conformance.machines.machinery import unnamed_failure
 from kvspec.conformance.report import BUDGET_SPENT, FAIL_FAST, STEERED, TOO_FEW, LayoutResult
 from kvspec.conformance.runner import (
     BLOCK_SCOPES,
@@ -72,6 +73,9 @@ class ConformPrinter(Listener):
         if options.findings_of not in (None, options.target):
             print(f"target {options.target} runs {options.findings_of}'s code: {options.findings_of}'s known findings "
                   "apply to it (docs/findings.md)")
+        if options.against:
+            print(f"in lockstep with the upstream {options.against} instead of the spec (pool and manager scope): "
+                  "every difference is the target's change")
         if steered:
             print(f"steering around known findings {', '.join(f.id for f in steered)} (docs/findings.md)")
         if avoid:
@@ -102,8 +106,9 @@ def conform(args: argparse.Namespace) -> int:
         target=args.target, scope=args.scope, level=args.level, layouts=args.layout, profile=args.profile,
         examples=args.examples, budget=args.budget, seed=args.seed, known_findings=args.known_findings,
         avoid=args.avoid or [], database=args.database, fail_fast=args.fail_fast, workers=args.workers,
-        shard=args.shard, release=args.release, report_dir=args.report_dir, trace_dir=args.trace_dir,
-        progress=args.progress if args.progress is not None else sys.stderr.isatty(), coverage=args.coverage,
+        shard=args.shard, release=args.release, against=args.against, report_dir=args.report_dir,
+        trace_dir=args.trace_dir, progress=args.progress if args.progress is not None else sys.stderr.isatty(),
+        coverage=args.coverage,
         command=" ".join(["kvspec", *map(shlex.quote, args.argv)]), started=args.started)
     report = run_gate(options, ConformPrinter())
     failures = sum(not r.conforms for r in report.results)
@@ -162,9 +167,10 @@ def replay_command(args: argparse.Namespace) -> int:
     recorded = ""
     if trace.failure:
         recorded = f"; recorded failure at step {trace.failure.get('step')}: " + (
-            ", ".join(trace.failure.get("rules") or []) or "divergence from the spec")
+            ", ".join(trace.failure.get("rules") or []) or unnamed_failure(trace.failure.get("message", "")))
+    upstream = f", in lockstep with the upstream {trace.against}" if trace.against else ""
     print(f"kvspec replay: {args.trace}: {trace.scope} layout {trace.layout}, {len(trace.steps)} steps, "
-          f"recorded against {trace.target or '?'} at {trace.level}{recorded}")
+          f"recorded against {trace.target or '?'} at {trace.level}{upstream}{recorded}")
     print(f"replaying against target={target} level={level}")
     machine_for(trace.scope, trace.layout, target, level)  # usage errors before any step runs
 
@@ -330,6 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="judge by the rules of vLLM release X.Y.Z (spec/README.md, chapter Releases; default: "
                      "the installed vLLM's for --target vllm, else the base release); a release newer than "
                      "every known one is judged by the newest known one's, with a warning")
+    run.add_argument("--against", metavar="UPSTREAM",
+                     help="run the target in lockstep with an upstream vLLM instead of the spec, at pool and "
+                     "manager scope: vllm==X.Y.Z (that release, installed alone under ~/.cache/kvspec) or the "
+                     "python of another environment with vLLM; every difference is the target's change "
+                     "(README: Gate your vLLM fork)")
     run.add_argument("--report-dir", help="write report.json, report.md and junit.xml here")
     run.add_argument("--trace-dir",
                      help="save each failing layout's minimal run here (default: REPORT_DIR/traces with "

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvspec.cli import main
-from kvspec.conformance.findings import FINDINGS, in_releases, is_avoidable
+from kvspec.conformance.findings import FINDINGS, in_releases, is_avoidable, matching_finding
 from kvspec.conformance.runner import layout_names, replay
 from kvspec.conformance.trace import Trace
 from kvspec.spec.releases import BASE
@@ -184,3 +184,16 @@ def test_a_factory_of_vllms_classes_keeps_vllms_identity(tmp_path, monkeypatch, 
     (row,) = [line for line in out.splitlines() if line.startswith("pool     two-groups") and "FAILED" in line]
     assert "looks like known finding" not in row, row
     assert "ref-conservation" in out
+
+
+def test_a_label_is_given_only_to_a_failure_that_breaks_the_findings_rules():
+    """A run failing on a finding's input is labelled with the finding only
+    when it breaks what the finding breaks: a fork's leak met while sending
+    F1's negative count is the fork's failure, not F1 (issue 27)."""
+    f1 = next(f for f in FINDINGS if f.id == "F1")
+    trace = Trace.load(f1.trace_path)
+    assert matching_finding("vllm", "pool", trace.layout, trace) == f1
+    trace.failure = {**trace.failure, "rules": ["ref-conservation"]}
+    assert matching_finding("vllm", "pool", trace.layout, trace) is None
+    trace.failure = {**trace.failure, "rules": []}  # a divergence names no rule: the input decides
+    assert matching_finding("vllm", "pool", trace.layout, trace) == f1

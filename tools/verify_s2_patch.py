@@ -34,12 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PATCH = ROOT / "docs" / "findings" / "S2-fix.patch"
 REPORT = ROOT / "docs" / "findings" / "repro" / "S2_failed_load_served_after_abort.py"
-sys.path.insert(0, str(ROOT / "tools"))
-from version_matrix import CACHE, install  # noqa: E402
+from kvspec.conformance.vllm import upstream  # noqa: E402
 
 
 def run(label: str, command: list[str], vllm_dir: Path, timeout: float) -> int:
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": f"{vllm_dir}{os.pathsep}{CACHE / 'later-imports'}"}
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(upstream.release_path(vllm_dir))}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith(("BUG:", "ok:", "scheduler ", "all layouts",
                                                                            "1 layout", "2 layout"))]
@@ -57,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("patch") is None:
         print("verify_s2_patch: needs the patch program", file=sys.stderr)
         return 2
-    shipped = install(sys.executable, args.release)
+    shipped = upstream.install(args.release)
     expected = {"shipped": 1, "patched": 0}
     failures = 0
     with tempfile.TemporaryDirectory(prefix="kvspec-s2-") as tmp:

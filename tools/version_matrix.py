@@ -31,13 +31,10 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from kvspec.conformance.vllm import upstream
 from kvspec.spec.releases import BASE
 
 OLDEST = Version(BASE)
-CACHE = Path(os.environ.get("KVSPEC_CACHE", Path.home() / ".cache" / "kvspec")) / "vllm-versions"
-# What later releases import at start-up that 0.25.1 did not (installed without their dependencies,
-# like vLLM itself: the venv already has pydantic, typing-extensions and the rest).
-LATER_IMPORTS = ("fastapi", "starlette", "opentelemetry-api", "partial_json_parser", "anyio", "annotated-doc", "einops")
 
 
 def released_versions(python: str) -> list[str]:
@@ -50,21 +47,14 @@ def released_versions(python: str) -> list[str]:
 
 
 def install(python: str, version: str) -> Path:
-    """vLLM ``version`` alone in its own directory (re-used when present)."""
-    target = CACHE / version
-    if not (target / "vllm" / "__init__.py").exists():
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-                        "--target", str(target), f"vllm=={version}"], check=True)
-    extra = CACHE / "later-imports"
-    if not (extra / "fastapi").exists():
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-                        "--target", str(extra), *LATER_IMPORTS], check=True)
-    return target
+    """vLLM ``version`` alone in its own directory (re-used when present):
+    the same cache ``kvspec conform --against vllm==X`` uses."""
+    return upstream.install(version, python)
 
 
 def probe(python: str, version: str, target: Path, examples: int, conform: bool, out_dir: Path) -> dict:
     """The findings replayed and the scheduler machine run on one installed release."""
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": f"{target}{os.pathsep}{CACHE / 'later-imports'}"}
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(upstream.release_path(target))}
     result_file = out_dir / f"probe-{version}.json"
     start = time.monotonic()
     run = subprocess.run([python, "-m", "kvspec.conformance.vllm.version_probe", "--json", str(result_file),

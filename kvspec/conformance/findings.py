@@ -180,9 +180,11 @@ def inputs_to_avoid(target: str, scopes: list[str] | tuple[str, ...] = ("pool", 
 
 
 def matching_finding(target: str, scope: str, layout: str, trace: object) -> Finding | None:
-    """The known finding of ``target`` that a failing run looks like: its
-    layout is the finding's, or its failing step sends the finding's input.
-    A label for reports, not a verdict: the run is still a failure."""
+    """The known finding of ``target`` that a failing run is: its layout is
+    the finding's, or its failing step sends the finding's input -- and it
+    breaks only rules the finding breaks (a fork's leak met on a finding's
+    input is the fork's, not the finding).  A label for reports, not a
+    verdict: the run is still a failure."""
     if trace is None or not getattr(trace, "steps", None):
         return None
     if scope == "scheduler":
@@ -191,7 +193,10 @@ def matching_finding(target: str, scope: str, layout: str, trace: object) -> Fin
     failing = trace.steps[min(step, len(trace.steps)) - 1]
     values = set(map(str, failing.args.values())) | {str(v) for _, v in failing.draws}
     labels = {label for label, _ in failing.draws}
+    broken = set((trace.failure or {}).get("rules") or ())
     for finding in known_findings(target, (scope,)):
+        if not broken <= set(finding.rules):
+            continue
         if finding.avoid.startswith("layout:") and finding.avoid == f"layout:{layout}":
             return finding
         if finding.avoid.startswith("bad-input:") and finding.scope == scope and finding.avoid.split(":")[1] in values:

@@ -46,7 +46,7 @@ from typing import Any
 from kvspec import __version__
 from kvspec.conformance import spec_coverage
 from kvspec.conformance.findings import AVOIDABLE, Finding, is_avoidable, known_findings, matching_finding
-from kvspec.conformance.machines.machinery import ConformanceError
+from kvspec.conformance.machines.machinery import ConformanceError, unnamed_failure
 from kvspec.conformance.report import (
     BUDGET_SPENT,
     FAIL_FAST,
@@ -58,12 +58,14 @@ from kvspec.conformance.report import (
     write_reports,
 )
 from kvspec.conformance.runner import (
+    BLOCK_SCOPES,
     HANGS,
     SCOPES,
     Progress,
     Search,
     SetupError,
     check_target,
+    compared,
     findings_target,
     is_layout,
     layout_names,
@@ -71,9 +73,9 @@ from kvspec.conformance.runner import (
     machine_for,
     model_layout_names,
     quiet_loggers,
-    rules_checked,
     run_layout,
     scopes_for,
+    upstream,
 )
 from kvspec.conformance.runner import replay as replay_trace
 from kvspec.conformance.settings import PROFILES, DatabaseError, example_database, scope_settings
@@ -105,6 +107,7 @@ class GateOptions:
     workers: int = 1
     shard: str | None = None  # "I/N"
     release: str | None = None  # the vLLM release whose rules judge (None: the installed vLLM's, or the base)
+    against: str | None = None  # an upstream vLLM to run in lockstep with instead of the spec (vllm==X, a python)
     report_dir: str | None = None
     trace_dir: str | None = None
     progress: bool = False  # a progress bar on stderr
@@ -163,12 +166,17 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     options.findings_of = next((found for scope in scopes if (found := findings_target(options.target, scope))
                                 != options.target), options.target)
     steered = known_findings(options.findings_of, scopes) if options.known_findings else ()
+    if options.known_findings and options.against and options.findings_of != "vllm":
+        # the upstream's own findings would read as the target's differences from it
+        steered += tuple(f for f in known_findings("vllm", [s for s in scopes if s in BLOCK_SCOPES])
+                         if f not in steered)
     avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(options.avoid)
     deadline = options.started + options.budget if options.budget else None
     report = RunReport(options.target, options.level, options.profile, seed=options.seed,
                        steered_around=[f"{f.id}: {f.title}" for f in steered],
-                       checked={scope: rules_checked(scope, options.level) for scope in scopes},
-                       command=options.command, versions=versions(options.findings_of, scopes))
+                       checked={scope: compared(scope, options.level, options.against) for scope in scopes},
+                       command=options.command, versions=versions(options.findings_of, scopes),
+                       against=_upstream(options))
     _check_budget_covers_loading(options, deadline)
     listener.begin(options, steered, avoid)
     with _measured(options) as measure:
@@ -179,6 +187,17 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     if options.report_dir:
         report.written = write_reports(report, options.report_dir)
     return report
+
+
+def _upstream(options: GateOptions) -> str | None:
+    """The upstream the target runs in lockstep with (``--against``), started
+    here -- before the budget counts what loading took -- and named as it
+    names itself: its vLLM release, and the source tree over it if any."""
+    if not options.against:
+        return None
+    hello = upstream(options.against).hello
+    return f"vLLM {hello['vllm']}" + (f" ({hello['source']})" if hello.get("source") else "") + \
+        f", as --against {options.against}"
 
 
 def _check_budget_covers_loading(options: GateOptions, deadline: float | None) -> None:
@@ -262,6 +281,9 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
         if not is_avoidable(name, [n for scope in SCOPES for n in layout_names(scope)] + model_layout_names()):
             raise SetupError(f"--avoid {name!r}: not an input the machines know; choose from {sorted(AVOIDABLE)}")
     scopes = scopes_for(options.target) if options.scope == "all" else [options.scope]
+    if options.against and not set(scopes) & set(BLOCK_SCOPES):
+        raise SetupError("--against runs the target in lockstep with its upstream at pool and manager scope; the "
+                         "scheduler scope has no lockstep: use --scope pool, manager or all")
     for scope in scopes:
         check_target(options.target, scope)  # an unusable target stops the run before it starts
     judge_by(options)  # before the layouts: a later release has layouts of its own
@@ -369,6 +391,7 @@ class _Run:
             min(MINIMISE_SECONDS, self.deadline - time.perf_counter())
         if seconds < 0.5:
             return
+        r.trace.against = self.options.against or ""  # each replay runs with the same upstream
         cut = minimise(r.trace, self.options.target, self.options.level, seconds=seconds)
         if cut is not None and len(cut.trace.steps) < len(r.trace.steps):
             r.minimised_from, r.trace, r.details = len(r.trace.steps), cut.trace, cut.message.splitlines()
@@ -394,6 +417,7 @@ class _Run:
             r.first_failure_at = round(r.first_failure_at - o.started, 3)
         if r.skipped is None and r.trace is not None:
             r.trace.target, r.trace.level, r.trace.release = o.target, o.level, _recorded_release(o)
+            r.trace.against = o.against or ""
             r.trace_file = str(r.trace.save(o.traces() / trace_file_name(r.scope, r.layout)))
             known = matching_finding(o.findings_of, r.scope, r.layout, r.trace)
             r.known_finding = f"{known.id}: {known.title}" if known else None
@@ -417,10 +441,11 @@ class _Announcer:
         o = self.options
         seconds = time.perf_counter() - o.started
         trace.target, trace.level, trace.release = o.target, o.level, _recorded_release(o)
+        trace.against = o.against or ""
         path = trace.save(o.traces() / trace_file_name(self.scope, self.layout).replace(".json", ".unshrunk.json"))
         known = matching_finding(o.findings_of, self.scope, self.layout, trace)
         if isinstance(error, ConformanceError):
-            broken = ", ".join(sorted({v.rule for v in error.violations})) or "divergence from the spec"
+            broken = ", ".join(sorted({v.rule for v in error.violations})) or unnamed_failure(str(error))
         else:  # the target raised where no refusal is possible
             broken = f"{type(error).__name__}: {error}"
         self.listener.first_failure(FirstFailure(self.scope, self.layout, seconds, broken, len(trace.steps), path,
@@ -445,7 +470,7 @@ def _search_one(run: _Run, scope: str, name: str, profile: object, progress: Pro
     o = run.options
     search = Search(profile, examples=o.examples, seed=o.seed, batch=25 if scope == "pool" else 10,
                     database=o.database, on_first_failure=run.announce(scope, name))
-    r = run_layout(machine_for(scope, name, o.target, o.level, run.avoid), search, progress)
+    r = run_layout(machine_for(scope, name, o.target, o.level, run.avoid, o.against), search, progress)
     r.seed = search.seed
     return r
 
@@ -461,7 +486,7 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
     sooner) and then its layout is done; the others go on."""
     o, deadline = run.options, run.deadline
     profiles = _profiles(o.profile)
-    machines = {key: machine_for(*key, o.target, o.level, run.avoid) for key in todo}
+    machines = {key: machine_for(*key, o.target, o.level, run.avoid, o.against) for key in todo}
     base = o.seed if o.seed is not None else int.from_bytes(os.urandom(4), "big")
     spent = dict.fromkeys(todo, 0.0)
     began: dict[tuple[str, str], float] = {}

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kvspec.conformance.machines.machinery import DIVERGENCE, unnamed_failure
 from kvspec.conformance.trace import Trace
 
 BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
@@ -114,6 +115,7 @@ class RunReport:
     written: list[Path] = field(default_factory=list)  # the report files, once written
     coverage: dict | None = None  # --coverage: what the run exercised of the spec (kvspec.conformance.spec_coverage)
     command_name: str = "conform"  # the kvspec command the report is of: conform, or kernels (no level)
+    against: str | None = None  # the upstream the target ran in lockstep with (--against), as it names itself
 
     @property
     def searched(self) -> list[LayoutResult]:
@@ -163,6 +165,8 @@ class RunReport:
     def _broken_rules(self, r: LayoutResult) -> list[str]:
         if r.conforms or r.rules:
             return r.rules
+        if self.against and unnamed_failure(" ".join(r.details)) == DIVERGENCE["upstream"]:
+            return ["upstream-equivalence"]
         return ["spec-equivalence" if self.level == "L3" else "clean-refusal"]
 
     def rule_table(self, checked: dict[str, list[str]]) -> list[str]:
@@ -187,6 +191,8 @@ class RunReport:
             "",
             *([f"Steered around known findings (docs/findings.md): {'; '.join(self.steered_around)}.", ""]
               if self.steered_around else []),
+            *([f"In lockstep with the upstream **{self.against}** instead of the spec (pool and manager scope): "
+               "every difference is the target's change.", ""] if self.against else []),
         ]
         for finding, layouts in self.known_groups().items():
             lines += [f"Known finding **{finding}**: {len(layouts)} layout(s) ({', '.join(layouts)}).", ""]
@@ -248,7 +254,7 @@ def _result_text(r: LayoutResult) -> str:
         return f"skipped ({r.skipped})"
     if r.conforms:
         return "conforms"
-    text = "FAILED: " + (", ".join(r.rules) or "divergence from the spec")
+    text = "FAILED: " + (", ".join(r.rules) or unnamed_failure(" ".join(r.details)))
     return text + (f" (known finding {r.known_finding.split(':')[0]})" if r.known_finding else "")
 
 
@@ -280,6 +286,7 @@ def write_reports(report: RunReport, directory: str | Path) -> list[Path]:
             {
                 "target": report.target, "level": report.level, "profile": report.profile, "seed": report.seed,
                 "command": report.command, "versions": report.versions,
+                **({"against": report.against} if report.against else {}),
                 "steered_around": report.steered_around, "known_findings": report.known_groups(),
                 "rules": [{"rule": rule, "layouts_checked": n, "broken_in": broken}
                           for rule, n, broken in report.rule_summary(report.checked)],

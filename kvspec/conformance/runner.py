@@ -48,6 +48,8 @@ from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.settings import example_database
 from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget
+from kvspec.conformance.targets.remote import Child as RemoteChild
+from kvspec.conformance.targets.remote import RemoteFactory
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
 from kvspec.conformance.vllm import compat
@@ -99,6 +101,17 @@ def rules_checked(scope: str, level: str) -> list[str]:
         return sorted((names | {"content-soundness", "allocation-accounting"}) - LEVELS[level])
     names -= LEVELS[level]
     return sorted(names) + ["clean-refusal"] + (["spec-equivalence"] if level == "L3" else [])
+
+
+def compared(scope: str, level: str, against: str | None) -> list[str]:
+    """What a run checks at ``scope``: :func:`rules_checked`, where a run
+    against an upstream (``--against``) compares with that upstream
+    (``upstream-equivalence``) instead of the spec -- at pool and manager
+    scope; the scheduler scope has no lockstep."""
+    checked = rules_checked(scope, level)
+    if not against or scope == "scheduler":
+        return checked
+    return [r for r in checked if r != "spec-equivalence"] + ["upstream-equivalence"]
 
 
 # --- targets -------------------------------------------------------------------------------
@@ -278,6 +291,20 @@ def findings_target(name: str, scope: str) -> str:
     return "vllm"
 
 
+@functools.cache
+def upstream(against: str) -> RemoteChild:
+    """The upstream vLLM a fork runs in lockstep with (``--against``): its
+    child process, started once per process (a forked worker starts its
+    own), the hash chains rooted as the target's."""
+    from kvspec import hashing
+    from kvspec.conformance.vllm import upstream as vllm_upstream
+
+    if os.environ.get("PYTHONHASHSEED") is None:  # the child gets the same root (upstream.interpreter)
+        os.environ["PYTHONHASHSEED"] = "0"
+        hashing.init_none_hash()
+    return vllm_upstream.start(against)
+
+
 def check_scheduler_target(name: str) -> str:
     """At scheduler scope the target is the block manager under vLLM's
     scheduler: ``vllm`` (its own) or ``impl`` (kvspec's, the drop-in)."""
@@ -353,11 +380,14 @@ def manager_layout(name: str) -> Layout:
 
 
 def machine_for(
-    scope: str, layout: str, target: str | Callable[..., Any], level: str, avoid: frozenset[str] = frozenset()
+    scope: str, layout: str, target: str | Callable[..., Any], level: str, avoid: frozenset[str] = frozenset(),
+    against: str | None = None,
 ) -> type[CheckingMachine]:
     """The machine class checking ``target`` (a name for
     :func:`resolve_target`, or a factory) over one layout at ``level``, not
-    sending the inputs named in ``avoid``."""
+    sending the inputs named in ``avoid`` -- and, with ``against`` (an
+    upstream vLLM, :func:`upstream`), in lockstep with that upstream instead
+    of the spec, at pool and manager scope."""
     if scope not in SCOPES:
         raise SetupError(f"unknown scope {scope!r}: use one of {SCOPES}")
     if level not in LEVELS:
@@ -374,12 +404,14 @@ def machine_for(
         machine.layout_name = layout
         return machine
     factory = resolve_target(target, scope) if isinstance(target, str) else target
+    partner, name = (RemoteFactory(upstream(against), scope), "upstream") if against else (None, "spec")
     if scope == "pool":
-        machine = pool_machine(factory, LAYOUTS[layout], lockstep=lockstep, ignore_rules=ignore, avoid=avoid)
+        machine = pool_machine(factory, LAYOUTS[layout], lockstep=lockstep or partner is not None,
+                               ignore_rules=ignore, avoid=avoid, spec_factory=partner, partner=name)
     else:
-        spec = SpecManagerTarget if lockstep else None
+        spec = partner or (SpecManagerTarget if lockstep else None)
         machine = manager_machine(
-            factory, manager_layout(layout), spec_factory=spec, ignore_rules=ignore, avoid=avoid
+            factory, manager_layout(layout), spec_factory=spec, ignore_rules=ignore, avoid=avoid, partner=name
         )
     machine.layout_name = layout
     return machine
@@ -697,7 +729,8 @@ def replay(
     judged_before = releases.current().version
     with _hard_stop_at(deadline):
         try:
-            make = machine_for(trace.scope, trace.layout, target, level, frozenset(trace.avoid))
+            make = machine_for(trace.scope, trace.layout, target, level, frozenset(trace.avoid),
+                               against=trace.against or None)
             if trace.release:  # judged by the rules it was recorded under (after the target set its own)
                 releases.use(trace.release)
             machine = make()

@@ -28,7 +28,8 @@ The file format (JSON, ``"kvspec_trace": 1``)::
 Values are JSON, with ``{"set": [...]}``, ``{"tuple": [...]}`` and
 ``{"lora": [name, id]}`` for the few that are not.  ``release`` (optional)
 is the vLLM release whose rules judged the run (:mod:`kvspec.spec.releases`);
-a replay judges by it.
+a replay judges by it.  ``against`` (optional) is the upstream the target
+ran in lockstep with (``kvspec conform --against``); a replay runs with it.
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ class Trace:
     failure: dict[str, Any] | None = None
     avoid: list[str] = field(default_factory=list)  # inputs the machine did not send
     release: str = ""  # the vLLM release whose rules judged (spec/releases.py); "": the base, or not recorded
+    against: str = ""  # the upstream run in lockstep with (--against); "": the spec's lockstep, if any
 
     # -- recording
     def begin(self, rule: str, args: dict[str, Any]) -> None:
@@ -184,6 +186,7 @@ class Trace:
             "level": self.level,
             "avoid": self.avoid,
             **({"release": self.release} if self.release else {}),
+            **({"against": self.against} if self.against else {}),
             "failure": self.failure,
             "steps": [s.to_json() for s in self.steps],
         }
@@ -224,6 +227,7 @@ class Trace:
         return cls(
             raw["scope"], raw["layout"], str(raw.get("target", "")), str(raw.get("level", "L3")),
             [TraceStep.from_json(s) for s in raw["steps"]], raw.get("failure"), avoid, str(raw.get("release", "")),
+            str(raw.get("against", "")),
         )
 
 

@@ -52,15 +52,27 @@ def harness_frame(error: BaseException, target_roots: tuple[str, ...], harness_r
     return verdict
 
 
-class ConformanceError(AssertionError):  # noqa: N818 (it is an assertion failure)
-    """The target broke a rule or diverged from the spec."""
+DIVERGENCE = {"spec": "divergence from the spec", "upstream": "difference from upstream"}
+"""The label of a failure that names no rule -- the lockstep comparison's --
+by the side the target ran with: the spec, or a fork's upstream (``--against``)."""
 
-    def __init__(self, violations: list[Violation] | None = None, divergence: str | None = None):
+
+def unnamed_failure(text: str) -> str:
+    """The label of a failure naming no rule, read from its text."""
+    return DIVERGENCE["upstream"] if DIVERGENCE["upstream"] in text else DIVERGENCE["spec"]
+
+
+class ConformanceError(AssertionError):  # noqa: N818 (it is an assertion failure)
+    """The target broke a rule or diverged from the spec (or, run against
+    its upstream, differed from it: ``partner``)."""
+
+    def __init__(self, violations: list[Violation] | None = None, divergence: str | None = None,
+                 partner: str = "spec"):
         self.violations = violations or []
         self.divergence = divergence
         lines = [str(v) for v in self.violations]
         if divergence:
-            lines.append(f"divergence from the spec: {divergence}")
+            lines.append(f"{DIVERGENCE[partner]}: {divergence}")
         super().__init__("\n".join(lines))
 
 
@@ -119,29 +131,32 @@ Outcome = tuple[Any, BaseException | None, PoolSnapshot | ManagerSnapshot, list[
 snapshot after it and the events it emitted."""
 
 
-def divergence(where: str, target: Outcome, spec: Outcome) -> str | None:
+def divergence(where: str, target: Outcome, spec: Outcome, partner: str = "spec") -> str | None:
     """How the target's outcome of one operation differs from the spec's
     (``None``: it does not), checked in this order: both accept or both
     refuse, with the same kind of error (``ValueError`` or ``TypeError``);
     equal results; equal block tables (managers); equal pools, the null
-    block's count aside; equal events."""
+    block's count aside; equal events.  ``partner`` names the other side
+    (``spec``, or ``upstream`` for a fork run against its upstream)."""
     result, error, after, events = target
     spec_result, spec_error, spec_after, spec_events = spec
+    width = max(len("target"), len(partner))
+    me, other = "target".ljust(width), partner.ljust(width)  # the two sides of a two-line difference, aligned
     if (error is None) != (spec_error is None):
         return (f"{where}: target {'refused: ' + repr(error) if error else 'accepted'}, "
-                f"spec {'refused: ' + repr(spec_error) if spec_error else 'accepted'}")
+                f"{partner} {'refused: ' + repr(spec_error) if spec_error else 'accepted'}")
     if error is not None and isinstance(error, TypeError) != isinstance(spec_error, TypeError):
-        return f"{where}: target raised {error!r}, spec {spec_error!r}"
+        return f"{where}: target raised {error!r}, {partner} {spec_error!r}"
     if error is None and result != spec_result:
-        return f"{where}: target returned {result!r}, spec {spec_result!r}"
+        return f"{where}: target returned {result!r}, {partner} {spec_result!r}"
     if isinstance(after, ManagerSnapshot):
         if after.tables != spec_after.tables:
-            return f"{where}: block tables differ\n  target {after.tables}\n  spec   {spec_after.tables}"
+            return f"{where}: block tables differ\n  {me} {after.tables}\n  {other} {spec_after.tables}"
         after, spec_after = after.pool, spec_after.pool
     if after.without_null_ref() != spec_after.without_null_ref():
-        return f"{where}: pools differ\n  target {after}\n  spec   {spec_after}"
+        return f"{where}: pools differ\n  {me} {after}\n  {other} {spec_after}"
     if comparable(events) != comparable(spec_events):
-        return f"{where}: events differ\n  target {events}\n  spec   {spec_events}"
+        return f"{where}: events differ\n  {me} {events}\n  {other} {spec_events}"
     return None
 
 
@@ -185,6 +200,7 @@ class CheckingMachine(RuleBasedStateMachine):
 
     ignore_rules: frozenset[str] = frozenset()
     avoid: frozenset[str] = frozenset()  # inputs this machine does not send
+    partner = "spec"  # what the target runs in lockstep with: the spec, or a fork's upstream
     spec: Any = None  # the spec model in lockstep, or None
     scope = ""
     layout_name = ""
@@ -225,11 +241,12 @@ class CheckingMachine(RuleBasedStateMachine):
         type(self).last_trace = self.trace
         type(self).examples_run += 1
 
-    def fail(self, violations: list[Violation] | None = None, divergence: str | None = None) -> None:
+    def fail(self, violations: list[Violation] | None = None, divergence: str | None = None,
+             partner: str = "spec") -> None:
         violations = [v for v in violations or [] if v.rule not in self.ignore_rules]
         if not violations and divergence is None:
             return
-        error = ConformanceError(violations, divergence)
+        error = ConformanceError(violations, divergence, partner)
         self.found(error, sorted({v.rule for v in violations}))
         raise error
 
@@ -347,6 +364,8 @@ class CheckingMachine(RuleBasedStateMachine):
         changes anything the operation's arguments refer to."""
         if self.spec is None:
             return None
+        if (whole := getattr(self.spec, "outcome", None)) is not None:  # in one call (a target in another process)
+            return whole(op, args, kwargs)
         result, error = call(getattr(self.spec, op), args, kwargs)
         return result, error, self.spec.snapshot(), self.spec.take_events()
 
@@ -355,8 +374,8 @@ class CheckingMachine(RuleBasedStateMachine):
         the comparison with the spec."""
         if problems:
             self.fail(problems)
-        if spec_outcome is not None and (found := divergence(where, outcome, spec_outcome)):
-            self.fail(divergence=found)
+        if spec_outcome is not None and (found := divergence(where, outcome, spec_outcome, self.partner)):
+            self.fail(divergence=found, partner=self.partner)
 
     def record(self, description: str, outcome: str) -> None:
         """One operation sent to the target, for the trace's reader."""

@@ -91,11 +91,13 @@ def manager_machine(
     spec_factory: Callable[..., ManagerTarget] | None = None,
     ignore_rules: frozenset[str] = frozenset(),
     avoid: frozenset[str] = frozenset(),
+    partner: str = "spec",
 ) -> type[RuleBasedStateMachine]:
     """A state-machine class checking managers made by ``target_factory``
     (called with ``layout.target_args()``) against every rule of
     :mod:`kvspec.spec.rules` and :mod:`kvspec.spec.request_rules` -- and,
-    when ``spec_factory`` is given, against the spec model in lockstep.
+    when ``spec_factory`` is given, against its targets in lockstep: the
+    spec model, or a fork's upstream (named ``partner`` in reports).
     ``avoid`` names inputs the machine does not send (see
     :mod:`kvspec.conformance.findings`): ``"bad-input:negative"``,
     ``"bad-input:no_tokens"``, ``"mamba-align-external"``,
@@ -110,11 +112,16 @@ def manager_machine(
                                    takes_keyword(target_factory, "dcp_world_size"))
     # observing is optional: only a factory that names the keyword is given a collector
     COLLECTS = takes_keyword(target_factory, "metrics_collector", named=True)  # noqa: N806
-    spec_builder = spec_factory or SpecManagerTarget  # the oracle of what is refused, at every level
+    # the oracle of what configuration is refused, at every level: the spec's (an upstream in lockstep
+    # is no oracle of rules: its refusals are compared, not trusted)
+    spec_builder = (spec_factory if partner == "spec" else None) or SpecManagerTarget
+
+    partner_name = partner
 
     class ManagerMachine(CheckingMachine):
         scope = "manager"
         swarm_options = SWARM_OPTIONS
+        partner = partner_name
         ignore_rules = ignored
         avoid = avoided
 

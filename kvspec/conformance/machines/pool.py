@@ -128,11 +128,16 @@ def pool_machine(
     lockstep: bool = True,
     ignore_rules: frozenset[str] = frozenset(),
     avoid: frozenset[str] = frozenset(),
+    spec_factory: Callable[..., PoolTarget] | None = None,
+    partner: str = "spec",
 ) -> type[RuleBasedStateMachine]:
     """A state-machine class checking pools made by ``target_factory``.
 
     ``target_factory(num_blocks, enable_caching, hash_block_size,
-    enable_kv_cache_events)`` must return a :class:`PoolTarget`.  ``avoid``
+    enable_kv_cache_events)`` must return a :class:`PoolTarget`.  With
+    ``lockstep`` every operation goes to the spec's pool too -- or to
+    ``spec_factory``'s, named ``partner`` in reports (a fork's upstream,
+    :mod:`kvspec.conformance.targets.remote`).  ``avoid``
     names inputs the machine does not send (see
     :mod:`kvspec.conformance.findings`): ``"bad-input:KIND"`` for a kind
     of :meth:`bad_input`.
@@ -141,16 +146,18 @@ def pool_machine(
 
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
     BAD_CONFIGS = pool_variants(layout)  # noqa: N806 (a constant of the class)
+    partner_name = partner
 
     class PoolMachine(CheckingMachine):
         scope = "pool"
         ignore_rules = ignored
         avoid = avoided
+        partner = partner_name
 
         def __init__(self) -> None:
             super().__init__()
             self.target = layout.make_target(target_factory)
-            self.spec = layout.make_target(SpecBlockPool) if lockstep else None
+            self.spec = layout.make_target(spec_factory or SpecBlockPool) if lockstep else None
             self.owners: list[Owner] = []
             self.shadow: dict[int, tuple[Any, ...]] = {}
             self.mirror = EventMirror()

@@ -7,7 +7,9 @@ scripted KV connector vLLM loads into it; ``scheduler_findings`` holds the
 minimal traces of what that machine found in vLLM; ``version_probe`` replays
 every finding against the installed release (``tools/version_matrix.py``);
 ``compat`` holds the reference release and every switch on the release;
-``installed`` answers whether and which vLLM is here.  The seam has two
+``installed`` answers whether and which vLLM is here; ``upstream`` is a
+vLLM release beside it, run in a child process (the upstream a fork runs in
+lockstep with: ``kvspec conform --against``).  The seam has two
 more rooms, each at the layer that uses it (``tests/test_layers.py``):
 ``kvspec.models.vllm_*`` (the kernel stage's side: vLLM's spec classes,
 its worker path, its Triton kernels) and :mod:`kvspec.dropin` (impl inside
