@@ -76,3 +76,14 @@ def test_what_cannot_be_overlaid_is_one_line_and_exit_2(tmp_path):
                        ((f"file://{tmp_path / 'no-repo'}", str(site)), "cannot clone")):
         done = run(*args)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and said in done.stderr, done
+
+
+def test_the_sources_own_package_is_refused_and_left_whole(tmp_path):
+    """Asked from inside a checkout, Python finds the checkout's vllm/ as "the
+    installed package": overlaying a tree onto itself would unlink each file
+    before copying it from itself.  Refused, one line, the tree untouched."""
+    fork = tree(tmp_path / "fork", {"vllm/__init__.py": "X = 1\n", "vllm/v1/core/block_pool.py": "Y = 2\n"})
+    done = run(str(fork), str(fork / "vllm"))
+    assert done.returncode == 2 and "is the source's own vllm/ package" in done.stderr, done
+    assert (fork / "vllm" / "__init__.py").read_text() == "X = 1\n"
+    assert (fork / "vllm" / "v1" / "core" / "block_pool.py").read_text() == "Y = 2\n"

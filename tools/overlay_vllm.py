@@ -77,6 +77,9 @@ def overlay(checkout: Path, site_vllm: Path, source: str) -> dict:
         raise OverlayError(f"{source} is no vLLM source tree: {package / '__init__.py'} does not exist")
     if not (site_vllm / "__init__.py").is_file():
         raise OverlayError(f"{site_vllm} is no installed vLLM package (install the base release's wheel first)")
+    if package.resolve() == site_vllm.resolve():  # each file would be unlinked, then copied from itself
+        raise OverlayError(f"{site_vllm} is the source's own vllm/ package, not an installed one (asked from "
+                           f"inside the checkout, Python finds the checkout first)")
     copied = []
     for path in sorted(package.rglob("*")):
         relative = path.relative_to(package)
