@@ -197,3 +197,26 @@ def test_a_label_is_given_only_to_a_failure_that_breaks_the_findings_rules():
     assert matching_finding("vllm", "pool", trace.layout, trace) is None
     trace.failure = {**trace.failure, "rules": []}  # a divergence names no rule: the input decides
     assert matching_finding("vllm", "pool", trace.layout, trace) == f1
+
+
+S2_BY_PREEMPTION = Path(__file__).parent / "traces" / "S2-by-preemption.json"
+
+
+def test_s2_reached_by_preempting_the_failed_loads_owner_is_labelled_s2():
+    """S2's other way in (docs/findings.md: "aborted, or finished, or
+    preempted"): a failed load's owner preempted before it recomputes, its
+    blocks left cached; on resuming it hits them.  The gate met it under
+    --known-findings (which can steer around the abort, not around vLLM's
+    own preemption): it is labelled S2, not read as a new failure."""
+    trace = Trace.load(S2_BY_PREEMPTION)
+    assert not any(step.rule == "abort" and step.draws for step in trace.steps)  # no abort of the owner
+    assert matching_finding("vllm", "scheduler", trace.layout, trace).id == "S2"
+
+
+@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.25.1 is not installed (tools/install_vllm.sh)")
+def test_s2_by_preemption_is_vllms_own_scheduler_reading_a_failed_load():
+    trace = Trace.load(S2_BY_PREEMPTION)
+    if not in_releases(_vllm_version(), (BASE, None)):
+        pytest.skip("recorded on 0.25.1")
+    outcome = replay(trace, "vllm", trace.level)
+    assert outcome.rules == ["content-soundness"] and outcome.diverged_at == trace.failure["step"], outcome.message

@@ -15,6 +15,7 @@ checked separately, by replaying its trace (``tests/test_findings.py``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,8 +227,23 @@ def _matching_scheduler_finding(layout: str, trace: object) -> Finding | None:
     if loads & {"sync-fail", "async-fail"}:
         if layout in SCHEDULER_LAYOUTS and len(SCHEDULER_LAYOUTS[layout].groups) > 1:
             return SCHEDULER_FINDINGS["S3"]
-        if any(step.rule == "abort" and step.draws for step in trace.steps):
+        if any(step.rule == "abort" and step.draws for step in trace.steps) or _owner_preempted(trace):
             return SCHEDULER_FINDINGS["S2-fail" if engine_of(layout).failure_policy == "fail" else "S2"]
     if "mamba" in layout and "scheduler:mamba-connector" not in trace.avoid:
         return SCHEDULER_FINDINGS["S1-align" if "align" in layout else "S1"]
     return None
+
+
+def _owner_preempted(trace: object) -> bool:
+    """Whether a request whose load failed was preempted after the failing
+    step -- S2's other way in: its blocks leave it still cached, before it
+    recomputed them, and vLLM's scheduler decides the preemption (pool
+    pressure), so no input of the machine can steer around it."""
+    failing: set[str] = set()
+    for step in trace.steps:
+        for op in step.operations:
+            failing |= set(re.findall(r"failing (r\d+) tokens", op))
+            for listed in re.findall(r"preempted \[([^\]]*)\]", op):
+                if failing & set(re.findall(r"r\d+", listed)):
+                    return True
+    return False

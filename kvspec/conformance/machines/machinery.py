@@ -4,6 +4,7 @@ refusal travels, how a call is made without letting its error escape."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 import traceback
@@ -153,8 +154,12 @@ def divergence(where: str, target: Outcome, spec: Outcome, partner: str = "spec"
         if after.tables != spec_after.tables:
             return f"{where}: block tables differ\n  {me} {after.tables}\n  {other} {spec_after.tables}"
         after, spec_after = after.pool, spec_after.pool
-    if after.without_null_ref() != spec_after.without_null_ref():
-        return f"{where}: pools differ\n  {me} {after}\n  {other} {spec_after}"
+    mine, theirs = after.without_null_ref(), spec_after.without_null_ref()
+    if mine != theirs:
+        fields = [f.name for f in dataclasses.fields(mine) if getattr(mine, f.name) != getattr(theirs, f.name)]
+        shown = "\n".join(f"  {name}:\n    {me} {describe(getattr(mine, name))}\n    {other} "
+                          f"{describe(getattr(theirs, name))}" for name in fields)
+        return f"{where}: pools differ in {', '.join(fields)}\n{shown}"
     if comparable(events) != comparable(spec_events):
         return f"{where}: events differ\n  {me} {events}\n  {other} {spec_events}"
     return None
@@ -171,6 +176,8 @@ def describe(value: Any) -> str:
         return "[" + ", ".join(map(describe, value)) + "]"
     if isinstance(value, tuple):
         return "(" + ", ".join(map(describe, value)) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{describe(k)}: {describe(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 
