@@ -15,6 +15,7 @@ checked separately, by replaying its trace (``tests/test_findings.py``).
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,18 @@ from kvspec.conformance.machines.scheduler import AVOIDABLE as SCHEDULER_AVOIDAB
 from kvspec.spec import releases
 from kvspec.spec.releases import BASE, version_key
 
-FINDINGS_DIR = Path(__file__).resolve().parents[2] / "docs" / "findings"
+
+def _findings_dir() -> Path:
+    """Where the findings' traces are: ``docs/findings/`` of a checkout, or
+    the same files installed from a wheel (package ``kvspec.finding_traces``)."""
+    checkout = Path(__file__).resolve().parents[2] / "docs" / "findings"
+    if checkout.is_dir():
+        return checkout
+    installed = importlib.util.find_spec("kvspec.finding_traces")
+    return Path(next(iter(installed.submodule_search_locations))) if installed else checkout
+
+
+FINDINGS_DIR = _findings_dir()
 
 AVOIDABLE: dict[str, str] = {
     "bad-input:too_many": "pool: get_new_blocks for more blocks than are free",
