@@ -475,7 +475,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
         machine.shrink_deadline = search.deadline
         machine.search_deadline = min(search.deadline, start + search.seconds) if search.seconds else search.deadline
     try:
-        with _shrinking_limited_to(max(30.0, search.seconds) if search.seconds else 120.0), \
+        with shrinking_limited_to(max(30.0, search.seconds) if search.seconds else 120.0), \
                 with_reporter(shrinking.report), _hard_stop_at(search.deadline):
             for batch, (batch_settings, batch_seed) in enumerate(_batches(search, start)):
                 if search.deadline is not None:  # a failure found now may shrink until the deadline, no later
@@ -589,14 +589,14 @@ def _hard_stop_at(deadline: float | None) -> Iterator[None]:
 
 def _limit_shrinking(seconds: float) -> None:
     """Let a failure found from now on shrink for ``seconds`` at most (inside
-    :func:`_shrinking_limited_to`, which restores the default)."""
+    :func:`shrinking_limited_to`, which restores the default)."""
     engine = _shrink_engine()
     if engine is not None:
         engine.MAX_SHRINKING_SECONDS = max(0.5, seconds)
 
 
 @contextlib.contextmanager
-def _shrinking_limited_to(seconds: float) -> Iterator[None]:
+def shrinking_limited_to(seconds: float) -> Iterator[None]:
     """Bound the time Hypothesis spends shrinking a failure (it allows five
     minutes, far past a budgeted run's share; a slow target, vLLM, can use
     them all): two minutes, or a budgeted layout's share (at least 30 s).
