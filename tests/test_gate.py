@@ -180,3 +180,43 @@ def test_a_factory_without_a_layout_option_has_that_layout_skipped_not_failed(tm
         assert by_layout[name].skipped == "the target factory takes no retention_interval keyword"
     assert by_layout["mla-dcp2-pcp2"].skipped == "the target factory takes no dcp_world_size, pcp_world_size keyword"
     assert by_layout["full+swa-budget6"].skipped == "the target factory takes no max_num_batched_tokens keyword"
+
+
+def test_a_fail_fast_report_leads_with_what_was_searched():
+    """-x on a vLLM fork: one layout failed, thirty were not searched, and
+    sixteen known findings were steered around.  report.md's table holds the
+    searched layout; the rest and the findings are folded (issue 27: a
+    270-line report.md for one failure)."""
+    from kvspec.conformance.report import FAIL_FAST, LayoutResult, RunReport
+
+    findings = [f"F{i}: a finding with a long title that says what it is" for i in range(1, 17)]
+    report = RunReport("vllm", "L3", "ci", seed=1, steered_around=findings)
+    report.results = [LayoutResult("manager", "full", 900, 3.0, False, rules=["ref-conservation"],
+                                   details=["ref-conservation: block 3 has ref_cnt 2 but 1 holder(s)"])]
+    report.results += [LayoutResult("manager", f"layout-{i}", 0, 0.0, True, skipped=FAIL_FAST) for i in range(30)]
+    markdown = report.to_markdown()
+    table = [line for line in markdown.splitlines() if line.startswith("| manager |")]
+    assert table == [line for line in table if "| full |" in line] and len(table) == 1, table
+    assert "<details><summary>30 more layouts, not searched or skipped</summary>" in markdown
+    assert "layout-29" in markdown  # folded, not dropped
+    assert "<details><summary>Steered around 16 known findings (docs/findings.md): F1, F2," in markdown
+    assert len(markdown.splitlines()) < 60
+
+
+def test_failures_shrink_within_a_share_of_the_budget():
+    """A bug that many layouts show must not spend a budgeted run shrinking
+    it again and again while other layouts wait their turn (issue 27: one
+    bug used a 60 s budget on 4 layouts, 13 of 20 never searched): the
+    failures of a process shrink within a quarter of the budget together,
+    then for a second each (the run as found is saved either way)."""
+    from kvspec.conformance.gate import SHRINK_FLOOR, SHRINK_SECONDS, SHRINK_SHARE, _Run
+
+    run = _Run(GateOptions(budget=60), frozenset(), None, None, Listener())
+    assert run.shrink_seconds(SHRINK_SECONDS) == SHRINK_SECONDS
+    run.shrunk(SHRINK_SHARE * 60 - 4)  # four seconds of the share left
+    assert run.shrink_seconds(SHRINK_SECONDS) == 4
+    run.shrunk(30)
+    assert run.shrink_seconds(SHRINK_SECONDS) == SHRINK_FLOOR
+    unbudgeted = _Run(GateOptions(), frozenset(), None, None, Listener())
+    unbudgeted.shrunk(1000)
+    assert unbudgeted.shrink_seconds(SHRINK_SECONDS) == SHRINK_SECONDS

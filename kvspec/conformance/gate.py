@@ -85,6 +85,8 @@ from kvspec.spec import releases
 WORKER_GRACE = 5.0  # seconds past the budget before a worker that has not answered is stopped
 FIRST_SLICE = (0.25, 2.0)  # seconds: the bounds of a layout's first slice under a budget
 SHRINK_SECONDS = 15.0  # under a budget, how long a failure found in a slice may shrink at most
+SHRINK_SHARE = 0.25  # ... and all of a process's failures together, shrinking and minimising, this share of it
+SHRINK_FLOOR = 1.0  # seconds a failure may shrink when the share is spent (its run as found is saved anyway)
 QUIET_WEIGHT = 0.25  # a layout whose last slice reached no new state gets this share of a slice
 
 
@@ -375,6 +377,20 @@ class _Run:
         self.options, self.avoid, self.deadline, self.report, self.listener = options, avoid, deadline, report, listener
         self.stopped = False  # --fail-fast saw a failure
         self.collected: list[LayoutResult] = []  # in a worker: the results, for the parent to finish
+        # Under a budget, what is left of this process's share for making failures small: one bug that
+        # many layouts show must not spend the budget shrinking it again and again while layouts wait.
+        self.shrink_left = SHRINK_SHARE * options.budget if options.budget else None
+
+    def shrink_seconds(self, most: float) -> float:
+        """How long the next failure may shrink (or be minimised): ``most``,
+        within what is left of the run's share (:data:`SHRINK_SHARE`), never
+        under :data:`SHRINK_FLOOR`."""
+        return most if self.shrink_left is None else min(most, max(SHRINK_FLOOR, self.shrink_left))
+
+    def shrunk(self, seconds: float) -> None:
+        """``seconds`` were spent making a failure small."""
+        if self.shrink_left is not None:
+            self.shrink_left -= max(0.0, seconds)
 
     def announce(self, scope: str, layout: str) -> Callable[[Trace, BaseException], None]:
         return _Announcer(self.options, self.listener, scope, layout)
@@ -388,11 +404,13 @@ class _Run:
         if not r.shrinking_stopped and len(r.trace.steps) <= MINIMISE_OVER:
             return  # Hypothesis finished shrinking to a short run: replays would not cut it further, only cost
         seconds = MINIMISE_SECONDS if self.deadline is None else \
-            min(MINIMISE_SECONDS, self.deadline - time.perf_counter())
+            min(self.shrink_seconds(MINIMISE_SECONDS), self.deadline - time.perf_counter())
         if seconds < 0.5:
             return
         r.trace.against = self.options.against or ""  # each replay runs with the same upstream
+        start = time.perf_counter()
         cut = minimise(r.trace, self.options.target, self.options.level, seconds=seconds)
+        self.shrunk(time.perf_counter() - start)
         if cut is not None and len(cut.trace.steps) < len(r.trace.steps):
             r.minimised_from, r.trace, r.details = len(r.trace.steps), cut.trace, cut.message.splitlines()
 
@@ -483,7 +501,8 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
     reached no new abstract state (CheckingMachine.cover) gets a quarter
     slice, so the budget moves to layouts still finding new ground.  A
     failure shrinks for at most SHRINK_SECONDS (less when the budget ends
-    sooner) and then its layout is done; the others go on."""
+    sooner, or when the run's failures have used their share of it,
+    SHRINK_SHARE) and then its layout is done; the others go on."""
     o, deadline = run.options, run.deadline
     profiles = _profiles(o.profile)
     machines = {key: machine_for(*key, o.target, o.level, run.avoid, o.against) for key in todo}
@@ -508,7 +527,7 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
             reached = machine.states_reached()
             search = Search(profiles[scope], seconds=seconds, seed=base + 1000 * slice_no, swarm=True,
                             batch=25 if scope == "pool" else 10, database=o.database,
-                            deadline=min(deadline, now + seconds + SHRINK_SECONDS),
+                            deadline=min(deadline, now + seconds + run.shrink_seconds(SHRINK_SECONDS)),
                             on_first_failure=run.announce(scope, name))
             slice_no += 1
             if progress:
@@ -518,6 +537,7 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
             spent[key] += r.seconds
             weight[key] = 1.0 if machine.states_reached() > reached else QUIET_WEIGHT
             if not r.conforms:
+                run.shrunk(time.perf_counter() - (now + seconds))  # past its slice: shrinking
                 r.seconds, r.began, r.seed = spent[key], began[key], base
                 open_layouts.remove(key)
                 run.finish(r)

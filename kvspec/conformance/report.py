@@ -189,20 +189,29 @@ class RunReport:
             + f"; {sum(r.operations for r in self.results)} operations checked"
             + (f"; {versions}" if versions else "") + ".",
             "",
-            *([f"Steered around known findings (docs/findings.md): {'; '.join(self.steered_around)}.", ""]
-              if self.steered_around else []),
+            *self._steered_markdown(),
             *([f"In lockstep with the upstream **{self.against}** instead of the spec (pool and manager scope): "
                "every difference is the target's change.", ""] if self.against else []),
         ]
         for finding, layouts in self.known_groups().items():
             lines += [f"Known finding **{finding}**: {len(layouts)} layout(s) ({', '.join(layouts)}).", ""]
+        skipped = [r for r in self.results if r.skipped is not None]
+        folded = skipped if len(skipped) > FOLD_OVER else []
         lines += ["| scope | layout | operations | states reached | seconds | result |", "|---|---|---:|---:|---:|---|"]
         for r in self.results:
+            if folded and r.skipped is not None:
+                continue
             result = _result_text(r)
             if r.first_failure_at is not None:
                 result += f" (red at {r.first_failure_at:.1f} s)"
             lines.append(f"| {r.scope} | {r.layout} | {r.operations} | {r.distinct_states or '-'} | {r.seconds:.1f} "
                          f"| {result} |")
+        if folded:
+            reasons: dict[str, list[str]] = {}
+            for r in folded:
+                reasons.setdefault(_result_text(r), []).append(f"{r.scope}/{r.layout}")
+            lines += ["", f"<details><summary>{len(folded)} more layouts, not searched or skipped</summary>", "",
+                      *(f"- {why}: {', '.join(layouts)}" for why, layouts in reasons.items()), "", "</details>"]
         if self.checked:
             lines += ["", "<details><summary>Rules checked</summary>", "",
                       "| rule | layouts checked | broken in |", "|---|---:|---|"]
@@ -226,6 +235,17 @@ class RunReport:
             lines += ["", "</details>"]
         return "\n".join(lines) + "\n"
 
+    def _steered_markdown(self) -> list[str]:
+        """The known findings steered around: a line, or -- more than a few
+        -- a folded list (a vLLM run steers around sixteen, titles and all)."""
+        if not self.steered_around:
+            return []
+        if len(self.steered_around) <= 3:
+            return [f"Steered around known findings (docs/findings.md): {'; '.join(self.steered_around)}.", ""]
+        ids = ", ".join(s.split(":")[0] for s in self.steered_around)
+        return [f"<details><summary>Steered around {len(self.steered_around)} known findings (docs/findings.md): "
+                f"{ids}</summary>", "", *(f"- {s}" for s in self.steered_around), "", "</details>", ""]
+
     def to_junit(self) -> str:
         """One test suite per scope, one test case per layout: a failure
         names its rules, a layout not searched is ``<skipped/>``."""
@@ -247,6 +267,12 @@ class RunReport:
                     failure = ET.SubElement(case, "failure", message=_result_text(r))
                     failure.text = "\n".join(r.details + (r.trace.readable() if r.trace else []))
         return ET.tostring(suites, encoding="unicode")
+
+
+FOLD_OVER = 5
+"""More skipped layouts than this (a --fail-fast run, a spent budget, many
+steered around) are listed folded under the table, grouped by reason: the
+report a pull request shows leads with what was searched."""
 
 
 def _result_text(r: LayoutResult) -> str:
