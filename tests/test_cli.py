@@ -474,10 +474,33 @@ def test_show_draws_every_block_at_every_step_and_marks_the_break(tmp_path, monk
     assert frames and all(len(line.split()[2].split(" <-")[0]) == 4 for line in frames)  # 4 blocks each
     assert any(" <- " in line for line in frames)  # the step where rules broke
     svg = ET.parse(tmp_path / "out.svg").getroot()
-    cells = [r for r in svg.iter("{http://www.w3.org/2000/svg}rect") if r.find("{http://www.w3.org/2000/svg}title")
-             is not None]
+    tips = [r.find("{http://www.w3.org/2000/svg}title") for r in svg.iter("{http://www.w3.org/2000/svg}rect")]
+    cells = [t for t in tips if t is not None and t.text.startswith("block ")]
     assert len(cells) == 4 * len(frames)
     assert main(["show", "no-such-trace.json"]) == 2
+
+
+def test_the_svg_fits_its_text_and_reads_without_colour():
+    """A narrow pool under a long title and a long failure: the picture is
+    as wide as its longest text (nothing clipped), the message is wrapped,
+    every cell carries its glyph, and the legend is swatches with labels
+    (issue 27: the SVG clipped its title, error and legend; cells were colour only)."""
+    import xml.etree.ElementTree as ET
+
+    from kvspec.conformance.show import CHAR_WIDTH, KEY, WRAP, Film, Frame, svg
+
+    message = "ref-conservation: block 2 has ref_cnt 2 but 1 holder(s); " * 4
+    film = Film([Frame(1, "admit", "N1c."), Frame(2, "free", "N+3.")], failed_at=2, message=message, blamed={2})
+    title = "kvspec show: traces/pool-tiny-pool.json, replayed against a fork's BlockPool at L3"
+    root = ET.fromstring(svg(film, title))
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = [t.text for t in root.iter(f"{ns}text")]
+    assert float(root.get("width")) >= len(title) * CHAR_WIDTH[12]
+    wrapped = [t for t in texts if t and t.startswith(("step 2:", "ref-", "holder", "1 "))]
+    assert len(wrapped) >= 2 and all(len(t) <= WRAP for t in wrapped)
+    assert float(root.get("width")) >= max(map(len, wrapped)) * CHAR_WIDTH[10]
+    glyphs = [t.text for t in root.iter(f"{ns}text") if t.get("text-anchor") == "middle"]
+    assert "".join(glyphs[:8]) == "N1c.N+3." and all(label in texts for _, label in KEY)
 
 
 def test_shards_split_the_layouts_between_machines(capsys):

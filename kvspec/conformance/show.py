@@ -16,6 +16,7 @@ so are the blocks its message names.
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
@@ -110,13 +111,34 @@ def _ansi(cell: str) -> str:
 
 COLOURS = {"N": "#6c757d", ".": "#e9ecef", "c": "#8ecae6"}
 HELD = ["#ffd6a5", "#ffb870", "#fb8500", "#d45d00", "#9c4400"]
+KEY = (("N", "null"), (".", "free"), ("c", "free, cached"), ("1", "held by 1 slot"), ("3", "by 3"),
+       ("+", "by more than 9"))
+CHAR_WIDTH = {10: 6.1, 12: 7.3}  # px per character of the monospace font at each size used (generous)
+WRAP = 100  # characters per line of the failure message
+
+
+def _fill(c: str) -> str:
+    return COLOURS.get(c) or HELD[min(int(c) if c.isdigit() else 5, 5) - 1]
+
+
+def _ink(c: str) -> str:
+    """A glyph's colour: white on the two darkest fills, else black."""
+    return "#ffffff" if _fill(c) in (HELD[3], HELD[4], COLOURS["N"]) else "#000000"
 
 
 def svg(f: Film, title: str, cell: int = 14) -> str:
-    """The film as an SVG picture: blocks across, steps down."""
+    """The film as an SVG picture: blocks across, steps down, each cell its
+    colour and its glyph (readable without colour), the failure's message
+    wrapped under it and a legend of swatches; sized to fit all of it."""
     width = len(f.frames[0].cells) if f.frames else 0
     left, top = 130, 40
-    w, h = left + width * cell + 10, top + len(f.frames) * cell + 60
+    message = [] if f.failed_at is None else \
+        textwrap.wrap(f"step {f.failed_at}: {f.message.splitlines()[0] if f.message else ''}", WRAP)
+    legend_y = top + len(f.frames) * cell + 16 + 14 * len(message) + 6
+    key_width = sum(cell + 6 + len(label) * CHAR_WIDTH[10] + 14 for _, label in KEY)
+    w = int(max(left + width * cell + 10, 8 + len(title) * CHAR_WIDTH[12],
+                8 + max((len(line) for line in message), default=0) * CHAR_WIDTH[10], 8 + key_width)) + 4
+    h = legend_y + cell + 10
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" '
            f'font-size="10">', f'<text x="4" y="14" font-size="12">{escape(title)}</text>']
     for b in range(width):
@@ -126,17 +148,26 @@ def svg(f: Film, title: str, cell: int = 14) -> str:
         y = top + row * cell
         out.append(f'<text x="4" y="{y + cell - 3}">{frame.step} {escape(frame.rule[:14])}</text>')
         for b, c in enumerate(frame.cells):
-            fill = COLOURS.get(c) or HELD[min(int(c) if c.isdigit() else 5, 5) - 1]
-            stroke = ' stroke="#d00000" stroke-width="2"' if frame.step == f.failed_at and b in f.blamed else ""
-            out.append(f'<rect x="{left + b * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" '
-                       f'fill="{fill}"{stroke}><title>block {b}: {c}</title></rect>')
+            blamed = frame.step == f.failed_at and b in f.blamed
+            out.append(_cell(left + b * cell, y, cell, c, f"block {b}: {c}", blamed))
         if frame.step == f.failed_at:
             out.append(f'<rect x="{left - 2}" y="{y - 1}" width="{width * cell + 2}" height="{cell + 1}" '
                        'fill="none" stroke="#d00000" stroke-width="1.5"/>')
     y = top + len(f.frames) * cell + 16
-    if f.failed_at is not None:
-        out.append(f'<text x="4" y="{y}" fill="#d00000">step {f.failed_at}: '
-                   f'{escape(f.message.splitlines()[0][:120])}</text>')
-    out.append(f'<text x="4" y="{y + 16}">{escape(LEGEND)} (darker: more)</text>')
+    for i, line in enumerate(message):
+        out.append(f'<text x="4" y="{y + 14 * i}" fill="#d00000">{escape(line)}</text>')
+    x = 4.0
+    for c, label in KEY:
+        out.append(_cell(x, legend_y, cell, c, label, False))
+        out.append(f'<text x="{x + cell + 4:.0f}" y="{legend_y + cell - 3}">{escape(label)}</text>')
+        x += cell + 6 + len(label) * CHAR_WIDTH[10] + 14
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def _cell(x: float, y: float, cell: int, c: str, tip: str, blamed: bool) -> str:
+    """One block: its fill, its glyph and a tooltip; a red frame where the failure names it."""
+    stroke = ' stroke="#d00000" stroke-width="2"' if blamed else ""
+    return (f'<rect x="{x:.0f}" y="{y}" width="{cell - 1}" height="{cell - 1}" fill="{_fill(c)}"{stroke}>'
+            f'<title>{escape(tip)}</title></rect><text x="{x + (cell - 1) / 2:.1f}" y="{y + cell - 4}" '
+            f'text-anchor="middle" font-size="9" fill="{_ink(c)}">{escape(c)}</text>')
