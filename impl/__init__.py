@@ -28,6 +28,11 @@ from kvspec.impl.single_type_kv_cache_manager import (
     get_manager_for_kv_cache_spec,
 )
 
+RELEASES = ("0.25.1",)
+"""The vLLM releases whose block-manager API and semantics this implements
+(what the drop-in may replace; a later release's deltas are the spec's,
+``spec/releases.py``, not yet impl's)."""
+
 __all__ = [
     "AllBlocksCleared",
     "BlockHashToBlockMap",

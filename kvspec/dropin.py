@@ -59,6 +59,25 @@ REPLACED: dict[str, tuple[str, tuple[str, ...]]] = {
     "vllm.v1.core.kv_cache_manager": ("kvspec.impl.kv_cache_manager", ("KVCacheManager", "KVCacheBlocks")),
 }
 
+
+
+class DropinError(RuntimeError):
+    """The drop-in cannot go into this vLLM: nothing was replaced."""
+
+
+def check_release(version: str) -> None:
+    """Refuse a vLLM release whose block manager kvspec.impl does not
+    implement: its scheduler would call an API impl does not have (a third
+    value from ``get_computed_blocks`` from 0.26, ...), or rely on semantics
+    impl does not follow -- wrong tokens, not an error.  A fork keeps its
+    base wheel's version, so a fork of a release impl implements passes."""
+    from kvspec.impl import RELEASES
+
+    if version.split("+")[0] not in RELEASES:  # a local build's suffix (+cpu) is the same release
+        raise DropinError(f"kvspec's drop-in implements vLLM {', '.join(RELEASES)}'s block manager; this is vLLM "
+                          f"{version} (the newest it knows is {RELEASES[-1]}): nothing was replaced")
+
+
 _saved: dict[tuple[str, str], Any] = {}  # (module, name) -> vLLM's original
 _saved_events: Any = None
 
@@ -69,10 +88,15 @@ def installed() -> bool:
 
 def install() -> list[str]:
     """Replace vLLM's block manager by kvspec's; returns what was replaced
-    (``module.name``).  Installing twice changes nothing more."""
+    (``module.name``).  Installing twice changes nothing more; on a release
+    impl does not implement it raises :class:`DropinError`, having replaced
+    nothing."""
     global _saved_events
     if installed():
         return sorted(f"{m}.{n}" for m, n in _saved if m in REPLACED)
+    import vllm
+
+    check_release(vllm.__version__)  # before anything is replaced: never half-installed
     from vllm.distributed import kv_events as vllm_events
     from vllm.v1.core import kv_cache_utils as vllm_utils
 

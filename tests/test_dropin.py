@@ -46,6 +46,36 @@ def test_install_replaces_vllms_block_manager_and_uninstall_restores_it():
     assert kv_events.EVENTS.stored is kv_events.BlockStored
 
 
+def test_a_release_impl_does_not_implement_is_refused_with_nothing_replaced(monkeypatch):
+    """On a vLLM whose block manager kvspec.impl does not implement (issue
+    28), the drop-in refuses in one line naming the newest it knows, before
+    replacing anything -- by hand and through the plugin -- and the
+    scheduler scope with --target impl is a usage error, exit 2."""
+    import vllm
+    import vllm.v1.core.kv_cache_manager as vllm_manager
+
+    from kvspec.cli import main
+
+    original = vllm_manager.KVCacheManager
+    monkeypatch.setattr(vllm, "__version__", "0.29.0")
+    with pytest.raises(dropin.DropinError, match=r"implements vLLM 0\.25\.1's block manager; this is vLLM 0\.29\.0 "
+                                                 r"\(the newest it knows is 0\.25\.1\): nothing was replaced"):
+        dropin.install()
+    monkeypatch.setenv("KVSPEC_DROPIN", "1")
+    with pytest.raises(dropin.DropinError):
+        dropin.plugin()
+    assert not dropin.installed() and vllm_manager.KVCacheManager is original
+    from kvspec.spec import releases
+
+    judged = releases.current().version
+    try:
+        assert main(["conform", "--target", "impl", "--scope", "scheduler", "--layout", "full", "--examples", "2"]) == 2
+    finally:
+        releases.use(judged)  # the refused run judged by the release it found
+    monkeypatch.setattr(vllm, "__version__", "0.25.1+cpu")  # a local build of the release: the same
+    dropin.check_release(vllm.__version__)
+
+
 def test_plugin_installs_only_when_asked(monkeypatch):
     monkeypatch.delenv("KVSPEC_DROPIN", raising=False)
     dropin.plugin()

@@ -312,6 +312,14 @@ def check_scheduler_target(name: str) -> str:
         raise SetupError(f"the scheduler scope runs vLLM's scheduler over vLLM's block manager (--target vllm) or "
                          f"kvspec's (--target impl, the drop-in); it has no target {name!r}")
     require_vllm("the scheduler scope (vLLM's own scheduler)")
+    if name == "impl":  # kvspec's manager goes in through the drop-in: only into a release impl implements
+        from kvspec import dropin
+        from kvspec.conformance.vllm import installed
+
+        try:
+            dropin.check_release(installed.version())
+        except dropin.DropinError as error:
+            raise SetupError(f"the scheduler scope with --target impl: {error}") from None
     return name
 
 
