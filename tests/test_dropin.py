@@ -70,6 +70,9 @@ def test_a_release_impl_does_not_implement_is_refused_with_nothing_replaced(monk
     judged = releases.current().version
     try:
         assert main(["conform", "--target", "impl", "--scope", "scheduler", "--layout", "full", "--examples", "2"]) == 2
+        from kvspec.conformance.runner import scopes_for
+
+        assert scopes_for("impl") == ["pool", "manager"]  # the README's main job still runs: no scheduler scope
     finally:
         releases.use(judged)  # the refused run judged by the release it found
     monkeypatch.setattr(vllm, "__version__", "0.25.1+cpu")  # a local build of the release: the same

@@ -69,10 +69,23 @@ SCHEDULER_TARGETS = ("vllm", "impl")
 def scopes_for(target: str) -> list[str]:
     """The scopes ``--scope all`` runs for ``target``: the block-manager
     scopes, and the scheduler scope where the target runs under a scheduler
-    -- vLLM, or kvspec's implementation where vLLM is installed (the drop-in)."""
-    if target == "vllm" or (target == "impl" and vllm_importable()):
+    -- vLLM, or kvspec's implementation where a vLLM it can go into is
+    installed (the drop-in: :data:`kvspec.impl.RELEASES`)."""
+    if target == "vllm" or (target == "impl" and vllm_importable() and dropin_refusal() is None):
         return list(SCOPES)
     return list(BLOCK_SCOPES)
+
+
+def dropin_refusal() -> str | None:
+    """Why the drop-in does not go into the installed vLLM (``None``: it does)."""
+    from kvspec import dropin
+    from kvspec.conformance.vllm import installed
+
+    try:
+        dropin.check_release(installed.version())
+    except dropin.DropinError as error:
+        return str(error)
+    return None
 
 
 def vllm_importable() -> bool:
@@ -312,14 +325,8 @@ def check_scheduler_target(name: str) -> str:
         raise SetupError(f"the scheduler scope runs vLLM's scheduler over vLLM's block manager (--target vllm) or "
                          f"kvspec's (--target impl, the drop-in); it has no target {name!r}")
     require_vllm("the scheduler scope (vLLM's own scheduler)")
-    if name == "impl":  # kvspec's manager goes in through the drop-in: only into a release impl implements
-        from kvspec import dropin
-        from kvspec.conformance.vllm import installed
-
-        try:
-            dropin.check_release(installed.version())
-        except dropin.DropinError as error:
-            raise SetupError(f"the scheduler scope with --target impl: {error}") from None
+    if name == "impl" and (refusal := dropin_refusal()) is not None:  # kvspec's manager goes in by the drop-in
+        raise SetupError(f"the scheduler scope with --target impl: {refusal}")
     return name
 
 
