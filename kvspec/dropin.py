@@ -25,9 +25,11 @@ Two ways in:
 
       KVSPEC_DROPIN=1 vllm serve ...
 
-:func:`uninstall` puts vLLM's originals back.  Not replaced (vLLM 0.25.1
-features kvspec does not implement): the R-SWA and sink managers, which stay
-registered for their specs.
+:func:`uninstall` puts vLLM's originals back.  Not replaced: vLLM's
+``SinkFullAttentionManager`` class (a feature kvspec does not implement).
+Under the drop-in, a ``SinkFullAttentionSpec`` -- full attention's subclass,
+and matched as such by name along its MRO -- is served by impl's
+full-attention manager, without sink blocks.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ REPLACED: dict[str, tuple[str, tuple[str, ...]]] = {
     )),
     "vllm.v1.core.block_pool": ("kvspec.impl.block_pool", ("BlockPool", "BlockHashToBlockMap")),
     "vllm.v1.core.single_type_kv_cache_manager": ("kvspec.impl.single_type_kv_cache_manager", (
-        "SingleTypeKVCacheManager", "FullAttentionManager", "SlidingWindowManager", "ChunkedLocalAttentionManager",
-        "MambaManager", "CrossAttentionManager", "get_manager_for_kv_cache_spec",
+        "SingleTypeKVCacheManager", "FullAttentionManager", "RSWAManager", "SlidingWindowManager",
+        "ChunkedLocalAttentionManager", "MambaManager", "CrossAttentionManager", "get_manager_for_kv_cache_spec",
     )),
     "vllm.v1.core.kv_cache_coordinator": ("kvspec.impl.kv_cache_coordinator", (
         "KVCacheCoordinator", "KVCacheCoordinatorNoPrefixCache", "UnitaryKVCacheCoordinator",

@@ -64,3 +64,16 @@ def test_a_foreign_spec_has_no_kind_and_is_refused_naming_it():
         group_class(odd)
     with pytest.raises(TypeError, match="unsupported KV-cache spec Odd"):
         view_of(odd, eagle=False)
+
+
+def test_every_impl_manager_is_exported_and_put_in_vllm_by_the_dropin():
+    """A kind's impl manager is public (``kvspec.impl.__all__``) and the
+    drop-in puts it in place of vLLM's class of that name, so that no vLLM
+    manager class is left beside kvspec's pool (issue 29: RSWAManager was
+    missing from both)."""
+    from kvspec import dropin, impl
+
+    classes = {cls.__name__ for cls in MANAGER_FOR_KIND.values()}
+    assert classes <= set(impl.__all__), classes - set(impl.__all__)
+    replaced = set(dropin.REPLACED["vllm.v1.core.single_type_kv_cache_manager"][1])
+    assert classes <= replaced, classes - replaced
