@@ -98,3 +98,33 @@ def test_no_document_hard_codes_how_many_rules_there_are():
     stale = [f"{path.relative_to(ROOT)}: {m.group(0)!r}" for path in documents
              for m in pattern.finditer(path.read_text()) if "rule" in m.group(0).lower()]
     assert not stale, stale
+
+
+def test_the_hashing_examples_are_what_the_code_computes():
+    """Chapter 1.1's worked example stays true: its root, its CBOR bytes and
+    its hash are recomputed here (a document that runs)."""
+    import cbor2
+
+    from kvspec import hashing
+
+    root = hashing.root_hash("0")
+    first = hashing.hash_block_tokens(hashing.sha256_cbor, None, [1, 2], None, none_hash=root)
+    encoded = cbor2.dumps((root, (1, 2), None), canonical=True).hex()
+    assert f"`{root.hex()}`" in DOC and f"`{first.hex()}`" in DOC
+    assert encoded.startswith("835820" + root.hex()[:4]) and encoded.endswith(root.hex()[-4:] + "820102f6")
+    assert "`83 58 20 4e11…1c3e 82 01 02 f6`" in DOC
+    assert str(int.from_bytes(first, "big") & (2**64 - 1)) in DOC
+    extra, _ = hashing.generate_block_hash_extra_keys(_LoraSaltImage(), 0, 2, 0)
+    assert extra == ("adapter-a", ("image-a", 1), "salt")
+    assert '`extra = ["adapter-a",\n   ["image-a", 1], "salt"]`' in DOC
+
+
+class _LoraSaltImage:
+    """A request with a LoRA adapter, an image from offset 1 and a salt."""
+
+    from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange
+
+    lora_request = LoRARequest("adapter-a", 1)
+    mm_features = [MultiModalFeatureSpec("image-a", PlaceholderRange(offset=1, length=3))]
+    cache_salt = "salt"
+    prompt_embeds = None
