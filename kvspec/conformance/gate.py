@@ -307,6 +307,13 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
     return plan
 
 
+def _stamp(trace: Trace, options: GateOptions) -> None:
+    """Record in ``trace`` how the run was made: target, level, the release
+    judged and the upstream run in lockstep with (a replay runs the same)."""
+    trace.target, trace.level, trace.release = options.target, options.level, _recorded_release(options)
+    trace.against = options.against or ""
+
+
 def _recorded_release(options: GateOptions) -> str:
     """What a trace records of the release judged: nothing for the base (traces stay as they were)."""
     return "" if releases.current().is_base else options.release or ""
@@ -407,7 +414,7 @@ class _Run:
             min(self.shrink_seconds(MINIMISE_SECONDS), self.deadline - time.perf_counter())
         if seconds < 0.5:
             return
-        r.trace.against = self.options.against or ""  # each replay runs with the same upstream
+        _stamp(r.trace, self.options)  # each replay runs with the run's upstream and rules
         start = time.perf_counter()
         cut = minimise(r.trace, self.options.target, self.options.level, seconds=seconds)
         self.shrunk(time.perf_counter() - start)
@@ -434,8 +441,7 @@ class _Run:
         if r.first_failure_at is not None:
             r.first_failure_at = round(r.first_failure_at - o.started, 3)
         if r.skipped is None and r.trace is not None:
-            r.trace.target, r.trace.level, r.trace.release = o.target, o.level, _recorded_release(o)
-            r.trace.against = o.against or ""
+            _stamp(r.trace, o)
             r.trace_file = str(r.trace.save(o.traces() / trace_file_name(r.scope, r.layout)))
             known = matching_finding(o.findings_of, r.scope, r.layout, r.trace)
             r.known_finding = f"{known.id}: {known.title}" if known else None
@@ -458,8 +464,7 @@ class _Announcer:
     def __call__(self, trace: Trace, error: BaseException) -> None:
         o = self.options
         seconds = time.perf_counter() - o.started
-        trace.target, trace.level, trace.release = o.target, o.level, _recorded_release(o)
-        trace.against = o.against or ""
+        _stamp(trace, o)
         path = trace.save(o.traces() / trace_file_name(self.scope, self.layout).replace(".json", ".unshrunk.json"))
         known = matching_finding(o.findings_of, self.scope, self.layout, trace)
         if isinstance(error, ConformanceError):

@@ -205,13 +205,9 @@ class RemoteTarget:
     def __getattr__(self, op: str) -> Callable[..., Any]:
         if op.startswith("_"):
             raise AttributeError(op)
-        child, handle, generation = self._child, self._handle, self._generation
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if generation != child.generation or not child.running():  # its process is gone: never a new one's
-                raise HarnessFault(child.last_fault or "the other side's process is gone")
-            return child.request(("call", handle, op, tuple(map(child.ship, args)),
-                                  {k: child.ship(v) for k, v in kwargs.items()}))
+            return self._send("call", op, args, kwargs)
 
         forward.__name__ = op
         return forward
@@ -220,11 +216,14 @@ class RemoteTarget:
         """``op``'s whole outcome in one round trip, as lockstep reads it:
         the result (or ``None``), the refusal (or ``None``), the snapshot
         after it and the events it emitted."""
+        return self._send("outcome", op, args, kwargs or {})
+
+    def _send(self, kind: str, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         child = self._child
-        if self._generation != child.generation or not child.running():
+        if self._generation != child.generation or not child.running():  # its process is gone: never a new one's
             raise HarnessFault(child.last_fault or "the other side's process is gone")
-        return child.request(("outcome", self._handle, op, tuple(map(child.ship, args)),
-                              {k: child.ship(v) for k, v in (kwargs or {}).items()}))
+        return child.request((kind, self._handle, op, tuple(map(child.ship, args)),
+                              {k: child.ship(v) for k, v in kwargs.items()}))
 
 
 class RemoteFactory:
@@ -236,10 +235,6 @@ class RemoteFactory:
 
     def __call__(self, *args: Any, **kwargs: Any) -> RemoteTarget:
         return RemoteTarget(self.child, self.child.request(("build", self.scope, args, kwargs)))
-
-    @property
-    def label(self) -> str:
-        return self.child.interpreter.label
 
 
 # --- the child's side --------------------------------------------------------------------------
@@ -266,6 +261,9 @@ def serve(build: Callable[[str, Sequence[Any], dict[str, Any]], Any], hello: Cal
         known.__dict__.update(value.fields)
         return known
 
+    def invoke(handle: int, op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        return getattr(targets[handle], op)(*map(unship, args), **{k: unship(v) for k, v in kwargs.items()})
+
     while True:
         try:
             dropped, message = _read(requests_in)
@@ -285,15 +283,11 @@ def serve(build: Callable[[str, Sequence[Any], dict[str, Any]], Any], hello: Cal
                 targets[built] = build(scope, args, kwargs)
                 answer = ("ok", built)
             elif message[0] == "call":
-                _, handle, op, args, kwargs = message
-                method = getattr(targets[handle], op)
-                answer = ("ok", method(*map(unship, args), **{k: unship(v) for k, v in kwargs.items()}))
+                answer = ("ok", invoke(*message[1:]))
             else:  # "outcome": the call, whatever it raised, then the snapshot and the events
-                _, handle, op, args, kwargs = message
-                target = targets[handle]
-                result, error = None, None
+                target, result, error = targets[message[1]], None, None
                 try:
-                    result = getattr(target, op)(*map(unship, args), **{k: unship(v) for k, v in kwargs.items()})
+                    result = invoke(*message[1:])
                 except Exception as raised:
                     error = travelling(raised)
                 answer = ("ok", (result, error, target.snapshot(), target.take_events()))
