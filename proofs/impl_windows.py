@@ -37,7 +37,7 @@ from kvspec.impl.single_type_kv_cache_manager import (
     SlidingWindowManager,
     aligned_block_count,
 )
-from kvspec.spec import attention as spec_attention
+from kvspec.spec import kinds as spec_kinds
 
 
 def _swa(window: int) -> SimpleNamespace:
@@ -175,7 +175,7 @@ def _spec_group(**fields: int) -> SimpleNamespace:
 
 def _spec_skipped(kind: str, computed: int, **fields: int) -> int:
     """The spec's ``skipped_tokens`` of that group kind."""
-    return getattr(spec_attention, kind).skipped_tokens(_spec_group(**fields), computed)
+    return getattr(spec_kinds, kind).skipped_tokens(_spec_group(**fields), computed)
 
 
 def swa_skipped_agree(window: int, computed: int) -> int:
@@ -199,7 +199,7 @@ def chunked_skipped_agree(chunk: int, computed: int) -> int:
 def mamba_skipped_agree(computed: int) -> int:
     """covers: MambaManager.get_num_skipped_tokens == spec Mamba.skipped_tokens
     pre: 0 <= computed <= 1 << 20
-    post: __return__ == spec_attention.Mamba.skipped_tokens(None, computed)  # spec-equivalence
+    post: __return__ == spec_kinds.Mamba.skipped_tokens(None, computed)  # spec-equivalence
     """
     return MambaManager.get_num_skipped_tokens(None, computed)
 
@@ -217,7 +217,7 @@ def rswa_gap_agrees(window: int, block_size: int, prompt: int, computed: int) ->
 
 def _spec_rswa_gap(window: int, block_size: int, prompt: int, computed: int) -> range:
     group = _spec_group(rswa_window=window, block_size=block_size)
-    return spec_attention.ReferenceSlidingWindow.gap(group, computed, prompt)
+    return spec_kinds.ReferenceSlidingWindow.gap(group, computed, prompt)
 
 
 def _same_range(a: range, b: range) -> bool:

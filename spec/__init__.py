@@ -6,7 +6,7 @@ pool (:mod:`~kvspec.spec.pool`, :mod:`~kvspec.spec.rules`), one
 full-attention group (:mod:`~kvspec.spec.core`,
 :mod:`~kvspec.spec.request_rules`, :mod:`~kvspec.spec.content`,
 :mod:`~kvspec.spec.oracle`), then windows, several groups, Mamba, EAGLE and
-external tokens as deltas (:mod:`~kvspec.spec.attention`,
+external tokens as deltas (:mod:`~kvspec.spec.kinds`,
 :mod:`~kvspec.spec.coordinator`, :mod:`~kvspec.spec.manager`).  The rule
 catalogue is :mod:`~kvspec.spec.catalogue`.
 """

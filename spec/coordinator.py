@@ -1,7 +1,7 @@
 """How the KV-cache groups of a model act together.
 
 A request-level operation (:mod:`kvspec.spec.manager`) is spread over every
-group of the model (:mod:`kvspec.spec.attention`); the *coordinator* decides
+group of the model (:mod:`kvspec.spec.kinds`); the *coordinator* decides
 how.  Most of it is "each group in turn, in group order"; the interesting
 part is the **cache hit**: a request can skip computing its first ``L``
 tokens only if *every* group can serve a hit of length ``L``.
@@ -18,7 +18,7 @@ Three coordinators, chosen by the manager:
 
 Every coordinator also knows which groups are **EAGLE groups** (speculative
 decoding drafts from them, so their hits drop the last block, see
-:mod:`kvspec.spec.attention`): the groups the config flags with
+:mod:`kvspec.spec.kinds`): the groups the config flags with
 ``is_eagle_group``, or, when ``use_eagle`` is set and none is flagged, all of
 them -- Mamba groups excepted, always: draft models have no Mamba layers, so
 a Mamba hit has no block to drop (vLLM compatibility, a departure: vLLM
@@ -34,7 +34,7 @@ from typing import Any
 from kvspec.hashing import block_hashes_for_size
 from kvspec.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from kvspec.spec import releases
-from kvspec.spec.attention import NULL, CrossAttention, GroupManager, HitPositions
+from kvspec.spec.kinds import NULL, CrossAttention, GroupManager, HitPositions
 from kvspec.spec.pool import SpecBlockPool
 
 Tables = tuple[list[int], ...]

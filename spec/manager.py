@@ -16,7 +16,7 @@ left an attention window, evicting by id, resetting the cache, events).
 
 The manager holds one :class:`~kvspec.spec.pool.SpecBlockPool` (by its public
 operations only), one group manager per KV-cache group
-(:mod:`kvspec.spec.attention`) and a coordinator
+(:mod:`kvspec.spec.kinds`) and a coordinator
 (:mod:`kvspec.spec.coordinator`).  It speaks in block ids and implements
 :class:`kvspec.spec.interface.ManagerTarget`, so it is compared operation by
 operation with any other manager (same ids, hits, refusals, free order and
@@ -58,7 +58,6 @@ from kvspec.kv_cache_interface import (
 )
 from kvspec.request import RequestStatus
 from kvspec.spec import releases
-from kvspec.spec.attention import NULL, CrossAttention, OutOfBlocks, group_class
 from kvspec.spec.coordinator import (
     Coordinator,
     HybridCoordinator,
@@ -67,6 +66,7 @@ from kvspec.spec.coordinator import (
     UnitaryCoordinator,
 )
 from kvspec.spec.interface import Event, ManagerSnapshot, annotated
+from kvspec.spec.kinds import NULL, CrossAttention, OutOfBlocks, group_class
 from kvspec.spec.layout import block_ranks, managed_spec
 from kvspec.spec.pool import SpecBlockPool, TrialPool
 

@@ -4,7 +4,7 @@
 tries every aligned candidate length, longest first, against the pool's hash
 table, and asks each group whether it could serve it
 (:func:`group_can_serve`).  It shares no code with the hit search of
-:mod:`kvspec.spec.attention` and :mod:`kvspec.spec.coordinator` -- a bug there
+:mod:`kvspec.spec.kinds` and :mod:`kvspec.spec.coordinator` -- a bug there
 cannot hide here.
 """
 

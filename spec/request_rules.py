@@ -25,7 +25,7 @@ not give (a shadow, the requests) skip silently.
 force: it tries every aligned candidate length, longest first, against the
 pool's hash table, and asks each group whether it could serve it
 (:func:`group_can_serve`).  It shares no code with the hit search of
-:mod:`kvspec.spec.attention` and :mod:`kvspec.spec.coordinator`.
+:mod:`kvspec.spec.kinds` and :mod:`kvspec.spec.coordinator`.
 """
 
 from __future__ import annotations

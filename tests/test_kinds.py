@@ -14,7 +14,7 @@ from kvspec.kv_cache_interface import (
     get_kv_cache_spec_kind,
     managed_kind,
 )
-from kvspec.spec.attention import GROUP_CLASSES, group_class
+from kvspec.spec.kinds import GROUP_CLASSES, group_class
 from kvspec.spec.layout import view_of
 from kvspec.testing import chunked, cross, full, mamba, mla, rswa, swa
 
@@ -77,3 +77,19 @@ def test_every_impl_manager_is_exported_and_put_in_vllm_by_the_dropin():
     assert classes <= set(impl.__all__), classes - set(impl.__all__)
     replaced = set(dropin.REPLACED["vllm.v1.core.single_type_kv_cache_manager"][1])
     assert classes <= replaced, classes - replaced
+
+
+def test_each_kind_is_one_page_of_the_spec():
+    """spec/kinds/: every managed kind's group manager in a module of its own,
+    each under 250 lines -- a chapter a porter reads whole (what they share,
+    group.py, under 300)."""
+    import inspect
+    from pathlib import Path
+
+    modules = {inspect.getmodule(cls).__name__ for cls in GROUP_CLASSES.values()}
+    assert len(modules) == len(GROUP_CLASSES), "two kinds share a module"
+    for name in modules:
+        assert name.startswith("kvspec.spec.kinds.")
+    for path in Path(inspect.getfile(GROUP_CLASSES[next(iter(GROUP_CLASSES))])).parent.glob("*.py"):
+        lines = len(path.read_text().splitlines())
+        assert lines < 300 if path.name == "group.py" else lines < 250, f"{path.name}: {lines} lines"

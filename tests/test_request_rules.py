@@ -17,9 +17,9 @@ from kvspec.errors import RuleError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request, RequestStatus
 from kvspec.spec import releases
-from kvspec.spec.attention import FullAttention, ReferenceSlidingWindow, SlidingWindow
 from kvspec.spec.content import Shadow, state_content
 from kvspec.spec.coordinator import HybridCoordinator
+from kvspec.spec.kinds import FullAttention, ReferenceSlidingWindow, SlidingWindow
 from kvspec.spec.manager import SpecKVCacheManager
 from kvspec.spec.oracle import oracle_hit_length
 from kvspec.spec.pool import SpecBlockPool

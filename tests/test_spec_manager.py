@@ -1,7 +1,7 @@
 """Hand-worked examples for the spec's KV-cache manager (kvspec.spec.manager).
 
 Every expected value below is worked out by hand from the rules in
-spec/attention.py and spec/coordinator.py (the comments show the working),
+spec/kinds/ and spec/coordinator.py (the comments show the working),
 and each scenario is one an engineer would check against vLLM 0.25.1.
 Block ids: a fresh pool hands out 1, 2, 3, ... in order (0 is the null block).
 """
