@@ -240,6 +240,7 @@ def kernels_command(args: argparse.Namespace) -> int:
                             kernels=[k.strip() for k in args.kernels.split(",") if k.strip()], device=args.device,
                             dtype=args.dtype, profile=args.profile, examples=args.examples, seed=args.seed,
                             worker=args.worker, budget=args.budget, report_dir=args.report_dir,
+                            known_findings=args.known_findings,
                             command=" ".join(["kvspec", *map(shlex.quote, args.argv)]))
     plan = plan_kernel_stage(options)  # usage errors before the header
     failures = 0
@@ -259,7 +260,13 @@ def kernels_command(args: argparse.Namespace) -> int:
           f"layers={options.layers} "
           f"kernels={','.join(options.kernels)} device={options.device} dtype={options.dtype} "
           f"profile={options.profile}")
+    if options.known_findings:
+        steered = ", ".join(f.id for f in plan.steered)
+        print(f"steering around known findings {steered} (docs/findings.md)" if steered else
+              "known findings: the kernel machine sends none of their inputs here (docs/findings.md)")
     print(f"{'layout':<28} {'steps':>7} {'checks':>8} {'seconds':>8}  result", flush=True)
+    for name, why in plan.skipped.items():
+        print(f"{name:<28} {0:>7} {0:>8} {0:>8.1f}  skipped ({why})")
     results = plan.run(on_result=show)
     print()
     print("every layout passed every check" if not failures else f"{failures} layout(s) failed")
@@ -267,7 +274,7 @@ def kernels_command(args: argparse.Namespace) -> int:
         from kvspec.conformance.kernel_stage import stage_report
         from kvspec.conformance.report import write_reports
 
-        for path in write_reports(stage_report(options, results), options.report_dir):
+        for path in write_reports(stage_report(plan, results), options.report_dir):
             print(f"wrote {path}")
     return 1 if failures else 0
 
@@ -393,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     ker.add_argument("--budget", type=float, metavar="SECONDS",
                      help="search for SECONDS in all, the models sharing them, instead of a number of examples")
     ker.add_argument("--report-dir", help="write report.json, report.md and junit.xml here (as conform does)")
+    ker.add_argument("--known-findings", action="store_true",
+                     help="steer around the target's known findings (docs/findings.md), as conform does: a manager "
+                     "layout that reproduces one is not searched")
     ker.add_argument("--worker", choices=["kvspec", "vllm"],
                      help="whose block tables, slot mapping and cache writes the kernels read: vllm (vLLM's own "
                      "MultiGroupBlockTable and triton_reshape_and_cache_flash, checked against kvspec's tables; "

@@ -114,6 +114,9 @@ def test_the_fork_template_has_what_a_vllm_fork_needs():
     (gate,) = [s for s in steps if "kvspec conform" in s.get("run", "")]
     assert gate["if"] == "steps.install.outcome == 'success'"
     assert all(flag in gate["run"] for flag in ("--target vllm", "--scope all", "--level L3", "--known-findings"))
+    (kernels,) = [s for s in steps if "kvspec kernels" in s.get("run", "")]
+    assert "steps.install.outcome == 'success'" in kernels["if"] and "!cancelled()" in kernels["if"]
+    assert all(flag in kernels["run"] for flag in ("--target vllm", "--known-findings", "--report-dir"))
     assert any(s.get("uses", "").startswith("actions/cache") and "pip" in s["with"]["path"] for s in steps)
     comment = workflow["jobs"]["comment"]
     assert comment["needs"] == "conform" and "always()" in comment["if"]
@@ -122,8 +125,9 @@ def test_the_fork_template_has_what_a_vllm_fork_needs():
 
 
 def test_the_fork_templates_gate_and_comment_steps_run_as_written(tmp_path):
-    """The gate step as a runner runs it (vLLM installed here stands for the
-    fork's install), then the step that merges the shards' reports."""
+    """The gate step and the kernel stage's as a runner runs them (vLLM
+    installed here stands for the fork's install), then the step that merges
+    the shards' reports."""
     pytest.importorskip("vllm")
     workflow = yaml.safe_load(FORK_TEMPLATE.read_text())
     steps = workflow["jobs"]["conform"]["steps"]
@@ -137,11 +141,18 @@ def test_the_fork_templates_gate_and_comment_steps_run_as_written(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     shard = tmp_path / "reports" / "shard-1"
     assert {"report.md", "report.json", "junit.xml"} <= {p.name for p in shard.iterdir()}
+    (kernels,) = [s for s in steps if "kvspec kernels" in s.get("run", "")]
+    result = subprocess.run(["bash", "-c", fill(kernels["run"], {"matrix.shard": "1"})], cwd=tmp_path,
+                            env={**env, "KVSPEC_KERNEL_BUDGET": "5"}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "## kvspec kernels: `vllm` conforms" in (shard / "kernels" / "report.md").read_text()
     # the comment job: the artifacts downloaded as kvspec-shard-N, merged into one comment
     (tmp_path / "reports" / "kvspec-shard-1").mkdir()
     shutil.copy(shard / "report.md", tmp_path / "reports" / "kvspec-shard-1" / "report.md")
+    shutil.copytree(shard / "kernels", tmp_path / "reports" / "kvspec-shard-1" / "kernels")
     (merge,) = [s for s in workflow["jobs"]["comment"]["steps"] if "> comment.md" in s.get("run", "")]
     script = merge["run"].replace("${{ needs.conform.result == 'success' && 'passed' || 'FAILED' }}", "passed")
     subprocess.run(["bash", "-c", script], cwd=tmp_path, check=True)
     text = (tmp_path / "comment.md").read_text()
     assert text.startswith("<!-- kvspec gate -->\n### kvspec gate: passed") and "##### kvspec conform: `vllm`" in text
+    assert "##### kvspec kernels: `vllm` conforms" in text

@@ -49,6 +49,7 @@ class KernelOptions:
     worker: str | None = None  # None: vllm for --target vllm, else kvspec
     budget: float | None = None  # seconds for the whole stage, shared by the models (instead of examples)
     report_dir: str | None = None  # report.json, report.md and junit.xml, as kvspec conform writes them
+    known_findings: bool = False  # steer around the target's known findings, as kvspec conform does
     command: str = "kvspec kernels"  # recorded in the report
 
     def chosen_worker(self) -> str:
@@ -65,6 +66,12 @@ class KernelPlan:
     settings: Any
     seeded: Any  # a hypothesis.seed decorator, or None
     dtype: Any  # torch.dtype
+    steered: tuple[Any, ...] = ()  # the known findings (Finding) steered around
+    skipped: dict[str, str] = field(default_factory=dict)  # setup name -> why it is not searched
+
+    def searched(self) -> list[Any]:
+        """The setups the run searches: all but those steered around."""
+        return [s for s in self.setups if s.name not in self.skipped]
 
     def run(self, on_result: Callable[[Any, Any], None] | None = None) -> list[tuple[Any, Any]]:
         """Search each model setup's kernel machine; ``(setup, result)`` pairs.
@@ -75,11 +82,12 @@ class KernelPlan:
 
         o, results = self.options, []
         deadline = time.perf_counter() + o.budget if o.budget else None
-        for i, s in enumerate(self.setups):
+        searched = self.searched()
+        for i, s in enumerate(searched):
             if deadline is None:
                 result = self._search(s, self.settings, self.seeded)
             else:
-                share = (deadline - time.perf_counter()) / (len(self.setups) - i)
+                share = (deadline - time.perf_counter()) / (len(searched) - i)
                 result = self._search_for(s, share)
             results.append((s, result))
             if on_result:
@@ -119,15 +127,16 @@ BUDGET_BATCH = 1  # examples per batch of a budgeted kernel search: an example r
 # seconds each under Triton's interpreter, and a batch in flight is let finish
 
 
-def stage_report(options: KernelOptions, results: list[tuple[Any, Any]]) -> Any:
+def stage_report(plan: KernelPlan, results: list[tuple[Any, Any]]) -> Any:
     """The stage's results as a :class:`~kvspec.conformance.report.RunReport`
     (scope ``kernels``, a row per model), so that report.md, report.json and
     junit.xml read as ``kvspec conform``'s do; a model that ran no step is
-    not searched, never passed."""
+    not searched, never passed, and one steered around says which finding."""
     from kvspec.conformance.report import LayoutResult, RunReport, below_floor
 
+    options = plan.options
     report = RunReport(options.target, "", options.profile, seed=options.seed, command=options.command,
-                       command_name="kernels",
+                       command_name="kernels", steered_around=[f"{f.id}: {f.title}" for f in plan.steered],
                        checked={"kernels": sorted({k.removeprefix("check ") for _, r in results
                                                    for k in r.totals if k.startswith("check ")})},
                        versions={"worker": options.chosen_worker(), "kernels": ",".join(options.kernels),
@@ -138,7 +147,29 @@ def stage_report(options: KernelOptions, results: list[tuple[Any, Any]]) -> Any:
         report.results.append(LayoutResult(
             "kernels", setup.name, steps, round(r.seconds, 3), r.passed, details=failure + r.example,
             skipped=below_floor("kernels", steps) if r.passed else None))
+    report.results += [LayoutResult("kernels", name, 0, 0.0, True, skipped=why) for name, why in plan.skipped.items()]
     return report
+
+
+def steering(plan: KernelPlan) -> None:
+    """Under ``known_findings``, the target's known findings whose input the
+    kernel machine can send, and the setups that would send it.  The machine
+    sends no bad argument, no image, no per-group lookup, and no connector
+    tokens or drafts to a model with Mamba, so only a finding that a whole
+    manager layout reproduces (``layout:NAME``) applies: that layout is not
+    searched, as under ``kvspec conform --known-findings``."""
+    from kvspec.conformance.findings import known_findings
+    from kvspec.conformance.report import STEERED
+    from kvspec.conformance.runner import findings_target
+
+    if not plan.options.known_findings:
+        return
+    findings = known_findings(findings_target(plan.options.target, "manager"), ["manager"])
+    for s in plan.setups:
+        why = [f for f in findings if f.avoid == f"layout:{s.name}"]
+        if why:
+            plan.skipped[s.name] = STEERED + ", ".join(f.id for f in why)
+    plan.steered = tuple(f for f in findings if any(f.avoid == f"layout:{s.name}" for s in plan.setups))
 
 
 def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
@@ -224,4 +255,6 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
         from hypothesis import settings as hypothesis_settings
 
         run_settings, seeded = hypothesis_settings(run_settings, derandomize=False), hypothesis_seed(o.seed)
-    return KernelPlan(o, setups, factory, run_settings, seeded, getattr(torch, o.dtype))
+    plan = KernelPlan(o, setups, factory, run_settings, seeded, getattr(torch, o.dtype))
+    steering(plan)
+    return plan
