@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 # vLLM's Triton kernels run on a CPU under Triton's interpreter, which must be
 # chosen before Triton is imported; an empty CUDA_VISIBLE_DEVICES keeps vLLM's
 # Triton probe from disabling Triton.  The GPU stage (KVSPEC_DEVICE=cuda) runs
@@ -57,3 +59,15 @@ def pytest_terminal_summary(terminalreporter):
         for name, count in sorted(OPERATIONS.items()):
             terminalreporter.write_line(f"{name:<40} {count:>8}")
         terminalreporter.write_line(f"{'total':<40} {sum(OPERATIONS.values()):>8}")
+
+
+@pytest.fixture
+def brief_shrinking():
+    """Hypothesis shrinks a failure for at most 5 s in this test (the gate
+    allows two minutes): for tests of what happens *around* a failure -- its
+    database, its trace, its picture -- where the example only has to fail,
+    not be the smallest.  The trace minimiser still runs after it."""
+    from kvspec.conformance.runner import shrinking_limited_to
+
+    with shrinking_limited_to(5):
+        yield

@@ -103,6 +103,7 @@ def _shard(target, plan, shard, database):
     return {r.layout: r for r in report.results}
 
 
+@pytest.mark.usefixtures("brief_shrinking")
 def test_shards_sharing_a_redis_database_replay_each_others_failures(tmp_path, monkeypatch, redis_url):
     """Shard 1 of one run finds a failure on two-groups and saves it in the
     shared database; shard 2 of the next run, which has two-groups now,

@@ -32,7 +32,7 @@ require_vllm()
 pytestmark = pytest.mark.skipif(vllm_kernels_available() is not None,
                                 reason=f"vLLM's Triton kernels cannot run here: {vllm_kernels_available()}")
 VLLM_KERNELS = ("reference", "flex", "vllm")
-EXAMPLES = {"ci": 5, "long": 200, "quick": 3}  # vLLM's kernels are interpreted: seconds per step
+EXAMPLES = {"ci": 3, "long": 200, "quick": 2}  # vLLM's kernels are interpreted: seconds per step
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

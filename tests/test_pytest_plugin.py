@@ -16,8 +16,23 @@ test_from_the_command_line = conformance_suite(scope="pool", layouts=["caching-o
 '''
 
 
+# The project's own conftest bounds Hypothesis's shrinking (the failure only has to read as kvspec's steps,
+# which the trace minimiser makes short after it): 5 s, not the gate's two minutes.
+CONFTEST = '''
+import pytest
+from kvspec.conformance.runner import shrinking_limited_to
+
+
+@pytest.fixture(autouse=True)
+def brief_shrinking():
+    with shrinking_limited_to(5):
+        yield
+'''
+
+
 def run(tmp_path, *args):
     (tmp_path / "test_kvspec.py").write_text(SUITE)
+    (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "brk.py").write_text("from broken_pools import DoubleDecrement, target\n"
                                      "make = target(DoubleDecrement)\n")
     env_path = f"{tmp_path}:{TESTS}"
