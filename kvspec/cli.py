@@ -49,7 +49,7 @@ from kvspec.conformance.runner import (
 )
 from kvspec.conformance.settings import PROFILES
 from kvspec.conformance.trace import Trace, TraceError
-from kvspec.conformance.vectors.codec import check, targets_for
+from kvspec.conformance.vectors.codec import CHAPTERS, check, targets_for
 from kvspec.conformance.vectors.corpus import SIZES, generate
 from kvspec.conformance.vllm.compat import REFERENCE_RELEASE
 from kvspec.spec import releases
@@ -464,6 +464,9 @@ def vectors_generate(args: argparse.Namespace) -> int:
           + (f" (the spec of vLLM {release})" if release else ""))
     print(f"rules exercised: {len(corpus.rules)} of {len(RULES)}"
           + (f" (none exercise {', '.join(corpus.unexercised)})" if corpus.unexercised else ""))
+    unread = corpus.unread_chapters
+    print(f"chapters of spec/README.md needed: {len(CHAPTERS) - len(unread)} of {len(CHAPTERS)}"
+          + (f" (none needs {', '.join(unread)})" if unread else ""))
     if corpus.coverage:
         c = corpus.coverage
         print(f"spec branches exercised: {c['taken']} of {c['branches']} ({100 * c['taken'] / c['branches']:.0f}%)")

@@ -13,6 +13,7 @@ from kvspec.cli import main
 from kvspec.conformance.findings import FINDINGS
 from kvspec.conformance.runner import resolve_target
 from kvspec.conformance.vectors.codec import (
+    CHAPTERS,
     VectorError,
     check,
     from_json,
@@ -46,6 +47,18 @@ def test_the_corpus_exercises_every_rule_and_has_every_source(corpus):
     assert {f["findings"][0] for f in corpus.files if "/findings/" in f["path"]} == base_findings
     index = json.loads((corpus.root / "index.json").read_text())
     assert len(index["files"]) == len(vector_files(corpus.root))
+
+
+def test_every_chapter_of_the_spec_has_vectors(corpus, tmp_path):
+    """Every chapter of spec/README.md that the base release reads is needed
+    by some vector (issue 29) -- the committed edge cases alone included --
+    and the releases' chapter by a corpus of a later release."""
+    assert corpus.unread_chapters == ["9"]
+    assert generate(tmp_path / "cases", "cases", measure_coverage=False).unread_chapters == ["9"]
+    assert "9" in generate(tmp_path / "later", "cases", measure_coverage=False, release="0.30.0").chapters
+    index = json.loads((corpus.root / "index.json").read_text())
+    assert set(index["chapters"]) == set(CHAPTERS) - {"9"}
+    assert "| 8. Cross attention | " in (corpus.root / "INDEX.md").read_text()
 
 
 @pytest.mark.parametrize("name", ["spec", "impl"])

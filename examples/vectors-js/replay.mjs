@@ -1,311 +1,27 @@
-// A block pool in JavaScript, checked against kvspec's conformance vectors.
+// kvspec's conformance vectors, replayed in JavaScript.
 //
-// This file knows nothing of kvspec's Python code: it reads the vector
-// format (docs/VECTORS.md) and implements the pool chapter of the spec
-// (spec/README.md, "The pool") from its prose.  It proves the format stands
-// alone: a second implementation in a second language replays every pool
-// vector and agrees on every result, refusal, state and event.
+// This code knows nothing of kvspec's Python code: it reads the vector format (docs/VECTORS.md), the
+// pool (pool.mjs) implements chapter 1 of spec/README.md and the manager (manager.mjs) chapters 2-9,
+// from the prose.  It replays every *.json vector under DIR, pool and manager scopes alike.
 //
-//   node examples/vectors-js/replay.mjs DIR     (every *.json under DIR; manager vectors are skipped)
+//   node examples/vectors-js/replay.mjs DIR
 //
-// Exit 0 when every pool vector agrees, 1 when one differs or cannot be read.
+// It prints the first difference of each failing vector (step, field, expected vs got) and, at the
+// end, passed / total per directory (scope, kind of vector, layout).  Exit 0 when every vector agrees,
+// 1 when one differs or cannot be read.
 
-import { readFileSync, readdirSync, statSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
-
-const NULL_BLOCK = 0;
-const GROUP_ID_BYTES = 4;
-const MAX_GROUP_ID = 2 ** (8 * GROUP_ID_BYTES) - 1;
-
-class Refusal extends Error {
-  constructor(kind, message) {
-    super(message);
-    this.kind = kind; // "ValueError" or "TypeError", as the vectors record refusals
-  }
-}
-
-const isInt = (v) => typeof v === "number" && Number.isInteger(v);
-const isBytes = (v) => v !== null && typeof v === "object" && typeof v.bytes === "string";
-
-function requireCount(n, what) {
-  if (!isInt(n)) throw new Refusal("TypeError", `${what} must be an int, got ${JSON.stringify(n)}`);
-  if (n < 0) throw new Refusal("ValueError", `${what} must be >= 0, got ${n}`);
-  return n;
-}
-
-// A hash's form in events: the low 64 bits of the big-endian integer,
-// written as a JSON number when JavaScript can hold it exactly.
-function eventHash(hex) {
-  const value = BigInt("0x" + hex.slice(-16));
-  return value < 2n ** 53n ? Number(value) : { int: value.toString() };
-}
-
-class Pool {
-  constructor({ num_blocks, enable_caching, hash_block_size, enable_kv_cache_events }) {
-    requireCount(num_blocks, "num_blocks");
-    if (num_blocks < 1) throw new Refusal("ValueError", "a pool needs at least the null block");
-    requireCount(hash_block_size, "hash_block_size");
-    if (hash_block_size < 1) throw new Refusal("ValueError", "hash_block_size must be >= 1");
-    this.numBlocks = num_blocks;
-    this.caching = enable_caching;
-    this.hashBlockSize = hash_block_size;
-    this.eventsOn = enable_kv_cache_events;
-    this.ref = new Array(num_blocks).fill(0);
-    this.free = Array.from({ length: num_blocks - 1 }, (_, i) => i + 1); // head first; block 0 is the null block
-    this.keyOf = new Map(); // block -> key (hash hex + group as 4 big-endian bytes)
-    this.tokensOf = new Map(); // block -> the prefix length its own key names
-    this.partialOf = new Map(); // block -> further keys it owns (prefixes ending inside it)
-    this.table = new Map(); // key -> blocks, oldest first
-    this.events = [];
-  }
-
-  requireBlock(id) {
-    if (!isInt(id)) throw new Refusal("TypeError", `block id must be an int, got ${JSON.stringify(id)}`);
-    if (id < 0 || id >= this.numBlocks) throw new Refusal("ValueError", `block id ${id} is outside the pool`);
-    return id;
-  }
-
-  static requireGroup(g) {
-    if (!isInt(g)) throw new Refusal("TypeError", `group id must be an int, got ${JSON.stringify(g)}`);
-    if (g < 0 || g > MAX_GROUP_ID) throw new Refusal("ValueError", `group id ${g} does not fit in 4 bytes`);
-    return g;
-  }
-
-  static key(hashHex, group) {
-    return hashHex + group.toString(16).padStart(2 * GROUP_ID_BYTES, "0");
-  }
-
-  // Every key of the block leaves the table -- its own, then its partial entries.
-  evict(block) {
-    const key = this.keyOf.get(block);
-    if (key === undefined) return;
-    const keys = [key, ...(this.partialOf.get(block) ?? [])];
-    this.keyOf.delete(block);
-    this.tokensOf.delete(block);
-    this.partialOf.delete(block);
-    for (const k of keys) {
-      const blocks = this.table.get(k).filter((b) => b !== block);
-      if (blocks.length) this.table.set(k, blocks);
-      else this.table.delete(k);
-      if (this.eventsOn) {
-        const hashHex = k.slice(0, -2 * GROUP_ID_BYTES);
-        const group = parseInt(k.slice(-2 * GROUP_ID_BYTES), 16);
-        this.events.push({ event: "removed", group, block_hash: eventHash(hashHex) });
-      }
-    }
-  }
-
-  // The key becomes the block's own (naming a prefix of `tokens` tokens), or a partial entry if it has one.
-  insert(block, key, tokens) {
-    if (this.keyOf.has(block)) this.partialOf.set(block, [...(this.partialOf.get(block) ?? []), key]);
-    else {
-      this.keyOf.set(block, key);
-      this.tokensOf.set(block, tokens);
-    }
-    this.table.set(key, [...(this.table.get(key) ?? []), block]);
-  }
-
-  // --- operations (each refusal leaves the pool unchanged) ---
-
-  get_new_blocks({ num_blocks }) {
-    requireCount(num_blocks, "block count");
-    if (num_blocks > this.free.length) throw new Refusal("ValueError", `only ${this.free.length} blocks are free`);
-    const taken = this.free.splice(0, num_blocks);
-    for (const b of taken) {
-      this.evict(b); // a cached block being reused loses its key first
-      this.ref[b] = 1;
-    }
-    return taken;
-  }
-
-  touch({ block_ids }) {
-    const ids = block_ids.map((b) => this.requireBlock(b));
-    for (const b of ids) {
-      if (b === NULL_BLOCK) continue;
-      if (this.ref[b] === 0) this.free.splice(this.free.indexOf(b), 1);
-      this.ref[b] += 1;
-    }
-    return null;
-  }
-
-  free_blocks({ block_ids }) {
-    const ids = block_ids.map((b) => this.requireBlock(b));
-    const drops = new Map();
-    for (const b of ids) if (b !== NULL_BLOCK) drops.set(b, (drops.get(b) ?? 0) + 1);
-    for (const [b, n] of drops) {
-      if (n > this.ref[b]) throw new Refusal("ValueError", `block ${b} freed ${n} times, held ${this.ref[b]}`);
-    }
-    const plain = [];
-    const cached = [];
-    for (const b of ids) {
-      if (b === NULL_BLOCK) continue;
-      this.ref[b] -= 1;
-      if (this.ref[b] === 0) (this.keyOf.has(b) ? cached : plain).push(b);
-    }
-    this.free = [...plain, ...this.free, ...cached]; // no key: reused first; cached: least recently used first
-    return null;
-  }
-
-  get_cached_block({ block_hash, group_ids }) {
-    if (!isBytes(block_hash)) throw new Refusal("TypeError", "block hash must be bytes");
-    const hits = [];
-    for (const g of group_ids) {
-      const blocks = this.table.get(Pool.key(block_hash.bytes, Pool.requireGroup(g)));
-      if (!blocks) return null;
-      hits.push(blocks[0]);
-    }
-    return hits;
-  }
-
-  cache_full_blocks({ request, block_ids, num_cached_blocks, num_full_blocks, block_size, group_id, block_mask = null }) {
-    if (!this.caching) throw new Refusal("ValueError", "prefix caching is disabled on this pool");
-    Pool.requireGroup(group_id);
-    requireCount(block_size, "block_size");
-    if (block_size === 0 || block_size % this.hashBlockSize) throw new Refusal("ValueError", "block size incoherent");
-    requireCount(num_cached_blocks, "num_cached_blocks");
-    requireCount(num_full_blocks, "num_full_blocks");
-    if (num_cached_blocks >= num_full_blocks) return null;
-    if (num_full_blocks > block_ids.length) throw new Refusal("ValueError", "more full blocks than blocks");
-    // Block i at this block size is named by fine hash (i + 1) * scale - 1.
-    const scale = block_size / this.hashBlockSize;
-    const fine = request.block_hashes;
-    const hashes = Array.from({ length: Math.floor(fine.length / scale) }, (_, i) => fine[(i + 1) * scale - 1]);
-    if (hashes.length < num_full_blocks) throw new Refusal("ValueError", "too few hashes");
-    const fresh = Array.from({ length: num_full_blocks - num_cached_blocks }, (_, j) => num_cached_blocks + j);
-    if (block_mask !== null && block_mask.length !== fresh.length) throw new Refusal("ValueError", "mask length");
-    const chosen = fresh.filter((i, j) => this.requireBlock(block_ids[i]) !== NULL_BLOCK && (block_mask === null || block_mask[j]));
-    for (const i of chosen) {
-      const b = block_ids[i];
-      if (this.ref[b] <= 0) throw new Refusal("ValueError", `block ${b} is cached but nobody holds it`);
-      // a block may already carry a key only when it is a partial entry of this very block (it is promoted)
-      const t = this.tokensOf.get(b);
-      if (this.keyOf.has(b) && !(i * block_size < t && t < (i + 1) * block_size)) {
-        throw new Refusal("ValueError", `block ${b} already carries a hash`);
-      }
-    }
-    if (new Set(chosen.map((i) => block_ids[i])).size !== chosen.length) throw new Refusal("ValueError", "aliasing");
-    for (const i of chosen) {
-      this.evict(block_ids[i]);
-      this.insert(block_ids[i], Pool.key(hashes[i], group_id), (i + 1) * block_size);
-    }
-    if (this.eventsOn) this.events.push(storedEvent(request, hashes, fresh, chosen, block_size, group_id));
-    return null;
-  }
-
-  // A partial entry: the block serves a prefix of num_tokens tokens that ends inside it.
-  cache_partial_block({ request, block_id, num_tokens, group_id, block_size }) {
-    if (this.requireBlock(block_id) === NULL_BLOCK) return null;
-    Pool.requireGroup(group_id);
-    requireCount(block_size, "block_size");
-    requireCount(num_tokens, "num_tokens");
-    if (!this.caching) throw new Refusal("ValueError", "prefix caching is disabled on this pool");
-    const hbs = this.hashBlockSize;
-    if (block_size <= hbs || block_size % hbs) throw new Refusal("ValueError", "block size incoherent");
-    if (num_tokens === 0 || num_tokens % hbs || num_tokens % block_size === 0) {
-      throw new Refusal("ValueError", `${num_tokens} tokens is not a partial block boundary`);
-    }
-    const n = num_tokens / hbs;
-    const fine = request.block_hashes;
-    if (n > fine.length) throw new Refusal("ValueError", "too few hashes");
-    if (this.ref[block_id] <= 0) throw new Refusal("ValueError", `block ${block_id} is cached but nobody holds it`);
-    const key = Pool.key(fine[n - 1], group_id);
-    if ((this.table.get(key) ?? []).includes(block_id)) return { bytes: key };
-    if (this.tokensOf.has(block_id) && this.tokensOf.get(block_id) < num_tokens) this.evict(block_id);
-    this.insert(block_id, key, num_tokens);
-    if (this.eventsOn) {
-      const start = (n - 1) * hbs;
-      const [keys] = extraKeys(request, start, num_tokens, 0); // every image overlapping the hash block
-      this.events.push({
-        event: "stored", group: group_id, block_hashes: [eventHash(fine[n - 1])],
-        parent_block_hash: n === 1 ? null : eventHash(fine[n - 2]),
-        token_ids: request.all_token_ids.slice(start, num_tokens), block_size: hbs,
-        lora_id: request.lora ? request.lora.lora[1] : null, lora_name: request.lora ? request.lora.lora[0] : null,
-        extra_keys: [keys],
-      });
-    }
-    return { bytes: key };
-  }
-
-  evict_blocks({ block_ids }) {
-    const ids = (block_ids.set ?? block_ids).map((b) => this.requireBlock(b));
-    for (const b of ids) this.evict(b);
-    return null;
-  }
-
-  reset_prefix_cache() {
-    if (this.free.length !== this.numBlocks - 1) return false;
-    this.keyOf.clear();
-    this.tokensOf.clear();
-    this.partialOf.clear();
-    this.table.clear();
-    if (this.eventsOn) this.events.push({ event: "cleared" });
-    return true;
-  }
-
-  state() {
-    const cached = {};
-    for (const b of [...this.keyOf.keys()].sort((x, y) => x - y)) cached[String(b)] = this.keyOf.get(b);
-    const table = {};
-    for (const k of [...this.table.keys()].sort()) table[k] = this.table.get(k);
-    const partial = {};
-    for (const b of [...this.partialOf.keys()].sort((x, y) => x - y)) partial[String(b)] = [...this.partialOf.get(b)].sort();
-    return { ref: [0, ...this.ref.slice(1)], free: this.free, cached, table, partial };
-  }
-}
-
-// The extra keys of tokens [start, end): the LoRA name, each image overlapping them ([identifier, where it
-// starts relative to start]), the cache salt from the first token on -- and the image to resume from.
-// mmIdx is where the image search starts; -1 counts from the end (the last image only).
-function extraKeys(request, start, end, mmIdx) {
-  if (request.prompt_embeds) throw new Error("embedded prompts are not part of this replayer");
-  const keys = [];
-  if (request.lora) keys.push(request.lora.lora[0]);
-  const images = request.mm_features.map((f) => f.mm);
-  let idx = mmIdx;
-  if (images.length && images[images.length - 1][1] + images[images.length - 1][2] > start) {
-    idx = mmIdx < 0 ? images.length + mmIdx : mmIdx;
-    for (; idx < images.length; ) {
-      const [id, offset, length] = images[idx];
-      if (end <= offset) break;
-      if (start >= offset + length) { idx += 1; continue; }
-      keys.push([id, offset - start]);
-      if (end >= offset + length) idx += 1;
-      else break;
-    }
-  }
-  if (start === 0 && request.cache_salt) keys.push(request.cache_salt);
-  return [keys.length ? keys : null, idx];
-}
-
-// The event one caching call emits: the new hashes, the parent's, the tokens
-// of the whole range, and per cached block its extra keys.
-function storedEvent(request, hashes, fresh, chosen, blockSize, group) {
-  const first = fresh[0];
-  const end = fresh[fresh.length - 1] + 1;
-  let mmIdx = 0;
-  const extra = chosen.map((i) => {
-    const [keys, next] = extraKeys(request, i * blockSize, (i + 1) * blockSize, mmIdx);
-    mmIdx = next;
-    return keys;
-  });
-  return {
-    event: "stored",
-    group,
-    block_hashes: chosen.map((i) => eventHash(hashes[i])),
-    parent_block_hash: first === 0 ? null : eventHash(hashes[first - 1]),
-    token_ids: request.all_token_ids.slice(first * blockSize, end * blockSize),
-    block_size: blockSize,
-    lora_id: request.lora ? request.lora.lora[1] : null,
-    lora_name: request.lora ? request.lora.lora[0] : null,
-    extra_keys: extra.length ? extra : null,
-  };
-}
-
-// --- replaying ---
+import { Pool, Refusal } from "./pool.mjs";
+import { Manager } from "./manager.mjs";
 
 const canonical = (v) =>
-  JSON.stringify(v, (_, x) => (x && typeof x === "object" && !Array.isArray(x) ? Object.fromEntries(Object.entries(x).sort()) : x));
+  JSON.stringify(v, (_, x) => (x && typeof x === "object" && !Array.isArray(x) && !(x instanceof Map) ? Object.fromEntries(Object.entries(x).sort()) : x));
 const same = (a, b) => canonical(a) === canonical(b);
+const short = (v, n = 400) => {
+  const text = canonical(v) ?? "undefined";
+  return text.length > n ? text.slice(0, n) + "..." : text;
+};
 
 // Which keys an operation drops is the contract, not the order it drops them in (evict_blocks takes a
 // set, a block's partial entries are a set): each run of consecutive "removed" events compares as a multiset.
@@ -324,59 +40,100 @@ function comparable(events) {
   return out;
 }
 
-function replay(vector) {
-  if (vector.refused !== undefined) { // a configuration the pool must refuse to be built with
-    try {
-      new Pool(vector.config);
-    } catch (error) {
-      if (error instanceof Refusal) return [];
-      throw error;
+// The first place two values differ, as a path and the two values there.
+function firstDifference(got, expected, path = "") {
+  if (same(got, expected)) return null;
+  if (Array.isArray(got) && Array.isArray(expected) && got.length === expected.length) {
+    for (let i = 0; i < got.length; i++) {
+      const d = firstDifference(got[i], expected[i], `${path}[${i}]`);
+      if (d) return d;
     }
-    return [`construction: built a pool; the configuration breaks ${vector.refused} and must be refused`];
   }
-  const pool = new Pool(vector.config);
-  const expected = { ...vector.initial_state };
-  const problems = [];
-  const compareState = (where) => {
-    const got = pool.state();
-    for (const [part, value] of Object.entries(expected)) {
-      if (!same(got[part], value)) problems.push(`${where}: ${part} is ${canonical(got[part])}, expected ${canonical(value)}`);
+  if (got && expected && typeof got === "object" && typeof expected === "object" && !Array.isArray(got) && !Array.isArray(expected)) {
+    for (const k of [...new Set([...Object.keys(got), ...Object.keys(expected)])].sort()) {
+      const d = firstDifference(got[k], expected[k], `${path}.${k}`);
+      if (d) return d;
     }
+  }
+  return { path, got, expected };
+}
+
+// A request as the target sees it at a step: what never changes (vector.requests) and its progress.
+function requestAt(vector, id, progress) {
+  const identity = vector.requests[id];
+  const all = [...identity.prompt_token_ids, ...progress.output_token_ids];
+  return {
+    ...identity, ...progress, id,
+    all_token_ids: all,
+    num_tokens: all.length,
+    num_prompt_tokens: identity.prompt_token_ids.length,
   };
-  compareState("initial state");
+}
+
+function build(vector) {
+  return vector.scope === "pool" ? new Pool(vector.config) : new Manager(vector.config);
+}
+
+// Replays one vector; answers null when it agrees, else its first difference.
+function replay(vector) {
+  if (vector.refused !== undefined) { // a configuration the target must refuse to be built with
+    try {
+      build(vector);
+    } catch (error) {
+      if (error instanceof Refusal) return null;
+      return `construction: crashed (${error.stack})`;
+    }
+    return `construction: built a ${vector.scope}; the configuration breaks ${vector.refused} and must be refused`;
+  }
+  const target = build(vector);
+  const takeEvents = () => (vector.scope === "pool" ? target.events.splice(0) : target.takeEvents());
+  const expected = { ...vector.initial_state };
+  const compareState = (where) => {
+    const got = target.state();
+    for (const [part, value] of Object.entries(expected)) {
+      const d = firstDifference(got[part], value);
+      if (d) return `${where}: state ${part}${d.path}: expected ${short(d.expected)}, got ${short(d.got)}`;
+    }
+    return null;
+  };
+  let problem = compareState("initial state");
+  if (problem) return problem;
   for (const [n, step] of vector.steps.entries()) {
-    const where = `step ${n + 1} ${step.op}`;
+    const where = `step ${n} ${step.op}`;
     const args = { ...step.args };
     if (args.request) {
       const id = args.request.request;
-      const progress = step.progress[id];
-      const identity = vector.requests[id];
-      args.request = { ...identity, block_hashes: progress.block_hashes,
-                       all_token_ids: [...identity.prompt_token_ids, ...progress.output_token_ids] };
+      args.request = requestAt(vector, id, step.progress[id]);
     }
     let result = null;
     let refusal = null;
     try {
-      result = pool[step.op](args);
+      result = target[step.op](args);
     } catch (error) {
-      if (!(error instanceof Refusal)) throw error;
+      if (!(error instanceof Refusal)) return `${where}: crashed (${error.stack.split("\n").slice(0, 3).join(" | ")})`;
       refusal = error;
     }
     if ("refused" in step) {
-      if (!refusal) problems.push(`${where}: accepted, expected a ${step.refused} refusal`);
-      else if (refusal.kind !== step.refused) problems.push(`${where}: refused with ${refusal.kind}, expected ${step.refused}`);
+      if (!refusal) return `${where}: result: expected a ${step.refused} refusal, got ${short(result)}`;
+      if (refusal.kind !== step.refused) return `${where}: refusal: expected ${step.refused}, got ${refusal.kind} (${refusal.message})`;
     } else if (refusal) {
-      problems.push(`${where}: refused (${refusal.message}), expected ${canonical(step.result)}`);
+      return `${where}: result: expected ${short(step.result)}, got a ${refusal.kind} refusal (${refusal.message})`;
     } else if (!same(result, step.result)) {
-      problems.push(`${where}: returned ${canonical(result)}, expected ${canonical(step.result)}`);
+      const d = firstDifference(result, step.result);
+      return `${where}: result${d.path}: expected ${short(d.expected)}, got ${short(d.got)}`;
     }
     Object.assign(expected, step.state ?? {});
-    compareState(where);
-    const events = pool.events.splice(0);
-    if (!same(comparable(events), comparable(step.events ?? []))) problems.push(`${where}: events ${canonical(events)}, expected ${canonical(step.events ?? [])}`);
-    if (problems.length) return problems;
+    problem = compareState(where);
+    if (problem) return problem;
+    const events = takeEvents();
+    const got = comparable(events);
+    const want = comparable(step.events ?? []);
+    if (!same(got, want)) {
+      const d = firstDifference(got.map((e) => JSON.parse(e)), want.map((e) => JSON.parse(e)));
+      return `${where}: events${d.path}: expected ${short(d.expected)}, got ${short(d.got)}`;
+    }
   }
-  return problems;
+  return null;
 }
 
 function files(root) {
@@ -392,7 +149,13 @@ if (!root) {
   console.error("usage: node replay.mjs VECTORS_DIR");
   process.exit(2);
 }
-let replayed = 0, differ = 0, unreadable = 0, skipped = 0;
+if (!existsSync(root)) {
+  console.error(`replay.mjs: ${root}: no such file or directory`);
+  process.exit(2);
+}
+const tally = new Map(); // directory (scope/kind/layout) -> [passed, total]
+let failed = 0;
+let unreadable = 0;
 for (const path of files(root)) {
   let vector;
   try {
@@ -403,16 +166,35 @@ for (const path of files(root)) {
     console.log(`UNREADABLE ${path}: ${error.message}`);
     continue;
   }
-  if (vector.scope !== "pool") {
-    skipped += 1;
-    continue;
+  const dir = vector.name.split("/").slice(0, -1).join("/");
+  const counts = tally.get(dir) ?? [0, 0];
+  counts[1] += 1;
+  let problem;
+  try {
+    problem = replay(vector);
+  } catch (error) {
+    const what = error instanceof Refusal ? `refused with ${error.kind}` : "crashed";
+    problem = `construction: ${what} (${error.message}), expected a ${vector.scope} to be built`;
   }
-  replayed += 1;
-  const problems = replay(vector);
-  if (problems.length) {
-    differ += 1;
-    console.log(`FAIL ${path}\n     ${problems.slice(0, 3).join("\n     ")}`);
-  }
+  if (problem) {
+    failed += 1;
+    console.log(`FAIL ${vector.name}\n     ${problem}`);
+  } else counts[0] += 1;
+  tally.set(dir, counts);
 }
-console.log(`${replayed} pool vectors replayed in JavaScript: ${differ} differ, ${unreadable} unreadable, ${skipped} manager vectors skipped`);
-process.exit(differ || unreadable || replayed === 0 ? 1 : 0);
+console.log("\npassed / total");
+const scopes = new Map();
+for (const dir of [...tally.keys()].sort()) {
+  const [passed, total] = tally.get(dir);
+  console.log(`  ${dir.padEnd(48)} ${String(passed).padStart(3)} / ${total}`);
+  const scope = dir.split("/")[0];
+  const s = scopes.get(scope) ?? [0, 0];
+  s[0] += passed;
+  s[1] += total;
+  scopes.set(scope, s);
+}
+for (const [scope, [passed, total]] of scopes) console.log(`  ${(scope + " (all)").padEnd(48)} ${String(passed).padStart(3)} / ${total}`);
+const total = [...tally.values()].reduce((n, [, t]) => n + t, 0);
+const byScope = (scope) => scopes.get(scope)?.[1] ?? 0;
+console.log(`${total} vectors replayed in JavaScript (${byScope("pool")} pool, ${byScope("manager")} manager): ${failed} differ, ${unreadable} unreadable`);
+process.exit(failed || unreadable || total === 0 ? 1 : 0);

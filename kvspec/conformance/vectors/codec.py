@@ -435,6 +435,45 @@ def exercised(vector: Vector) -> set[str]:
     return rules
 
 
+CHAPTERS: dict[str, str] = {
+    "1": "The pool", "1.1": "Hashing", "2": "One full-attention group", "3": "Windows", "4": "Several groups",
+    "5": "Mamba", "6": "EAGLE", "7": "External tokens", "8": "Cross attention", "9": "Releases",
+}
+"""spec/README.md's chapters (and the hashing section), by number."""
+
+
+def chapters(vector: Vector) -> set[str]:
+    """The chapters of spec/README.md a vector needs a port to have read:
+    the pool's for every vector (a manager stands on it), hashing's where a
+    block is stored under a key (a Stored event carries the key's bytes),
+    one per attention kind among its groups, several groups', EAGLE's,
+    external tokens' where a step takes connector tokens, and releases'
+    where it judges a release after the base."""
+    found = {"1"}
+    types = [g.get("type", "") for g in vector.config.get("groups", [])]
+    for t, group in zip(types, vector.config.get("groups", []), strict=True):
+        if t in ("FullAttentionSpec", "MLAAttentionSpec") and group.get("sliding_window") is None:
+            found.add("2")
+        elif "Mamba" in t:
+            found.add("5")
+        elif "CrossAttention" in t:
+            found.add("8")
+        else:  # sliding window, chunked local, full attention with a window (R-SWA)
+            found.add("3")
+    if len({(t, str(g)) for t, g in zip(types, vector.config.get("groups", []), strict=True)}) > 1:
+        found.add("4")
+    if vector.config.get("use_eagle"):
+        found.add("6")
+    if vector.config.get("release"):
+        found.add("9")
+    for step in vector.steps:
+        if any(e.get("event") == "stored" for e in step.get("events", [])):
+            found.add("1.1")
+        if step["op"] == "allocate_slots" and step["args"].get("num_external_computed_tokens"):
+            found.add("7")
+    return found
+
+
 # --- reading and checking ---------------------------------------------------------------------
 
 

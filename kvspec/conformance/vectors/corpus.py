@@ -37,9 +37,18 @@ import kvspec.spec
 from kvspec.conformance.findings import FINDINGS, inputs_to_avoid
 from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.machines.pool import LAYOUTS, PoolLayout
-from kvspec.conformance.vectors.codec import HASH_SEED, Recorder, Vector, config_of, exercised, write
+from kvspec.conformance.vectors.codec import (
+    CHAPTERS,
+    HASH_SEED,
+    Recorder,
+    Vector,
+    chapters,
+    config_of,
+    exercised,
+    write,
+)
 from kvspec.hashing import get_request_block_hasher, rooted_at
-from kvspec.request import LoRARequest, Request
+from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 from kvspec.spec.pool import SpecBlockPool
@@ -403,6 +412,39 @@ def _refusals(m, req):
     m.free(a)
 
 
+def _cross_attention(m, req):
+    a = req("a", [0, 1, 1, 0, 1])
+    blocks, hit = m.get_computed_blocks(a)  # caching is off: no hit
+    _compute(m, a, a.num_tokens, hit, blocks, num_encoder_tokens=6)  # the encoder's 6 tokens: 3 blocks, once
+    a.append_output_token_ids(1)
+    _compute(m, a, 1, num_encoder_tokens=6)  # decoding: no more cross-attention blocks
+    m.free(a)
+
+
+def _images_in_the_key(m, req):
+    image = [MultiModalFeatureSpec("image-a", PlaceholderRange(2, 4))]
+    other = [MultiModalFeatureSpec("image-b", PlaceholderRange(2, 4))]
+    a = req("a", [0, 1, 7, 7, 7, 7, 1, 0], mm_features=image)
+    _prefill(m, a)
+    m.free(a)
+    _prefill(m, req("b", [0, 1, 7, 7, 7, 7, 1, 0, 1], mm_features=other))  # another image: only its first block hits
+    _prefill(m, req("c", [0, 1, 7, 7, 7, 7, 1, 0, 1], mm_features=image))  # the same image: the whole prefix hits
+    for rid in ("b", "c"):
+        m.free(m.requests_seen[rid])
+
+
+def _admission_cap(m, req):
+    a = req("a", [0, 1] * 14)
+    _compute(m, a, 28)  # 14 of the 23 blocks
+    b = req("b", [1, 0] * 2)
+    _compute(m, b, 4, full_sequence_must_fit=True)  # its whole sequence fits (2 blocks of 9): admitted
+    c = req("c", [1, 1] * 8)  # 8 blocks, 7 free
+    _compute(m, c, 2, full_sequence_must_fit=True)  # its first chunk fits, its whole sequence does not: None
+    _compute(m, c, 2)  # the same chunk without the cap: admitted
+    for r in (a, b, c):
+        m.free(r)
+
+
 MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("external-after-hits", "hits in two groups taken before connector tokens are allocated",
                 "full+swa", _external_after_hits),
@@ -416,6 +458,13 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
                 "full", _reset_refused_then_accepted),
     ManagerCase("refusals", "an allocation the pool cannot serve returns None and changes nothing; "
                 "negative and empty allocations are refused", "full", _refusals, ("F4",)),
+    ManagerCase("cross-attention", "cross attention takes the encoder's blocks once, at the first chunk, and "
+                "never caches them", "encoder-decoder", _cross_attention),
+    ManagerCase("images-in-the-key", "an image's identifier is in the key of every block its placeholder "
+                "overlaps: another image at the same place hits only the blocks before it", "full",
+                _images_in_the_key),
+    ManagerCase("admission-cap", "full_sequence_must_fit admits a request only if its whole sequence fits",
+                "full", _admission_cap),
 )
 
 
@@ -562,11 +611,18 @@ class Corpus:
     root: Path
     files: list[dict[str, Any]] = field(default_factory=list)
     rules: dict[str, list[str]] = field(default_factory=dict)
+    chapters: dict[str, list[str]] = field(default_factory=dict)  # spec/README.md's chapter -> vectors
     coverage: dict[str, Any] | None = None
 
     @property
     def unexercised(self) -> list[str]:
         return [r for r in RULES if not self.rules.get(r)]
+
+    @property
+    def unread_chapters(self) -> list[str]:
+        """Chapters of spec/README.md no vector needs (releases' is met only
+        by a corpus generated with ``--release``)."""
+        return [c for c in CHAPTERS if not self.chapters.get(c)]
 
 
 SIZES = {"cases": (0, 0, 0, 0), "quick": (3, 15, 2, 6), "ci": (6, 25, 3, 8), "long": (30, 50, 15, 15)}
@@ -598,10 +654,14 @@ def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None 
         path = out / f"{vector.name}.json"
         write(vector, path)
         rules = sorted(exercised(vector))
+        sections = sorted(chapters(vector), key=lambda c: tuple(map(int, c.split("."))))
         corpus.files.append({"path": f"{vector.name}.json", "scope": vector.scope, "steps": len(vector.steps),
-                             "findings": vector.findings, "rules": rules, "description": vector.description})
+                             "findings": vector.findings, "rules": rules, "chapters": sections,
+                             "description": vector.description})
         for rule in rules:
             corpus.rules.setdefault(rule, []).append(f"{vector.name}.json")
+        for chapter in sections:
+            corpus.chapters.setdefault(chapter, []).append(f"{vector.name}.json")
         if on_file:
             on_file(vector.name)
     _write_index(corpus)
@@ -637,17 +697,24 @@ def _stop_coverage(cov: Any) -> dict[str, Any]:
 
 
 def _write_index(corpus: Corpus) -> None:
-    index = {"kvspec_vectors_index": 1, "files": corpus.files, "rules": corpus.rules}
+    index = {"kvspec_vectors_index": 1, "files": corpus.files, "rules": corpus.rules, "chapters": corpus.chapters}
     (corpus.root / "index.json").write_text(json.dumps(index, indent=1) + "\n")
     if corpus.coverage:  # apart: it moves with every edit of the spec, the vectors do not
         (corpus.root / "coverage.json").write_text(json.dumps(corpus.coverage, indent=1) + "\n")
     lines = ["# Conformance vectors", "",
              f"{len(corpus.files)} vectors ({sum(f['steps'] for f in corpus.files)} operations), derived from the "
              "spec by `kvspec vectors generate`.  The format is described in kvspec's `docs/VECTORS.md`; "
-             "`index.json` lists every file with the rules it exercises.", ""]
+             "`index.json` lists every file with the rules it exercises and the chapters of spec/README.md "
+             "it needs.", "", "## By chapter of spec/README.md", "", "| chapter | vectors | for example |",
+             "|---|---|---|"]
+    for chapter, title in CHAPTERS.items():
+        files = corpus.chapters.get(chapter, [])
+        example = f"`{min(files, key=lambda f: ('/cases/' not in f, f))}`" if files else "-"
+        lines.append(f"| {chapter}. {title} | {len(files)} | {example} |")
+    lines += ["", "## By rule", ""]
     for rule in RULES:
         files = corpus.rules.get(rule, [])
-        lines += [f"## {rule}", "", f"{len(files)} vector{'' if len(files) == 1 else 's'}, for example:", ""]
+        lines += [f"### {rule}", "", f"{len(files)} vector{'' if len(files) == 1 else 's'}, for example:", ""]
         lines += [f"- `{f}`" for f in sorted(files, key=lambda f: ("/cases/" not in f, "/findings/" not in f, f))[:8]]
         lines.append("")
     (corpus.root / "INDEX.md").write_text("\n".join(lines).rstrip() + "\n")
