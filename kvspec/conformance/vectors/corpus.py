@@ -265,6 +265,20 @@ def _tenants(p, req):
         p.free_blocks(blocks[::-1])
 
 
+def _every_refusal(p, req):
+    """More of chapter 1's refusal table, a row a call (bad-input has the first ones).  Rows where
+    vLLM 0.25.1 answers otherwise -- a negative ``num_cached_blocks`` or one block twice accepted,
+    an ``AssertionError``, ``OverflowError`` or ``AttributeError`` for a bad request or group id
+    -- wait for their triage as findings before they get vectors here."""
+    r = req("a", [0, 1, 0, 1])
+    blocks = p.get_new_blocks(2)
+    _refused(p.touch, ["1"])  # an id not an int
+    _refused(p.evict_blocks, ["1"])
+    _refused(p.evict_blocks, [p.num_blocks])  # an id outside the pool
+    _refused(p.cache_full_blocks, r, blocks, 0, 2, "2", 0)  # a block size not an int
+    p.free_blocks(blocks[::-1])
+
+
 def _pool(num_blocks: int, group_block_sizes: tuple[int, ...] = (2,), **kw: Any) -> PoolLayout:
     """The cases' pools: hashes of 2 tokens, one group of 2 unless said."""
     return PoolLayout(num_blocks=num_blocks, hash_block_size=2, group_block_sizes=group_block_sizes, **kw)
@@ -293,6 +307,8 @@ POOL_CASES: tuple[PoolCase, ...] = (
              _pool(4), _reset),
     PoolCase("bad-input", "every kind of impossible call is refused and changes nothing",
              _pool(5), _bad_input, ("F1", "F2", "F3")),
+    PoolCase("every-refusal", "more of the refusal table: ids of the wrong type or outside the pool, a block "
+             "size of the wrong type", _pool(5), _every_refusal),
     PoolCase("partial-entries", "a block serves prefixes that end inside it: a further entry of a full block, "
              "the tail's own key, a hit on it, promotion to the full key when the tail fills, all keys gone on reuse",
              _pool(4, (4, 4)), _partial_entries),
