@@ -705,7 +705,7 @@ export class Manager {
   // length past M, a hit the request may not take, a hit block no longer cached.
   refuseBadAllocation({ request, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = null,
                         num_lookahead_tokens = 0, num_external_computed_tokens = 0, delay_cache_blocks = false,
-                        num_encoder_tokens = 0, full_sequence_must_fit = false }) {
+                        num_encoder_tokens = 0, full_sequence_must_fit = false, reserved_blocks = 0 }) {
     const c = {
       request,
       id: request.id,
@@ -718,6 +718,7 @@ export class Manager {
       encoder: requireCount(num_encoder_tokens, "num_encoder_tokens"),
       delayCache: requireBool(delay_cache_blocks, "delay_cache_blocks"),
       mustFit: requireBool(full_sequence_must_fit, "full_sequence_must_fit"),
+      reserved: requireCount(reserved_blocks, "reserved_blocks"),
       hitBlocks: new_computed_blocks ?? this.groups.map(() => []),
       running: this.groups.some((g) => g.st.numCached.has(request.id)),
     };
@@ -757,11 +758,11 @@ export class Manager {
   }
 
   // spec 2 step 3: need = the blocks to allocate for min(total + new + lookahead, M) tokens, summed
-  // over the groups; None if more than the free count (watermark and reserved_blocks: 0).
+  // over the groups; None if more than the free count less reserved_blocks (watermark: 0, the default).
   capacitySuffices(c) {
     if (this.trial) return true;
     const need = this.groups.reduce((n, g, gi) => n + g.blocksToAllocate(c.id, c.slots, c.main, c.hitBlocks[gi], c.total), 0);
-    return need <= this.pool.free.length;
+    return need <= this.pool.free.length - c.reserved;
   }
 
   // spec 2 step 4, spec 7: a new request takes its hits in every group first, then each group takes

@@ -461,6 +461,16 @@ def _admission_cap(m, req):
         m.free(r)
 
 
+def _reserved_blocks(m, req):
+    a = req("a", [0, 1] * 14)
+    _compute(m, a, 28)  # 14 of the 23 blocks: 9 free
+    b = req("b", [1, 0] * 8)
+    _compute(m, b, 16, reserved_blocks=2)  # 8 blocks, but 2 of the 9 are kept back: None
+    _compute(m, b, 16, reserved_blocks=1)  # 8 of the 9 less 1: admitted
+    for r in (a, b):
+        m.free(r)
+
+
 MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("external-after-hits", "hits in two groups taken before connector tokens are allocated",
                 "full+swa", _external_after_hits),
@@ -479,6 +489,8 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("images-in-the-key", "an image's identifier is in the key of every block its placeholder "
                 "overlaps: another image at the same place hits only the blocks before it", "full",
                 _images_in_the_key),
+    ManagerCase("reserved-blocks", "reserved_blocks keeps free blocks back from an allocation", "full",
+                _reserved_blocks),
     ManagerCase("admission-cap", "full_sequence_must_fit admits a request only if its whole sequence fits",
                 "full", _admission_cap),
 )
