@@ -151,13 +151,13 @@ def stage_report(plan: KernelPlan, results: list[tuple[Any, Any]]) -> Any:
     return report
 
 
-def steering(plan: KernelPlan) -> None:
-    """Under ``known_findings``, the target's known findings whose input the
-    kernel machine can send, and the setups that would send it.  The machine
-    sends no bad argument, no image, no per-group lookup, and no connector
-    tokens or drafts to a model with Mamba, so only a finding that a whole
-    manager layout reproduces (``layout:NAME``) applies: that layout is not
-    searched, as under ``kvspec conform --known-findings``."""
+def steer(plan: KernelPlan) -> None:
+    """Under ``known_findings``, leave out each setup that would send one of
+    the target's known findings' inputs, naming the finding.  The kernel
+    machine sends no bad argument, no image, no per-group lookup, and no
+    connector tokens or drafts to a model with Mamba, so only a finding that
+    a whole manager layout reproduces (``layout:NAME``) can arise: that
+    layout is not searched, as under ``kvspec conform --known-findings``."""
     from kvspec.conformance.findings import known_findings
     from kvspec.conformance.report import STEERED
     from kvspec.conformance.runner import findings_target
@@ -165,11 +165,13 @@ def steering(plan: KernelPlan) -> None:
     if not plan.options.known_findings:
         return
     findings = known_findings(findings_target(plan.options.target, "manager"), ["manager"])
+    steered: list[Any] = []
     for s in plan.setups:
         why = [f for f in findings if f.avoid == f"layout:{s.name}"]
         if why:
             plan.skipped[s.name] = STEERED + ", ".join(f.id for f in why)
-    plan.steered = tuple(f for f in findings if any(f.avoid == f"layout:{s.name}" for s in plan.setups))
+            steered += [f for f in why if f not in steered]
+    plan.steered = tuple(steered)
 
 
 def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
@@ -256,5 +258,5 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
 
         run_settings, seeded = hypothesis_settings(run_settings, derandomize=False), hypothesis_seed(o.seed)
     plan = KernelPlan(o, setups, factory, run_settings, seeded, getattr(torch, o.dtype))
-    steering(plan)
+    steer(plan)
     return plan
