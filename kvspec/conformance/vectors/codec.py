@@ -450,17 +450,18 @@ def chapters(vector: Vector) -> set[str]:
     external tokens' where a step takes connector tokens, and releases'
     where it judges a release after the base."""
     found = {"1"}
-    types = [g.get("type", "") for g in vector.config.get("groups", [])]
-    for t, group in zip(types, vector.config.get("groups", []), strict=True):
-        if t in ("FullAttentionSpec", "MLAAttentionSpec") and group.get("sliding_window") is None:
+    groups = vector.config.get("groups", [])  # a manager's; a pool vector has none
+    for group in groups:
+        kind = group.get("type", "")
+        if kind in ("FullAttentionSpec", "MLAAttentionSpec") and group.get("sliding_window") is None:
             found.add("2")
-        elif "Mamba" in t:
+        elif "Mamba" in kind:
             found.add("5")
-        elif "CrossAttention" in t:
+        elif "CrossAttention" in kind:
             found.add("8")
         else:  # sliding window, chunked local, full attention with a window (R-SWA)
             found.add("3")
-    if len({(t, str(g)) for t, g in zip(types, vector.config.get("groups", []), strict=True)}) > 1:
+    if len(groups) > 1:
         found.add("4")
     if vector.config.get("use_eagle"):
         found.add("6")
