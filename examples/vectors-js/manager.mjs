@@ -9,7 +9,7 @@
 //   Manager                   -- the request-level operations (spec 2), the coordinator's hit search and
 //                                caching (spec 4, 6), external tokens (spec 7), refusals (spec 2 step 0).
 
-import { Pool, Refusal, NULL_BLOCK, isInt } from "./pool.mjs";
+import { Pool, Refusal, NULL_BLOCK, isInt, requireCount } from "./pool.mjs";
 
 const cdiv = (a, b) => -Math.floor(-a / b);
 const fdiv = (a, b) => Math.floor(a / b);
@@ -475,11 +475,6 @@ const GROUP_CLASS = {
 
 const requireInt = (v, what) => {
   if (!isInt(v)) refuse("TypeError", `${what} must be an int, got ${JSON.stringify(v)}`);
-  return v;
-};
-const requireCount = (v, what) => {
-  requireInt(v, what);
-  if (v < 0) refuse("ValueError", `${what} must be >= 0, got ${v}`);
   return v;
 };
 const requireBool = (v, what) => {

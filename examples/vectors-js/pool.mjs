@@ -20,7 +20,7 @@ export class Refusal extends Error {
 export const isInt = (v) => typeof v === "number" && Number.isInteger(v);
 const isBytes = (v) => v !== null && typeof v === "object" && typeof v.bytes === "string";
 
-function requireCount(n, what) {
+export function requireCount(n, what) {
   if (!isInt(n)) throw new Refusal("TypeError", `${what} must be an int, got ${JSON.stringify(n)}`);
   if (n < 0) throw new Refusal("ValueError", `${what} must be >= 0, got ${n}`);
   return n;
