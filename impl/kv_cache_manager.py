@@ -76,6 +76,7 @@ _ADMISSION_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _ZERO = 0
 _COUNT_NAMES = ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens", "num_external_computed_tokens",
                 "num_encoder_tokens", "reserved_blocks")
+_FLAG_NAMES = ("delay_cache_blocks", "full_sequence_must_fit", "has_scheduled_reqs")
 
 
 @dataclass
@@ -309,6 +310,8 @@ class KVCacheManager:
             and num_encoder_tokens is _ZERO
             and reserved_blocks is _ZERO
             and full_sequence_must_fit is False
+            and delay_cache_blocks.__class__ is bool
+            and has_scheduled_reqs.__class__ is bool
             and num_new_tokens.__class__ is int
             and num_lookahead_tokens.__class__ is int
             and num_new_tokens > 0
@@ -330,14 +333,16 @@ class KVCacheManager:
             del self._steady[request.request_id]  # recomputed once this call is done
         no_hits = self.empty_kv_cache_blocks.blocks
         hits = no_hits if new_computed_blocks is None else new_computed_blocks.blocks
+        flags = (delay_cache_blocks, full_sequence_must_fit, has_scheduled_reqs)
         if not plain and not (
             _counts_ok(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_external_computed_tokens,
                        num_encoder_tokens, reserved_blocks)
+            and type(delay_cache_blocks) is type(full_sequence_must_fit) is type(has_scheduled_reqs) is bool
             and (num_new_tokens or num_external_computed_tokens)
             and (hits is no_hits or len(hits) == self.num_kv_cache_groups)
         ):
             self._explain_refusal(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                                  num_external_computed_tokens, num_encoder_tokens, reserved_blocks, hits)
+                                  num_external_computed_tokens, num_encoder_tokens, reserved_blocks, flags, hits)
         if hits is not no_hits and any(hits):
             self._check_hits(request.request_id, hits)
         coordinator = self.coordinator
@@ -473,6 +478,7 @@ class KVCacheManager:
         num_external_computed_tokens: int,
         num_encoder_tokens: int,
         reserved_blocks: int,
+        flags: tuple[Any, Any, Any],
         hits: tuple[Sequence[KVCacheBlock], ...],
     ) -> None:
         """Raise the error for arguments the fast check in ``allocate_slots`` rejected."""
@@ -480,6 +486,9 @@ class KVCacheManager:
                   num_encoder_tokens, reserved_blocks)
         for name, value in zip(_COUNT_NAMES, counts, strict=True):
             _require_count(name, value)
+        for name, value in zip(_FLAG_NAMES, flags, strict=True):
+            if type(value) is not bool:
+                raise RuleTypeError("allocation-accounting", f"{name} must be a bool, got {value!r}")
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise RuleError(
                 "allocation-accounting",

@@ -55,7 +55,7 @@ from kvspec.spec import releases
 from kvspec.spec.releases import Release
 
 TARGET_OPTIONS = {"retention_interval": None, "max_num_batched_tokens": None, "dcp_world_size": 1,
-                  "pcp_world_size": 1}
+                  "pcp_world_size": 1, "watermark": 0.0}
 """The layout fields a target factory is given as keywords, with the value
 that means "not set" (a field at it is not passed)."""
 
@@ -152,8 +152,10 @@ class Layout:
     ``dcp_world_size``/``pcp_world_size``: context parallelism's ranks;
     ``max_num_batched_tokens``: the scheduler's token budget per step
     (``None``: ``max_model_len``), which caps what a sliding-window or
-    chunked request can hold and so the full-sequence admission estimate --
-    keywords a target factory is given only when they are set."""
+    chunked request can hold and so the full-sequence admission estimate;
+    ``watermark``: the share of ``num_blocks`` (rounded down) an admission
+    must leave free while other requests are scheduled -- keywords a target
+    factory is given only when they are set."""
 
     groups: tuple[KVCacheSpec, ...]
     num_blocks: int = 24
@@ -167,6 +169,7 @@ class Layout:
     dcp_world_size: int = 1
     pcp_world_size: int = 1
     max_num_batched_tokens: int | None = None
+    watermark: float = 0.0  # the share of the pool kept free from admissions while others run
 
     @classmethod
     def from_config(cls, kv_cache_config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int,

@@ -16,7 +16,7 @@ from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.spec.core import CoreManager
 from operations import record
 
-VALID_ONLY = frozenset({"bad-input:negative", "bad-input:no_tokens", "bad-config:any"})
+VALID_ONLY = frozenset({"bad-input:negative", "bad-input:no_tokens", "bad-input:trusted_args", "bad-config:any"})
 
 
 @pytest.mark.parametrize("name", ["full", "mla"])

@@ -488,7 +488,7 @@ export class Manager {
     const {
       num_blocks, max_model_len, enable_caching, use_eagle = false, eagle_groups = [], enable_kv_cache_events,
       scheduler_block_size, hash_block_size, groups, retention_interval = null,
-      dcp_world_size = 1, pcp_world_size = 1, max_num_batched_tokens = null, release = BASE_RELEASE,
+      dcp_world_size = 1, pcp_world_size = 1, max_num_batched_tokens = null, watermark = 0, release = BASE_RELEASE,
     } = config;
     this.release = release;
     for (const [v, what] of [[max_model_len, "max_model_len"], [scheduler_block_size, "scheduler_block_size"],
@@ -518,6 +518,9 @@ export class Manager {
     this.hashBlockSize = hash_block_size;
     this.retentionInterval = retention_interval;
     this.maxNumBatchedTokens = max_num_batched_tokens ?? max_model_len;
+    // spec 2 step 3: the watermark is watermark * num_blocks blocks, rounded down.
+    if (typeof watermark !== "number" || watermark < 0) refuse("ValueError", "watermark must be a number >= 0 (allocation-accounting)");
+    this.watermarkBlocks = Math.floor(watermark * num_blocks);
     this.groups = groups.map((spec, id) => new (GROUP_CLASS[spec.type])(this, id, spec, sizes[id]));
     this.markEagleGroups(use_eagle, eagle_groups);
     this.specGroups = this.buildSpecGroups();
@@ -700,7 +703,8 @@ export class Manager {
   // length past M, a hit the request may not take, a hit block no longer cached.
   refuseBadAllocation({ request, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = null,
                         num_lookahead_tokens = 0, num_external_computed_tokens = 0, delay_cache_blocks = false,
-                        num_encoder_tokens = 0, full_sequence_must_fit = false, reserved_blocks = 0 }) {
+                        num_encoder_tokens = 0, full_sequence_must_fit = false, reserved_blocks = 0,
+                        has_scheduled_reqs = true }) {
     const c = {
       request,
       id: request.id,
@@ -714,6 +718,9 @@ export class Manager {
       delayCache: requireBool(delay_cache_blocks, "delay_cache_blocks"),
       mustFit: requireBool(full_sequence_must_fit, "full_sequence_must_fit"),
       reserved: requireCount(reserved_blocks, "reserved_blocks"),
+      // spec 2 step 3: the watermark applies to a waiting or preempted request while others are scheduled.
+      watermark: requireBool(has_scheduled_reqs, "has_scheduled_reqs") &&
+        ["WAITING", "PREEMPTED"].includes(request.status) ? this.watermarkBlocks : 0,
       hitBlocks: new_computed_blocks ?? this.groups.map(() => []),
       running: this.groups.some((g) => g.st.numCached.has(request.id)),
     };
@@ -744,7 +751,7 @@ export class Manager {
     if (!c.mustFit || this.trial) return true;
     const T = Math.min(c.request.num_tokens, c.M);
     const need = this.groups.reduce((n, g, gi) => n + g.blocksToAllocate(c.id, T, T, c.hitBlocks[gi], c.total, true), 0);
-    return need <= this.pool.free.length; // watermark: 0 (no vector sets one)
+    return need + c.watermark <= this.pool.free.length;
   }
 
   // spec 2 step 2: release, in every group, the blocks that left its window at total (kept whatever follows).
@@ -753,11 +760,11 @@ export class Manager {
   }
 
   // spec 2 step 3: need = the blocks to allocate for min(total + new + lookahead, M) tokens, summed
-  // over the groups; None if more than the free count less reserved_blocks (watermark: 0, the default).
+  // over the groups; None if need + the watermark is more than the free count less reserved_blocks.
   capacitySuffices(c) {
     if (this.trial) return true;
     const need = this.groups.reduce((n, g, gi) => n + g.blocksToAllocate(c.id, c.slots, c.main, c.hitBlocks[gi], c.total), 0);
-    return need <= this.pool.free.length - c.reserved;
+    return need + c.watermark <= this.pool.free.length - c.reserved;
   }
 
   // spec 2 step 4, spec 7: a new request takes its hits in every group first, then each group takes

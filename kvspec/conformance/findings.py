@@ -47,6 +47,11 @@ AVOIDABLE: dict[str, str] = {
     "bad-input:bad_evict": "pool: evict_blocks of an id the pool does not have",
     "bad-input:bad_hash": "pool: get_cached_block with a str for a hash",
     "bad-input:no_tokens": "manager: allocate_slots with no tokens at all",
+    "bad-input:bad_cache": "pool: cache_full_blocks with a negative num_cached_blocks, one block twice, or more "
+                           "blocks than the request has hashes",
+    "bad-input:bad_group": "pool: get_cached_block with a group id that is no 4-byte unsigned int (2**32, a str, -1)",
+    "bad-input:trusted_args": "manager: allocate_slots with a count past max_model_len, a flag that is not a bool, "
+                              "or hits for a running request",
     "partial-entry:earlier-image": "pool: a partial entry whose last hash block overlaps an image that is not the "
                                    "request's last; manager: a multimodal prompt whose partial tail (from 0.26) "
                                    "would be such an entry",
@@ -160,6 +165,21 @@ FINDINGS: tuple[Finding, ...] = (
         "block size and raises AssertionError on the first request",
         (), "context-parallel:hybrid-per-group-lookup", "F12-dcp-hybrid-per-group-lookup.json",
         releases=("0.26.0", "0.29.0"),
+    ),
+    Finding(
+        "F13", "vllm", "BlockPool.cache_full_blocks trusts its range: a negative num_cached_blocks keys blocks "
+        "counted from the list's end, one block twice is cached once, a request with too few hashes fails an assert",
+        ("allocation-accounting",), "bad-input:bad_cache", "F13-pool-cache-trusts-its-range.json",
+    ),
+    Finding(
+        "F14", "vllm", "BlockPool takes any group id: one that does not fit the key's 4 bytes raises OverflowError, "
+        "one that is no int AttributeError, instead of a refusal",
+        (), "bad-input:bad_group", "F14-pool-group-id-unchecked.json",
+    ),
+    Finding(
+        "F15", "vllm", "KVCacheManager.allocate_slots trusts its arguments: a count past max_model_len is capped, "
+        "a flag that is not a bool is read as true or false, hits for a running request fail an assert",
+        ("allocation-accounting",), "bad-input:trusted_args", "F15-manager-allocation-trusts-its-arguments.json",
     ),
 )
 

@@ -376,6 +376,17 @@ class CheckingMachine(RuleBasedStateMachine):
         result, error = call(getattr(self.spec, op), args, kwargs)
         return result, error, self.spec.snapshot(), self.spec.take_events()
 
+    def accepted_what_must_be_refused(self, where: str, spec_outcome: Outcome | None, rule: str) -> None:
+        """The verdict on an input the machine sends only to see it refused
+        (see ``must_refuse`` of the machines' ``apply``), when the target
+        accepted it: that acceptance is the failure, named by the rule the
+        spec refuses it by (``rule`` without a spec).  What the target did
+        next is not judged: the machine, which expected a refusal, has no
+        model of it (it played no model runner, knows no such request)."""
+        spec_error = spec_outcome[1] if spec_outcome is not None else None
+        why = f": the spec refuses it ({spec_error})" if spec_error is not None else ""
+        self.fail([Violation(getattr(spec_error, "rule", rule), f"{where} was accepted; it must be refused{why}")])
+
     def judge(self, where: str, problems: list[Violation], outcome: Outcome, spec_outcome: Outcome | None) -> None:
         """One verdict per operation, in one order: the rules first, then
         the comparison with the spec."""

@@ -147,10 +147,12 @@ def manager_machine(
         # --- one operation: apply, compare, check -----------------------------------
 
         def apply(self, op: str, *args: Any, on_success: Callable[[Any], None] | None = None, lockstep: bool = True,
-                  **kwargs: Any) -> Any:
+                  must_refuse: str | None = None, **kwargs: Any) -> Any:
             """Apply ``op`` to the target (and, with ``lockstep``, the spec); on
             success let the caller play the model runner (``on_success(result)``
-            writes the shadow and advances the request); then check every rule."""
+            writes the shadow and advances the request); then check every rule.
+            ``must_refuse``: the call is one the target must refuse, by that
+            rule unless the spec names another."""
             where = describe_call(op, args, kwargs)
             try:
                 with self.calling(where):
@@ -159,6 +161,9 @@ def manager_machine(
                 self.record(where, f"crashed {type(error).__name__}: {error}")
                 self.fail(divergence=f"{where} crashed with {error!r}; a refusal must raise ValueError or TypeError")
             self.record(where, describe_outcome(step.result, step.error))
+            if must_refuse and step.error is None:
+                self.accepted_what_must_be_refused(where, self.in_lockstep(op, args, kwargs) if lockstep else None,
+                                                   must_refuse)
             if op == "new_step_starts":
                 self.shadow.new_step()
             self.cover(op, step.result, step.error, step.after.pool, *self.depth(op, step.result, kwargs))
@@ -255,9 +260,12 @@ def manager_machine(
             elif kind == "drop" and self.running:
                 self.drop_out_of_window(data)
             elif kind == "bad":
-                kinds = [k for k in ("no_tokens", "negative") if f"bad-input:{k}" not in self.avoid]
+                kinds = [k for k in ("no_tokens", "negative", "trusted_args") if f"bad-input:{k}" not in self.avoid]
                 if kinds:
-                    self.bad_allocation(data.draw(one_of(tuple(kinds)), label="bad input"))
+                    kind = data.draw(one_of(tuple(kinds)), label="bad input")
+                    if kind == "trusted_args":
+                        kind = data.draw(one_of(("past_max_len", "flag_type", "running_hits")), label="argument")
+                    self.bad_allocation(kind)
 
         @precondition(lambda self: not self.configured)
         @rule(data=st.data())
@@ -593,14 +601,35 @@ def manager_machine(
             self.each("remove_skipped_blocks", *args)
 
         def bad_allocation(self, kind: str) -> None:
-            """Impossible requests are refused and change nothing."""
-            request = Request("bad", [0, 1], block_hasher=self.hasher)
-            num_new = 0 if kind == "no_tokens" else -1
+            """Impossible requests are refused and change nothing (see
+            :meth:`bad_allocation_call`)."""
+            call = self.bad_allocation_call(kind)
+            if call is None:
+                return
+            args, kwargs = call
+            # the kinds added after F4's trace was recorded: their acceptance is the verdict
+            checked = None if kind in ("no_tokens", "negative") else \
+                "hit-soundness" if kind == "running_hits" else "allocation-accounting"
             try:
-                self.apply("allocate_slots", request, num_new)
+                self.apply("allocate_slots", *args, must_refuse=checked, **kwargs)
             except Refused:
                 return
-            self.fail(divergence=f"allocate_slots({num_new}) with no tokens was accepted")
+            self.fail(divergence=f"{describe_call('allocate_slots', args, kwargs)} was accepted; it must be refused")
+
+        def bad_allocation_call(self, kind: str) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+            """The arguments of an impossible ``allocate_slots``: no tokens, a
+            negative count, and -- arguments a scheduler never sends -- a count
+            past ``max_model_len``, a flag that is not a bool, hits for a
+            request already running (none running: nothing to send)."""
+            request = Request("bad", [0, 1], block_hasher=self.hasher)
+            if kind == "running_hits":
+                if not self.running:
+                    return None
+                request = self.running[0]
+                hits = tuple(list(table[:1]) for table in self.target.snapshot().tables[request.request_id])
+                return ((request, 1, sbs, hits), {}) if any(hits) else None
+            counts = {"no_tokens": 0, "negative": -1, "past_max_len": layout.max_model_len + 1, "flag_type": 2}
+            return (request, counts[kind]), {"delay_cache_blocks": 1} if kind == "flag_type" else {}
 
         def teardown(self) -> None:
             self.steer()

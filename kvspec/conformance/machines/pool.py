@@ -173,10 +173,11 @@ def pool_machine(
 
         # --- the step: apply, compare, check ---------------------------------
 
-        def apply(self, op: str, *args: Any) -> Any:
+        def apply(self, op: str, *args: Any, must_refuse: str | None = None) -> Any:
             """Apply ``op(*args)`` to the target (and the spec), check every
             rule, and return the target's result (or raise its refusal as
-            ``Refused``)."""
+            ``Refused``).  ``must_refuse``: the call is one the target must
+            refuse, by that rule unless the spec names another."""
             before = self.target.snapshot()
             where = describe_call(op, args)
             with self.calling(where):
@@ -184,6 +185,8 @@ def pool_machine(
             self.record(where, describe_outcome(result, error))
             if error is not None and not isinstance(error, (ValueError, TypeError)):
                 self.fail(divergence=f"{where} crashed with {error!r}; a refusal must raise ValueError or TypeError")
+            if must_refuse and error is None:
+                self.accepted_what_must_be_refused(where, self.in_lockstep(op, args), must_refuse)
             after = self.target.snapshot()
             self.cover(op, result, error, after)
             events = self.target.take_events()
@@ -436,7 +439,8 @@ def pool_machine(
                 construct_badly(self, BAD_CONFIGS, name, SpecBlockPool, target_factory)
 
         @rule(
-            op=st.sampled_from(["too_many", "negative", "bad_free", "bad_evict", "bad_hash", "bool_count"]),
+            op=st.sampled_from(["too_many", "negative", "bad_free", "bad_evict", "bad_hash", "bool_count",
+                                "bad_cache", "bad_group"]),
             k=st.integers(1, 3),
         )
         @recorded
@@ -444,6 +448,20 @@ def pool_machine(
             """Impossible requests are refused and change nothing."""
             if f"bad-input:{op}" in self.avoid:
                 return
+            call = self.bad_cache_call(k) if op == "bad_cache" else self.bad_call(op, k)
+            if call is None:
+                return
+            name, *args = call
+            # the kinds added after F1-F3's traces were recorded: their acceptance is the verdict
+            checked = {"bad_cache": "allocation-accounting", "bad_group": "hash-map-consistency"}.get(op)
+            try:
+                self.apply(name, *args, must_refuse=checked)
+            except Refused:
+                return
+            self.fail(divergence=f"{name}{tuple(args)} was accepted; it must be refused")
+
+        def bad_call(self, op: str, k: int) -> tuple[Any, ...]:
+            """The impossible call of kind ``op`` (all but ``bad_cache``)."""
             n = layout.num_blocks
             held = self.holders()
             unheld = [b for b in range(1, n) if held[b] == 0]
@@ -456,13 +474,28 @@ def pool_machine(
                 if unheld else ("get_new_blocks", True),
                 "bad_evict": ("evict_blocks", [n - 1 + k]),
                 "bad_hash": ("get_cached_block", "not-bytes", [0]),
+                # a group id that is no 4-byte unsigned int: too big, not an int, negative
+                "bad_group": ("get_cached_block", bytes(32), [{1: 2**32, 2: "0", 3: -1}[k]]),
             }
-            name, *args = calls[op]
-            try:
-                self.apply(name, *args)
-            except Refused:
-                return
-            self.fail(divergence=f"{name}{tuple(args)} was accepted; it must be refused")
+            return calls[op]
+
+        def bad_cache_call(self, k: int) -> tuple[Any, ...] | None:
+            """A ``cache_full_blocks`` the pool must refuse, on a held block
+            that carries no key (none: nothing to send): a negative
+            ``num_cached_blocks`` (k=1), one block twice (k=2), a block more
+            than the request has hashes for (k=3)."""
+            after = self.target.snapshot()
+            fresh = sorted(b for b in after.held() if b not in after.key_of and b not in after.partial_of)
+            if not fresh or not layout.enable_caching:
+                return None
+            size = layout.group_block_sizes[0]
+            if k == 3:
+                short = Request("bad", list(range(size - 1)), block_hasher=self.hasher)  # not one whole block
+                return ("cache_full_blocks", short, fresh[:1], 0, 1, size, 0)
+            request = Request("bad", list(range(2 * size)), block_hasher=self.hasher)
+            if k == 1:
+                return ("cache_full_blocks", request, fresh[:1], -1, 1, size, 0)
+            return ("cache_full_blocks", request, [fresh[0], fresh[0]], 0, 2, size, 0)
 
         @invariant()
         def counts_agree(self) -> None:

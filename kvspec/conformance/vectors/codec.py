@@ -269,7 +269,8 @@ def target_of(scope: str, config: dict[str, Any], factory: Callable[..., Any]) -
                     given_hash_block_size=config["hash_block_size"],
                     retention_interval=config.get("retention_interval"),
                     dcp_world_size=config.get("dcp_world_size", 1), pcp_world_size=config.get("pcp_world_size", 1),
-                    max_num_batched_tokens=config.get("max_num_batched_tokens"))
+                    max_num_batched_tokens=config.get("max_num_batched_tokens"),
+                    watermark=config.get("watermark", 0.0))
     return layout.make_target(factory, config["enable_kv_cache_events"])
 
 
@@ -562,6 +563,9 @@ def _outcome_differences(where: str, step: dict[str, Any], result: Any, error: B
     if "refused" in step:
         if error is None:
             return [f"{where}: accepted (returned {to_json(result)}), expected a {step['refused']} refusal"]
+        if not isinstance(error, (ValueError, TypeError)):  # as the machines judge it: a crash, not a refusal
+            return [f"{where}: raised {type(error).__name__}: {error}; a refusal must raise ValueError or TypeError "
+                    f"(expected {step['refused']})"]
         if refusal_kind(error) != step["refused"]:
             return [f"{where}: refused with {type(error).__name__}, expected {step['refused']}"]
         return []

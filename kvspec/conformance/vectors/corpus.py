@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from kvspec.conformance.vectors.codec import (
     write,
 )
 from kvspec.hashing import get_request_block_hasher, rooted_at
-from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request
+from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 from kvspec.spec.pool import SpecBlockPool
@@ -196,7 +197,6 @@ def _bad_input(p, req):
     _refused(p.free_blocks, [-1])
     _refused(p.touch, [p.num_blocks])
     _refused(p.get_cached_block, "not-bytes", [0])
-    _refused(p.get_cached_block, r.block_hashes[0], [-1])
     _refused(p.cache_full_blocks, r, blocks, 0, 2, 3, 0)  # block size not a multiple of 2
     _refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0, [True])  # mask too short
     _refused(p.cache_full_blocks, r, blocks, 0, 3, 2, 0)  # more full blocks than given
@@ -266,16 +266,37 @@ def _tenants(p, req):
 
 
 def _every_refusal(p, req):
-    """More of chapter 1's refusal table, a row a call (bad-input has the first ones).  Rows where
-    vLLM 0.25.1 answers otherwise -- a negative ``num_cached_blocks`` or one block twice accepted,
-    an ``AssertionError``, ``OverflowError`` or ``AttributeError`` for a bad request or group id
-    -- wait for their triage as findings before they get vectors here."""
+    """More of chapter 1's refusal table, a row a call (bad-input has the first ones; the rows
+    where vLLM answers otherwise are the cases of F13 and F14)."""
     r = req("a", [0, 1, 0, 1])
     blocks = p.get_new_blocks(2)
     _refused(p.touch, ["1"])  # an id not an int
     _refused(p.evict_blocks, ["1"])
     _refused(p.evict_blocks, [p.num_blocks])  # an id outside the pool
     _refused(p.cache_full_blocks, r, blocks, 0, 2, "2", 0)  # a block size not an int
+    p.free_blocks(blocks[::-1])
+
+
+def _cache_range_refusals(p, req):
+    """cache_full_blocks' range, checked (vLLM: F13)."""
+    r = req("a", [0, 1, 2, 3])
+    blocks = p.get_new_blocks(2)
+    _refused(p.cache_full_blocks, r, blocks[:1], -1, 1, 2, 0)  # a negative num_cached_blocks
+    _refused(p.cache_full_blocks, r, [blocks[0], blocks[0]], 0, 2, 2, 0)  # one block for two positions
+    _refused(p.cache_full_blocks, req("b", [0, 1, 2]), blocks, 0, 2, 2, 0)  # two blocks, one hash
+    p.cache_full_blocks(r, blocks, 0, 2, 2, 0)  # the right range, accepted
+    p.free_blocks(blocks[::-1])
+
+
+def _group_id_refusals(p, req):
+    """A group id must fit the key's 4 bytes (vLLM: F14)."""
+    r = req("a", [0, 1, 0, 1])
+    blocks = p.get_new_blocks(2)
+    for group in (-1, 2**32, "0"):
+        _refused(p.get_cached_block, r.block_hashes[0], [group])
+        _refused(p.cache_full_blocks, r, blocks, 0, 2, 2, group)
+    p.cache_full_blocks(r, blocks, 0, 2, 2, 2**32 - 1)  # the largest group id that fits
+    p.get_cached_block(r.block_hashes[0], [2**32 - 1])
     p.free_blocks(blocks[::-1])
 
 
@@ -309,6 +330,10 @@ POOL_CASES: tuple[PoolCase, ...] = (
              _pool(5), _bad_input, ("F1", "F2", "F3")),
     PoolCase("every-refusal", "more of the refusal table: ids of the wrong type or outside the pool, a block "
              "size of the wrong type", _pool(5), _every_refusal),
+    PoolCase("cache-range-refusals", "cache_full_blocks refuses a negative num_cached_blocks, one block for two "
+             "positions and more blocks than hashes, and changes nothing", _pool(5), _cache_range_refusals, ("F13",)),
+    PoolCase("group-id-refusals", "a group id below 0, past 4 bytes or not an int is refused by lookups and "
+             "caching alike; 2**32 - 1 is a group id", _pool(5), _group_id_refusals, ("F14",)),
     PoolCase("partial-entries", "a block serves prefixes that end inside it: a further entry of a full block, "
              "the tail's own key, a hit on it, promotion to the full key when the tail fills, all keys gone on reuse",
              _pool(4, (4, 4)), _partial_entries),
@@ -347,6 +372,7 @@ class ManagerCase:
     layout: str
     run: Callable[[Any, Callable[..., Request]], None]
     findings: tuple[str, ...] = ()
+    watermark: float = 0.0  # the layout's, where the case sets one
 
 
 def _compute(m, r, num_new, hit=0, blocks=None, **kw):
@@ -462,11 +488,8 @@ def _admission_cap(m, req):
 
 
 def _allocation_refusals(m, req):
-    """Chapter 2 step 0's refusals where vLLM 0.25.1 agrees, one a call, each changing nothing.  Not
-    yet here (vLLM answers otherwise; its scheduler sends none of them; to be triaged as findings
-    before they get vectors): a count past max_model_len, which vLLM caps instead of refusing; a flag
-    that is not a bool, which it reads as true or false; hits for a request that holds blocks, which
-    it refuses with an AssertionError."""
+    """Chapter 2 step 0's refusals where vLLM 0.25.1 agrees, one a call, each changing nothing (the
+    rows where it answers otherwise are the case trusted-arguments, F15)."""
     a = req("a", [0, 1] * 4)
     _prefill(m, a)
     m.free(a)
@@ -475,6 +498,38 @@ def _allocation_refusals(m, req):
     _refused(m.allocate_slots, b, 1.5)  # a count not an int
     _prefill(m, b)
     m.free(b)
+
+
+def _trusted_arguments(m, req):
+    """allocate_slots' arguments a scheduler never gets wrong, checked all the same (vLLM: F15)."""
+    a = req("a", [0, 1] * 4)
+    _prefill(m, a)
+    b = req("b", [0, 1])
+    _refused(m.allocate_slots, b, m.max_model_len + 1)  # past max_model_len: refused, not capped
+    _refused(m.allocate_slots, b, 2, 0, None, 0, 0, 1)  # delay_cache_blocks=1: a flag is a bool
+    c = req("c", [0, 1] * 4 + [1])
+    blocks, hit = m.get_computed_blocks(c)
+    _refused(m.allocate_slots, a, 1, hit, blocks)  # hits offered to a request that runs
+    m.free(a)
+    _prefill(m, c)
+    m.free(c)
+
+
+def _watermark(m, req):
+    """A watermark of 0.25 keeps 6 of the 24 blocks free from admissions while others run."""
+    a = req("a", [0, 1] * 14)
+    _compute(m, a, 28)  # 14 of the 23 blocks: 9 free
+    a.status = RequestStatus.RUNNING
+    b = req("b", [1, 0] * 4)
+    _compute(m, b, 8)  # 4 blocks + the watermark's 6 > 9: None
+    _compute(m, b, 8, has_scheduled_reqs=False)  # nobody else scheduled: no watermark, admitted (5 free)
+    b.status = RequestStatus.RUNNING
+    a.append_output_token_ids([1, 1])
+    _compute(m, a, 2)  # a running request's next block: no watermark (1 + 6 > 5 would refuse it)
+    c = req("c", [1, 1])
+    _compute(m, c, 2)  # 1 block + 6 > 4: None
+    for r in (a, b):
+        m.free(r)
 
 
 def _reserved_blocks(m, req):
@@ -508,6 +563,10 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("allocation-refusals", "allocate_slots refuses a count of the wrong type and changes nothing; "
                 "the same request is then admitted with its hit", "full",
                 _allocation_refusals),
+    ManagerCase("trusted-arguments", "allocate_slots refuses a count past max_model_len, a flag that is not a "
+                "bool and hits for a running request, and changes nothing", "full", _trusted_arguments, ("F15",)),
+    ManagerCase("watermark", "a watermark keeps a share of the pool free from a waiting request's admission "
+                "while others are scheduled, never from a running request", "full", _watermark, watermark=0.25),
     ManagerCase("reserved-blocks", "reserved_blocks keeps free blocks back from an allocation", "full",
                 _reserved_blocks),
     ManagerCase("admission-cap", "full_sequence_must_fit admits a request only if its whole sequence fits",
@@ -518,7 +577,7 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
 def manager_case_vector(case: ManagerCase) -> Vector:
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
-    layout = MANAGER_LAYOUTS[case.layout]
+    layout = dataclasses.replace(MANAGER_LAYOUTS[case.layout], watermark=case.watermark)
     vector = Vector(f"manager/cases/{case.name}", "manager", config_of("manager", layout), case.description,
                     list(case.findings))
     manager = Recorder(layout.make_target(SpecManagerTarget), vector)
