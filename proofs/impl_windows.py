@@ -142,6 +142,7 @@ def aligned_hit_blocks(num_blocks: int, block_size: int, alignment: int) -> int:
     machines.)
 
     covers: aligned_block_count
+    budget: 60
     pre: 0 <= num_blocks <= 12
     pre: 1 <= block_size <= 8
     pre: 1 <= alignment <= 16
