@@ -30,9 +30,10 @@ from kvspec.impl.single_type_kv_cache_manager import (
 )
 
 RELEASES = ("0.25.1",)
-"""The vLLM releases whose block-manager API and semantics this implements
-(what the drop-in may replace; a later release's deltas are the spec's,
-``spec/releases.py``, not yet impl's)."""
+"""The vLLM releases whose block-manager *API* this implements (what the
+drop-in may replace).  Later releases' *semantics* are followed by deltas
+(``kvspec.impl.release``: ``KVCacheManager(..., deltas=...)``); their APIs
+(``get_computed_blocks``' third value from 0.26, ...) are not yet."""
 
 __all__ = [
     "AllBlocksCleared",

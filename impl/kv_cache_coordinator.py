@@ -25,16 +25,18 @@ sense for the groups (see :func:`validate_retention_interval`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from kvspec.errors import RuleError, RuleTypeError
 from kvspec.hashing import block_hashes_for_size
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_utils import KVCacheBlock
+from kvspec.impl.release import require_deltas
 from kvspec.impl.single_type_kv_cache_manager import (
     CrossAttentionManager,
     MambaManager,
@@ -43,6 +45,7 @@ from kvspec.impl.single_type_kv_cache_manager import (
     get_manager_for_kv_cache_spec,
 )
 from kvspec.kv_cache_interface import (
+    AttentionKind,
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -51,6 +54,7 @@ from kvspec.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
     eagle_group_ids,
+    managed_kind,
     spec_is,
 )
 
@@ -120,12 +124,42 @@ def _require_config(kv_cache_config: Any) -> None:
         raise RuleTypeError("block-size-coherence", f"kv_cache_config must be a KVCacheConfig, got {kv_cache_config!r}")
 
 
+def blocks_over_ranks(kv_cache_config: KVCacheConfig, ranks: int) -> KVCacheConfig:
+    """``kv_cache_config`` as the block manager counts it when decode ranks
+    split a hybrid model (release delta ``dcp-on-hybrid-models``): an
+    attention block holds ``block_size`` tokens on each of ``ranks`` ranks,
+    a Mamba state is replicated on every rank and keeps its size."""
+    groups = [
+        group if spec_is(group.kv_cache_spec, MambaSpec) else dataclasses.replace(
+            group, kv_cache_spec=group.kv_cache_spec.copy_with_new_block_size(group.kv_cache_spec.block_size * ranks))
+        for group in kv_cache_config.kv_cache_groups
+    ]
+    return dataclasses.replace(kv_cache_config, kv_cache_groups=groups)
+
+
+def zeroes_new_blocks(spec: KVCacheSpec, kv_cache_config: KVCacheConfig, deltas: frozenset[str]) -> bool:
+    """Whether the worker zeroes a group's new blocks before the step reads
+    them, so that ``take_new_block_ids`` names them: full attention's (MLA's
+    included); from 0.26 (release delta ``zeroing-with-mamba-only``) only in
+    a model with a Mamba group; from 0.28 (``zeroing-every-attention-group``)
+    there every group's but Mamba's."""
+    if "zeroing-with-mamba-only" in deltas and not any(
+            spec_is(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups):
+        return False
+    kind = managed_kind(spec)
+    if "zeroing-every-attention-group" in deltas:
+        return kind is not AttentionKind.MAMBA
+    return kind is AttentionKind.FULL_ATTENTION
+
+
 def validate_block_sizes(
     kv_cache_config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int, enable_caching: bool,
     ranks: int = 1,
+    mamba_replicated: bool = False,
 ) -> None:
     """Block sizes nest: hash | group | scheduler, a group's block counted
-    over its context-parallel ``ranks``.  Without caching no hash is read, so
+    over its context-parallel ``ranks`` (``mamba_replicated``: a hybrid's
+    Mamba state is replicated on every rank, not split, and keeps its size).  Without caching no hash is read, so
     a group's block size need not be a multiple of the hash block size (vLLM
     gives a Mamba-only model one block of ``max_model_len``)."""
     _positive_int("scheduler_block_size", scheduler_block_size)
@@ -138,7 +172,7 @@ def validate_block_sizes(
     for i, group in enumerate(kv_cache_config.kv_cache_groups):
         per_rank = group.kv_cache_spec.block_size
         _positive_int(f"group {i} block_size", per_rank)
-        block_size = per_rank * ranks
+        block_size = per_rank * (1 if mamba_replicated and spec_is(group.kv_cache_spec, MambaSpec) else ranks)
         size = f"block_size={per_rank}" + (f" over {ranks} ranks ({block_size} tokens)" if ranks > 1 else "")
         if scheduler_block_size % block_size:
             raise RuleError(
@@ -173,12 +207,23 @@ class KVCacheCoordinator(ABC):
         metrics_collector: Any = None,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
+        deltas: Iterable[str] = (),
     ):
         if retention_interval is RETENTION_FROM_ENV:
             retention_interval = retention_interval_from_env()
+        self.deltas = require_deltas(deltas)
         self._validate(kv_cache_config, use_eagle, enable_caching, dcp_world_size, pcp_world_size,
                        scheduler_block_size, hash_block_size)
         validate_retention_interval(retention_interval, scheduler_block_size, kv_cache_config)
+        if "pcp-outside-the-block" in self.deltas:
+            pcp_world_size = 1  # the engine hands the manager no prefill ranks: a block holds block_size x dcp
+        if len(kv_cache_config.kv_cache_groups) > 1 and dcp_world_size > 1:
+            # dcp-on-hybrid-models (validated): each attention block holds every rank's slice and a Mamba
+            # state is replicated, so the managers count the config's blocks over the ranks with no ranks left
+            kv_cache_config = blocks_over_ranks(kv_cache_config, dcp_world_size)
+            dcp_world_size = 1
+        self.dcp_world_size = dcp_world_size
+        self.pcp_world_size = pcp_world_size
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -203,6 +248,8 @@ class KVCacheCoordinator(ABC):
                 scheduler_block_size=scheduler_block_size,
                 dcp_world_size=dcp_world_size,
                 pcp_world_size=pcp_world_size,
+                deltas=self.deltas,
+                records_new_blocks=zeroes_new_blocks(group.kv_cache_spec, kv_cache_config, self.deltas),
             )
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
         )
@@ -228,14 +275,22 @@ class KVCacheCoordinator(ABC):
     ) -> None:
         """Refuse a configuration this coordinator cannot serve (before anything is built)."""
         _require_config(kv_cache_config)
-        ranks = context_parallel_ranks(dcp_world_size, pcp_world_size)
-        if ranks > 1 and len(kv_cache_config.kv_cache_groups) != 1:
-            raise RuleError(
-                "block-size-coherence",
-                f"context parallelism (dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size}) needs a "
-                f"model of one KV-cache group, got {len(kv_cache_config.kv_cache_groups)}",
-            )
-        validate_block_sizes(kv_cache_config, scheduler_block_size, hash_block_size, enable_caching, ranks)
+        ranks = context_parallel_ranks(dcp_world_size, pcp_world_size, self.deltas)
+        groups = kv_cache_config.kv_cache_groups
+        parallelism = f"context parallelism (dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size})"
+        if dcp_world_size * pcp_world_size > 1 and len(groups) != 1:
+            if "dcp-on-hybrid-models" not in self.deltas:
+                raise RuleError("block-size-coherence", f"{parallelism} needs a model of one KV-cache group, "
+                                                        f"got {len(groups)}")
+            if pcp_world_size != 1:
+                raise RuleError("block-size-coherence", f"{parallelism}: a hybrid model of {len(groups)} groups "
+                                                        "takes decode context parallelism only")
+            if others := [type(g.kv_cache_spec).__name__ for g in groups
+                          if not spec_is(g.kv_cache_spec, FullAttentionSpec, MambaSpec)]:
+                raise RuleError("block-size-coherence", f"{parallelism}: a hybrid model takes it with full-attention "
+                                                        f"and Mamba groups only, got {', '.join(others)}")
+        validate_block_sizes(kv_cache_config, scheduler_block_size, hash_block_size, enable_caching, ranks,
+                             mamba_replicated=len(groups) > 1)
         if enable_caching:
             for i, group in enumerate(kv_cache_config.kv_cache_groups):
                 if spec_is(group.kv_cache_spec, CrossAttentionSpec):
@@ -440,11 +495,12 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         metrics_collector: Any = None,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
+        deltas: Iterable[str] = (),
     ):
         super().__init__(
             kv_cache_config, max_model_len, max_num_batched_tokens, use_eagle, False, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, scheduler_block_size, hash_block_size, metrics_collector,
-            retention_interval=retention_interval,
+            retention_interval=retention_interval, deltas=deltas,
         )
         self.num_single_type_manager = len(self.single_type_managers)
 
@@ -475,16 +531,15 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         metrics_collector: Any = None,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
+        deltas: Iterable[str] = (),
     ):
         super().__init__(
             kv_cache_config, max_model_len, max_num_batched_tokens, use_eagle, enable_caching,
             enable_kv_cache_events, dcp_world_size, pcp_world_size, scheduler_block_size, hash_block_size,
-            metrics_collector, retention_interval=retention_interval,
+            metrics_collector, retention_interval=retention_interval, deltas=deltas,
         )
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self.block_size = self.single_type_managers[0].block_size  # over every context-parallel rank
-        self.dcp_world_size = dcp_world_size
-        self.pcp_world_size = pcp_world_size
         self._drop_eagle_block = 0 in self.eagle_group_ids
         self.single_type_managers[0].use_eagle = self._drop_eagle_block
 
@@ -497,7 +552,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             raise RuleError(
                 "block-size-coherence", f"UnitaryKVCacheCoordinator needs exactly one group, got {len(groups)}"
             )
-        block_size = groups[0].kv_cache_spec.block_size * context_parallel_ranks(dcp_world_size, pcp_world_size)
+        block_size = groups[0].kv_cache_spec.block_size * context_parallel_ranks(dcp_world_size, pcp_world_size,
+                                                                                 self.deltas)
         if enable_caching and hash_block_size != block_size:
             raise RuleError(
                 "block-size-coherence",
@@ -560,13 +616,17 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         metrics_collector: Any = None,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
+        deltas: Iterable[str] = (),
     ):
         super().__init__(
             kv_cache_config, max_model_len, max_num_batched_tokens, use_eagle, enable_caching,
             enable_kv_cache_events, dcp_world_size, pcp_world_size, scheduler_block_size, hash_block_size,
-            metrics_collector, retention_interval=retention_interval,
+            metrics_collector, retention_interval=retention_interval, deltas=deltas,
         )
         self.hash_block_size = hash_block_size
+        # From 0.32 (release delta eagle-lookahead-hashes) an EAGLE group may peek up to the request's last full
+        # hash block, not only to the lookup's maximum: on a block-aligned prompt the last block proves the one before.
+        self._lookahead_hashes = "eagle-lookahead-hashes" in self.deltas
         self.verify_and_split_kv_cache_groups()
 
     def _validate(self, kv_cache_config, use_eagle, enable_caching, dcp_world_size, pcp_world_size,
@@ -658,6 +718,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         settled = max_cache_hit_length
         longest = 0
         eagle_done: set[int] = set()
+        peek_limit = len(block_hashes) * self.hash_block_size if self._lookahead_hashes else max_cache_hit_length
         while True:
             candidate = settled
             for idx, group in enumerate(self.attention_groups):
@@ -665,7 +726,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     candidate -= candidate % group.spec.block_size
                     continue
                 drop = group.use_eagle and idx not in eagle_done
-                limit = min(candidate + group.spec.block_size, max_cache_hit_length) if drop else candidate
+                limit = min(candidate + group.spec.block_size, peek_limit) if drop else candidate
                 hits = self._lookup(group, block_hashes, limit, drop)
                 length = len(hits[0]) * group.spec.block_size
                 if drop:
@@ -743,6 +804,7 @@ def get_kv_cache_coordinator(
     metrics_collector: Any = None,
     *,
     retention_interval: int | None = RETENTION_FROM_ENV,
+    deltas: Iterable[str] = (),
 ) -> KVCacheCoordinator:
     """No prefix cache when caching is off; one group: unitary; else hybrid."""
     _require_config(kv_cache_config)
@@ -753,6 +815,7 @@ def get_kv_cache_coordinator(
         hash_block_size=hash_block_size,
         metrics_collector=metrics_collector,
         retention_interval=retention_interval,
+        deltas=deltas,
     )
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(

@@ -50,7 +50,7 @@ import itertools
 import logging
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -194,6 +194,7 @@ class KVCacheManager:
         watermark: float = 0.0,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
+        deltas: Iterable[str] = (),
     ) -> None:
         if type(max_model_len) is not int or max_model_len <= 0:
             raise RuleError("block-size-coherence", f"max_model_len must be a positive int, got {max_model_len!r}")
@@ -226,7 +227,11 @@ class KVCacheManager:
             hash_block_size=hash_block_size,
             metrics_collector=metrics_collector,
             retention_interval=retention_interval,
+            deltas=deltas,
         )
+        self.deltas = self.coordinator.deltas
+        # From 0.27 (release delta stats-at-admission) a lookup counts nothing: the scheduler records an admission.
+        self._stats_at_admission = "stats-at-admission" in self.deltas
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.block_pool: BlockPool = self.coordinator.block_pool
@@ -261,11 +266,27 @@ class KVCacheManager:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
         blocks, num_hit = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
-        if self.prefix_cache_stats is not None:
+        if self.prefix_cache_stats is not None and not self._stats_at_admission:
             self.prefix_cache_stats.record(
                 num_tokens=request.num_tokens, num_hits=num_hit, preempted=request.num_preemptions > 0
             )
         return self.create_kv_cache_blocks(blocks), num_hit
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        """Count an admitted request's lookup: its tokens as queries,
+        ``num_hits`` as hits (what the scheduler calls once it admits a
+        request, from 0.27: release delta ``stats-at-admission``).  Nothing
+        without stats, with caching off, or for a request that skips reading
+        the cache.  A manager of an earlier release has no such call."""
+        if not self._stats_at_admission:
+            raise TypeError("record_prefix_cache_stats is the scheduler's call from vLLM 0.27 (release delta "
+                            "stats-at-admission), which this manager was not built to follow")
+        _require_count("num_hits", num_hits)
+        if self.prefix_cache_stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
+            return
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens, num_hits=num_hits, preempted=request.num_preemptions > 0
+        )
 
     # --- allocation --------------------------------------------------------------------------
 

@@ -58,13 +58,14 @@ MAMBA_CACHE_MODES = ("none", "all", "align")
 _NEVER = math.inf
 
 
-def context_parallel_ranks(dcp_world_size: int, pcp_world_size: int) -> int:
+def context_parallel_ranks(dcp_world_size: int, pcp_world_size: int, deltas: frozenset[str] = frozenset()) -> int:
     """The ranks a block's tokens are spread over (decode times prefill
-    context parallelism); each holds ``block_size`` of them."""
+    context parallelism; from 0.26, release delta ``pcp-outside-the-block``,
+    decode alone); each holds ``block_size`` of them."""
     for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
         if type(size) is not int or size < 1:
             raise RuleError("block-size-coherence", f"{name} must be an int >= 1, got {size!r}")
-    return dcp_world_size * pcp_world_size
+    return dcp_world_size * (1 if "pcp-outside-the-block" in deltas else pcp_world_size)
 
 
 def require_no_context_parallel(dcp_world_size: int, pcp_world_size: int, what: str) -> None:
@@ -120,11 +121,19 @@ class SingleTypeKVCacheManager(ABC):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         max_admission_blocks_per_request: int | None = None,
+        *,
+        deltas: frozenset[str] = frozenset(),
+        records_new_blocks: bool | None = None,
     ) -> None:
+        """``deltas``: the later releases' changes this manager follows
+        (:mod:`kvspec.impl.release`; the coordinator checked them);
+        ``records_new_blocks``: whether ``take_new_block_ids`` names the
+        blocks it takes (default: full attention's, as in vLLM 0.25.1)."""
+        self.deltas = deltas
         if not self.splits_over_ranks:
             require_no_context_parallel(dcp_world_size, pcp_world_size, f"a {type(kv_cache_spec).__name__} group")
         self.kv_cache_spec = kv_cache_spec
-        self.block_size = kv_cache_spec.block_size * context_parallel_ranks(dcp_world_size, pcp_world_size)
+        self.block_size = kv_cache_spec.block_size * context_parallel_ranks(dcp_world_size, pcp_world_size, deltas)
         self.scheduler_block_size = scheduler_block_size
         self.dcp_world_size = dcp_world_size
         self.pcp_world_size = pcp_world_size
@@ -133,7 +142,8 @@ class SingleTypeKVCacheManager(ABC):
         self.kv_cache_group_id = kv_cache_group_id
         self._max_admission_blocks_per_request = max_admission_blocks_per_request
         self._null_block = block_pool.null_block
-        self._records_new_blocks = type(kv_cache_spec).__name__ in self._ZEROED_SPEC_TYPES
+        self._records_new_blocks = type(kv_cache_spec).__name__ in self._ZEROED_SPEC_TYPES \
+            if records_new_blocks is None else records_new_blocks
         self._releases = self.releases_skipped_blocks
         # No mask to compute: every full block is worth caching (see reachable_block_mask).
         base_mask = SingleTypeKVCacheManager.reachable_block_mask.__func__  # type: ignore[attr-defined]
@@ -475,9 +485,40 @@ class SingleTypeKVCacheManager(ABC):
 
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention (and MLA): every block is kept until the request ends;
-    a hit is the longest run of cached blocks from the start."""
+    a hit is the longest run of cached blocks from the start.
+
+    From 0.26 (release delta ``partial-tail-entries``), where a block holds
+    several hash blocks, caching also registers the prompt's last hash
+    boundary inside a block as a partial entry of that block."""
 
     splits_over_ranks = True
+
+    def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, **kwargs: Any) -> None:
+        super().__init__(kv_cache_spec, block_pool, **kwargs)
+        self._partial_tails = "partial-tail-entries" in self.deltas and self.block_size > block_pool.hash_block_size
+        self._tail_spares_last_token = "partial-tail-resend-boundary" in self.deltas
+
+    def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None) -> None:
+        super().cache_blocks(request, num_tokens, retention_interval)
+        if not self._partial_tails:
+            return
+        boundary = self.partial_tail(request)
+        blocks = self.req_to_blocks.get(request.request_id, ())
+        if 0 < boundary <= num_tokens and boundary % self.block_size and boundary // self.block_size < len(blocks):
+            self.block_pool.cache_partial_block(request, blocks[boundary // self.block_size], boundary,
+                                                self.kv_cache_group_id, self.block_size)
+
+    def partial_tail(self, request: Any) -> int:
+        """The prompt boundary (in tokens) a partial entry is registered at,
+        or 0 for none: the last multiple of the hash block size within the
+        prompt (from 0.32, ``partial-tail-resend-boundary``: within the
+        prompt less its last token, which a resend of the prompt can hit --
+        except in an EAGLE group, whose search reads the whole prompt)."""
+        if not self._partial_tails:
+            return 0
+        hash_block_size = self.block_pool.hash_block_size
+        limit = request.num_prompt_tokens - (self._tail_spares_last_token and not self.use_eagle)
+        return min(limit // hash_block_size, len(request.block_hashes)) * hash_block_size
 
     @classmethod
     def find_longest_cache_hit(
@@ -769,6 +810,10 @@ class MambaManager(SingleTypeKVCacheManager):
         super().__init__(kv_cache_spec, block_pool, **kwargs)
         self.mamba_cache_mode = mode
         self.num_speculative_blocks: int = kv_cache_spec.num_speculative_blocks
+        # Tokens held back before states leave the window: the previous step's drafts may all be rejected
+        # (vLLM subtracts the speculative *block* count from a token count); from 0.26 (release delta
+        # processed-token-windows) the scheduler passes processed tokens and nothing is held back.
+        self.window_hold_back = 0 if "processed-token-windows" in self.deltas else self.num_speculative_blocks
         # Hashes cached this step: a hit on them must wait for the next step.
         self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
         # Align mode: the block holding the state two steps back, freed next time.
@@ -848,17 +893,15 @@ class MambaManager(SingleTypeKVCacheManager):
             return 0, 0, 0  # the state block moves every step: never steady
         slots, full, _ = super().steady_limits(request_id, total_computed_tokens)
         # Draft states take the table's last blocks; the release lags by the
-        # speculative block count (see skipped_block_runs).
-        spec = self.num_speculative_blocks
-        skip = self._next_skip(max(0, total_computed_tokens - spec)) + spec
-        return slots - spec * self.block_size, full, skip
+        # hold-back (see skipped_block_runs).
+        hold = self.window_hold_back
+        skip = self._next_skip(max(0, total_computed_tokens - hold)) + hold
+        return slots - self.num_speculative_blocks * self.block_size, full, skip
 
     def skipped_block_runs(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> list[list[int]]:
-        # Drafts of the previous step may all be rejected: assume they were.
-        # (vLLM subtracts the speculative *block* count from a token count.)
-        num_computed = max(0, total_computed_tokens - self.num_speculative_blocks)
+        num_computed = max(0, total_computed_tokens - self.window_hold_back)
         runs = super().skipped_block_runs(request_id, num_computed)
         stale = self._stale_state_block(request_id, num_computed, runs)
         if stale is not None:

@@ -48,6 +48,15 @@ def key_for(request: Any, layout: Layout, g: int, i: int) -> bytes | None:
     return make_block_hash_with_group_id(hashes[i], g) if i < len(hashes) else None
 
 
+def partial_keys_for(request: Any, layout: Layout, g: int, i: int) -> frozenset[bytes]:
+    """The keys of the prefixes of ``request`` that end at a hash-block
+    boundary strictly inside block ``i`` of group ``g``: the partial entries
+    that block may carry (chapter 1, ``cache_partial_block``)."""
+    hbs, size = layout.hash_block_size, layout.views[g].block_size
+    return frozenset(make_block_hash_with_group_id(request.block_hashes[k - 1], g)
+                     for k in range(i * size // hbs + 1, min((i + 1) * size // hbs, len(request.block_hashes) + 1)))
+
+
 def tenant(request: Any) -> tuple[Any, Any]:
     """Who may share a request's blocks: its cache salt and LoRA adapter."""
     lora = getattr(request, "lora_request", None)

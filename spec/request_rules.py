@@ -46,6 +46,7 @@ from kvspec.spec.content import (
     hashes_for,
     key_for,
     out_of_window,
+    partial_keys_for,
     tenant,
 )
 from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot, Stored
@@ -265,12 +266,16 @@ def block_size_coherence(snap: ManagerSnapshot, ctx: RequestContext) -> list[str
     """A group of block size ``B`` uses hashes built from the hash block size
     ``H`` (``B % H == 0``) and converts tokens to blocks with its own ``B``:
     a cached block at position ``i`` of a request's table carries the
-    request's hash of the prefix ``[0, (i+1)*B)``, and the attention groups'
-    tables of one request cover the same token count (``cdiv(T, B)`` blocks
-    each, for one ``T``)."""
+    request's hash of the prefix ``[0, (i+1)*B)`` -- or, from 0.26 (release
+    delta ``partial-tail-entries``), that of a prefix ending at a hash-block
+    boundary inside the block: a partial entry that is the block's own key,
+    as when the prompt's tail is registered again after an eviction took
+    the full key -- and the attention groups' tables of one request cover
+    the same token count (``cdiv(T, B)`` blocks each, for one ``T``)."""
     layout = ctx.layout
     if layout is None:
         return []
+    partial = ctx.release.has("partial-tail-entries")
     problems = []
     for g, group in enumerate(layout.views):
         if group.block_size % layout.hash_block_size or layout.scheduler_block_size % group.block_size:
@@ -281,7 +286,8 @@ def block_size_coherence(snap: ManagerSnapshot, ctx: RequestContext) -> list[str
         if key is None or rid not in ctx.requests:
             continue
         want = key_for(ctx.requests[rid], layout, g, i)
-        if want is not None and key != want:
+        if want is not None and key != want and not (partial and key in partial_keys_for(ctx.requests[rid], layout,
+                                                                                          g, i)):
             problems.append(f"block {b} at position {i} of {rid} (group {g}) carries another position's hash")
     for rid, tables in snap.tables.items():
         spans = [(len(t) - 1) * layout.views[g].block_size for g, t in enumerate(tables)

@@ -2,16 +2,21 @@
 delta, its chapter row and its rules in step; how a release is judged; and
 that a delta is live -- the gate judges by the release asked for."""
 
+import functools
 import re
 from pathlib import Path
 
 import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec import hashing
 from kvspec.conformance.gate import GateOptions, run_gate
 from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
-from kvspec.conformance.runner import SetupError, layout_names, replay
-from kvspec.conformance.trace import Trace
+from kvspec.conformance.machines.manager import manager_machine
+from kvspec.conformance.runner import SetupError, layout_names
+from kvspec.conformance.targets.manager import ImplManagerTarget, impl_deltas
+from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 from kvspec.spec.interface import ManagerSnapshot
@@ -121,24 +126,60 @@ def test_stats_count_lookups_in_the_base_and_admissions_from_0_27():
 
 
 def test_the_gate_judges_by_the_release_asked_for():
-    """impl is the base release's: judged by 0.27's rules it names blocks
-    for zeroing that 0.27 does not zero (content-soundness) and its stats
-    count lookups no scheduler admitted (allocation-accounting) -- the deltas
-    are live; judged by 0.33's, the Mamba `all` layouts are skipped, saying
-    why."""
+    """impl follows the release judged (its deltas, kvspec.impl.release):
+    judged by 0.27's rules it conforms, and the report and trace say 0.27;
+    judged by 0.33's, the Mamba `all` layouts are skipped, saying why."""
     report = run_gate(GateOptions(target="impl", scope="manager", level="L1", layouts=["full"], examples=30,
                                   seed=1, release="0.27.0"))
     (result,) = report.results
-    assert not result.conforms and set(result.rules) & {"allocation-accounting", "content-soundness"}, result
-    assert result.trace.release == "0.27.0"
-    releases.use(releases.BASE)
-    replayed = replay(Trace.from_json(result.trace.to_json()), "impl", "L1")  # judged by the release it records
-    assert replayed.diverged_at == result.trace.failure["step"] and set(replayed.rules) == set(result.rules)
+    assert result.conforms, result
+    assert report.versions["release judged"] == "0.27.0"
     report = run_gate(GateOptions(target="impl", scope="manager", level="L1", layouts=["full+mamba-all"],
                                   examples=5, seed=1, release="0.33.0"))
     (result,) = report.results
     assert result.conforms and "no Mamba `all` cache mode" in result.skipped
     assert report.versions["release judged"] == "0.33.0"
+    releases.use(releases.BASE)
+
+
+def _impl_without(version: str, delta: str, layout: str, examples: int = 100) -> str | None:
+    """The first failure of impl built for ``version`` less ``delta``, in
+    lockstep with the spec judged by ``version`` (``None``: none found)."""
+    with releases.judging(version) as release:
+        deltas = impl_deltas(release) - {delta}
+        factory = functools.wraps(ImplManagerTarget)(functools.partial(ImplManagerTarget, deltas=deltas))
+        machine = manager_machine(factory, MANAGER_LAYOUTS[layout], spec_factory=SpecManagerTarget)
+        try:
+            run_state_machine_as_test(machine, settings=settings(max_examples=examples, deadline=None,
+                                                                 database=None, phases=[Phase.generate]))
+        except Exception as error:  # noqa: BLE001 (the failure is the answer)
+            return str(error)
+    return None
+
+
+@pytest.mark.parametrize(("version", "delta", "layout", "says"), [
+    ("0.26.0", "zeroing-with-mamba-only", "full", "is zeroed but was not taken fresh"),
+    ("0.26.0", "processed-token-windows", "full+mamba-all-drafts", "content-soundness"),
+    ("0.27.0", "stats-at-admission", "full", "record_prefix_cache_stats"),
+    ("0.28.0", "zeroing-every-attention-group", "full+swa+mamba", "was taken fresh but is not zeroed"),
+])
+def test_each_delta_impl_follows_is_live(version, delta, layout, says):
+    """Built without one delta of the release judged, impl breaks a rule
+    there: the delta is what makes it conform (and the rules read it)."""
+    failure = _impl_without(version, delta, layout)
+    assert failure is not None and says in failure, failure
+
+
+def test_impl_refuses_a_delta_it_does_not_implement():
+    from kvspec.impl.release import require_deltas
+
+    with pytest.raises(ValueError, match="does not implement release delta.*partial-hit-copy-on-write"):
+        require_deltas({"partial-hit-copy-on-write"})
+    with pytest.raises(TypeError, match="named by their keys"):
+        require_deltas({1})
+    layout = MANAGER_LAYOUTS["full"]
+    with pytest.raises(ValueError, match="no-such-delta"):
+        layout.make_target(ImplManagerTarget, deltas={"no-such-delta"})
 
 
 def test_the_gate_refuses_a_release_that_is_no_version():
@@ -164,18 +205,6 @@ def test_a_corpus_records_its_release_and_a_check_judges_by_it(tmp_path):
     report = check(tmp_path, {"pool": ImplPoolTarget})
     assert not report.differences and list(report.unreadable) == [pool_files[0]]
     assert "'next' is not a vLLM release" in report.unreadable[pool_files[0]]
-
-
-def test_from_0_28_a_mamba_model_zeroes_every_attention_groups_new_blocks():
-    """impl zeroes full attention's new blocks only, as the base does: judged
-    by 0.28's rules on a model with a sliding-window and a Mamba group, rule
-    content-soundness breaks on a sliding-window block; by 0.27's it holds."""
-    options = dict(target="impl", scope="manager", level="L1", layouts=["full+swa+mamba"], examples=20, seed=1)
-    (result,) = run_gate(GateOptions(**options, release="0.28.0")).results
-    assert not result.conforms and "content-soundness" in result.rules, result
-    assert any("was taken fresh but is not zeroed" in d for d in result.details), result.details
-    (result,) = run_gate(GateOptions(**options, release="0.27.0")).results
-    assert "content-soundness" not in result.rules, result.details
 
 
 def test_from_0_26_prefill_ranks_no_longer_widen_a_block():

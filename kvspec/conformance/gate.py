@@ -79,6 +79,7 @@ from kvspec.conformance.runner import (
 )
 from kvspec.conformance.runner import replay as replay_trace
 from kvspec.conformance.settings import PROFILES, DatabaseError, example_database, scope_settings
+from kvspec.conformance.targets.manager import impl_deltas
 from kvspec.conformance.trace import Trace, trace_file_name
 from kvspec.spec import releases
 
@@ -331,6 +332,11 @@ def judge_by(options: GateOptions) -> releases.Release:
             release = releases.current() if options.target == "vllm" else releases.use(releases.BASE)
     except ValueError as error:
         raise SetupError(f"--release: {error}") from None
+    if options.target == "impl":
+        try:
+            impl_deltas(release)
+        except ValueError as error:
+            raise SetupError(str(error)) from None
     options.release = release.version  # the workers judge by the same
     return release
 

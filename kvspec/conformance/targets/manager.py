@@ -22,6 +22,7 @@ from kvspec.kv_cache_interface import (
     KVCacheConfig,
 )
 from kvspec.request import Request
+from kvspec.spec import releases
 from kvspec.spec.interface import Event, ManagerSnapshot
 
 BlockIds = tuple[list[int], ...]
@@ -187,6 +188,15 @@ class KVCacheManagerTarget:
     def get_usage(self) -> float:
         return self.manager.usage
 
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """What vLLM's scheduler calls for an admitted request from 0.27
+        (spec delta ``stats-at-admission``); a manager without it refuses
+        (``TypeError``), having counted nothing."""
+        record = getattr(self.manager, "record_prefix_cache_stats", None)
+        if record is None:
+            raise TypeError("this manager has no record_prefix_cache_stats (spec delta stats-at-admission, 0.27)")
+        record(self._request(request), num_hits)
+
     def make_prefix_cache_stats(self) -> dict[str, Any] | None:
         """The manager's prefix-cache stats since the last call, as a dict."""
         stats = self.manager.make_prefix_cache_stats()
@@ -227,6 +237,7 @@ class ImplManagerTarget(KVCacheManagerTarget):
         from kvspec.impl import KVCacheManager
 
         options.setdefault("log_stats", True)  # as vLLM's engine runs by default: the stats are observed
+        options.setdefault("deltas", impl_deltas(releases.current()))  # the release judged
         super().__init__(
             KVCacheManager(
                 kv_cache_config,
@@ -240,3 +251,18 @@ class ImplManagerTarget(KVCacheManagerTarget):
                 **options,
             )
         )
+
+
+def impl_deltas(release: releases.Release) -> frozenset[str]:
+    """The deltas kvspec's impl is built with to behave as ``release``: its
+    modelled ones (those outside what the spec judges change no answer the
+    interface reads).  A ``ValueError`` names the ones impl does not
+    implement yet, so that a run never judges impl by a release it does not
+    follow."""
+    from kvspec.impl.release import IMPLEMENTED
+
+    wanted = frozenset(d.key for d in release.deltas if d.status == releases.MODELLED)
+    if missing := sorted(wanted - IMPLEMENTED):
+        raise ValueError(f"kvspec's impl does not follow vLLM {release.version} yet: it lacks release delta(s) "
+                         f"{', '.join(missing)} (spec/README.md, chapter Releases)")
+    return wanted

@@ -24,9 +24,9 @@ branch coverage over the whole generation goes to ``coverage.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -151,16 +151,6 @@ class VllmManagerTarget(KVCacheManagerTarget):
             mirror.append_output_token_ids(list(request.all_token_ids[mirror.num_tokens :]))
         return mirror
 
-    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
-        """What vLLM's scheduler calls for an admitted request from 0.27
-        (spec delta ``stats-at-admission``); a release without it refuses
-        (``TypeError``), having counted nothing."""
-        record = getattr(self.manager, "record_prefix_cache_stats", None)
-        if record is None:
-            raise TypeError("this vLLM release has no KVCacheManager.record_prefix_cache_stats "
-                            "(spec delta stats-at-admission, 0.27)")
-        record(self._request(request), num_hits)
-
 
 @contextmanager
 def _assertion_is_refusal() -> Iterator[None]:

@@ -1,0 +1,45 @@
+"""Which later vLLM releases' block-manager changes a manager follows.
+
+impl implements vLLM 0.25.1, the base release of kvspec's spec.  A later
+release that changed what the block manager does is written in the spec as
+a *delta* with a key (``spec/README.md``, chapter Releases): from 0.26.0,
+``processed-token-windows``, ``pcp-outside-the-block``, and so on.  A
+manager is built with the deltas in force (``KVCacheManager(...,
+deltas=...)``), reads them once, at construction, and behaves as the
+release that has them does; whoever builds it for a release (the drop-in,
+a conformance target) asks the spec which deltas that release has.
+
+impl refuses a delta it does not implement rather than ignore it, so a
+manager never claims a release it does not follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+IMPLEMENTED: frozenset[str] = frozenset({
+    "pcp-outside-the-block",  # 0.26: a block holds block_size x dcp tokens, whatever pcp is
+    "dcp-on-hybrid-models",  # 0.26: full attention + Mamba take decode ranks; Mamba states are replicated
+    "processed-token-windows",  # 0.26: Mamba holds back no speculative blocks' tokens before freeing states
+    "partial-tail-entries",  # 0.26: full attention registers the prompt's last hash boundary inside a block
+    "zeroing-with-mamba-only",  # 0.26: new blocks are zeroed only for a model with Mamba groups
+    "stats-at-admission",  # 0.27: lookups are not counted; record_prefix_cache_stats counts an admission
+    "zeroing-every-attention-group",  # 0.28: where blocks are zeroed, every attention group's are
+    "partial-tail-resend-boundary",  # 0.32: the partial tail ends before the prompt's last token (not EAGLE)
+    "eagle-lookahead-hashes",  # 0.32: a hybrid's EAGLE group peeks up to the request's last full hash block
+    "tagged-extra-keys",  # 0.31: extra keys lead with their kind (in the requests' hashes: impl hashes nothing)
+})
+"""The deltas impl follows (each key is one of ``spec/releases.py``'s)."""
+
+
+def require_deltas(deltas: Iterable[str]) -> frozenset[str]:
+    """``deltas`` as a set of keys impl implements; a key that is no
+    string is a ``TypeError``, one impl does not implement a ``ValueError``
+    naming it (and what impl does implement)."""
+    keys = frozenset(deltas)
+    if bad := [k for k in keys if not isinstance(k, str)]:
+        raise TypeError(f"release deltas are named by their keys (str), got {bad!r}")
+    if missing := sorted(keys - IMPLEMENTED):
+        raise ValueError(f"impl does not implement release delta(s) {', '.join(missing)} "
+                         f"(it implements {', '.join(sorted(IMPLEMENTED))})")
+    return keys
