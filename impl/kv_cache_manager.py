@@ -354,7 +354,6 @@ class KVCacheManager:
             del self._steady[request.request_id]  # recomputed once this call is done
         no_hits = self.empty_kv_cache_blocks.blocks
         hits = no_hits if new_computed_blocks is None else new_computed_blocks.blocks
-        flags = (delay_cache_blocks, full_sequence_must_fit, has_scheduled_reqs)
         if not plain and not (
             _counts_ok(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_external_computed_tokens,
                        num_encoder_tokens, reserved_blocks)
@@ -363,7 +362,8 @@ class KVCacheManager:
             and (hits is no_hits or len(hits) == self.num_kv_cache_groups)
         ):
             self._explain_refusal(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                                  num_external_computed_tokens, num_encoder_tokens, reserved_blocks, flags, hits)
+                                  num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
+                                  (delay_cache_blocks, full_sequence_must_fit, has_scheduled_reqs), hits)
         if hits is not no_hits and any(hits):
             self._check_hits(request.request_id, hits)
         coordinator = self.coordinator

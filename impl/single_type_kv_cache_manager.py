@@ -126,14 +126,15 @@ class SingleTypeKVCacheManager(ABC):
         records_new_blocks: bool | None = None,
     ) -> None:
         """``deltas``: the later releases' changes this manager follows
-        (:mod:`kvspec.impl.release`; the coordinator checked them);
+        (:mod:`kvspec.impl.release`; the coordinator checked them, and hands
+        it the ranks a block is counted over under them);
         ``records_new_blocks``: whether ``take_new_block_ids`` names the
         blocks it takes (default: full attention's, as in vLLM 0.25.1)."""
         self.deltas = deltas
         if not self.splits_over_ranks:
             require_no_context_parallel(dcp_world_size, pcp_world_size, f"a {type(kv_cache_spec).__name__} group")
         self.kv_cache_spec = kv_cache_spec
-        self.block_size = kv_cache_spec.block_size * context_parallel_ranks(dcp_world_size, pcp_world_size, deltas)
+        self.block_size = kv_cache_spec.block_size * context_parallel_ranks(dcp_world_size, pcp_world_size)
         self.scheduler_block_size = scheduler_block_size
         self.dcp_world_size = dcp_world_size
         self.pcp_world_size = pcp_world_size
