@@ -24,7 +24,8 @@ class IgnoresTenant(SpecManagerTarget):
         return super().get_computed_blocks(without_tenant(request, self.hash_block_size))
 
     def _require_hits_allowed(self, request, hits, num_external):
-        return None
+        # Checks its hits against the blocks' tokens alone: a hit cached under another tenant passes.
+        return super()._require_hits_allowed(without_tenant(request, self.hash_block_size), hits, num_external)
 
 
 
