@@ -29,12 +29,6 @@ from kvspec.impl.single_type_kv_cache_manager import (
     get_manager_for_kv_cache_spec,
 )
 
-RELEASES = ("0.25.1",)
-"""The vLLM releases whose block-manager *API* this implements (what the
-drop-in may replace).  Later releases' *semantics* are followed by deltas
-(``kvspec.impl.release``: ``KVCacheManager(..., deltas=...)``); their APIs
-(``get_computed_blocks``' third value from 0.26, ...) are not yet."""
-
 __all__ = [
     "AllBlocksCleared",
     "BlockHashToBlockMap",

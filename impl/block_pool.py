@@ -389,6 +389,24 @@ class BlockPool:
                 )
             )
 
+    def emit_cached_block_events(
+        self, request: Any, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+    ) -> None:
+        """Announce the first ``num_cached_blocks`` blocks of a prefix-cache
+        hit as stored (one ``BlockStored``, as if cached now), for consumers
+        that track every request's blocks; the pool itself does not change.
+        vLLM's call from 0.26, made for requests that ask for full reports."""
+        if not self.enable_kv_cache_events or num_cached_blocks == 0:
+            return
+        self._check_cache_args(block_size, kv_cache_group_id, 0, num_cached_blocks)
+        hashes = block_hashes_for_size(request.block_hashes, self.hash_block_size, block_size)
+        if len(hashes) < num_cached_blocks:
+            raise RuleError("hash-map-consistency",
+                            f"request has {len(hashes)} hashes of this block size, {num_cached_blocks} blocks hit")
+        self.kv_event_queue.append(self._stored_event(
+            request, hashes, 0, num_cached_blocks, range(num_cached_blocks), block_size, kv_cache_group_id
+        ))
+
     def _check_cache_args(self, block_size: int, group_id: int, num_cached: int, num_full: int) -> bytes:
         if (
             self.enable_caching

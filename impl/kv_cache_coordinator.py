@@ -311,9 +311,20 @@ class KVCacheCoordinator(ABC):
         total_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         """Free blocks the request needs, over all groups (cross attention
-        is sized once by ``num_encoder_tokens``)."""
+        is sized once by ``num_encoder_tokens``).
+
+        ``num_local_computed_tokens`` (vLLM's keyword from 0.26): the part of
+        ``total_computed_tokens`` hit in this cache.  vLLM reads it only to
+        size the copy a hit ending inside a block needs; impl's hits end on
+        block boundaries, so it is checked and changes nothing."""
+        if num_local_computed_tokens is not None and (
+            type(num_local_computed_tokens) is not int or not 0 <= num_local_computed_tokens <= total_computed_tokens
+        ):
+            raise RuleError("allocation-accounting", f"num_local_computed_tokens {num_local_computed_tokens!r} must "
+                            f"be an int within 0..total_computed_tokens ({total_computed_tokens!r})")
         return sum(self.blocks_to_allocate_per_group(
             request_id, num_tokens, new_computed_blocks, num_encoder_tokens, total_computed_tokens,
             num_tokens_main_model, apply_admission_cap,

@@ -291,6 +291,11 @@ class SingleTypeKVCacheManager(ABC):
             self.new_block_ids.extend([block.block_id for block in new_blocks])
         return new_blocks
 
+    @property
+    def records_new_block_ids(self) -> bool:
+        """Whether this group's fresh blocks are named for zeroing."""
+        return self._records_new_blocks
+
     def take_new_block_ids(self) -> list[int]:
         """Ids of the blocks allocated since the last call (for zeroing)."""
         ids, self.new_block_ids = self.new_block_ids, []
@@ -1145,7 +1150,8 @@ def get_manager_for_kv_cache_spec(
     capped at what one request can hold at once."""
     manager_cls = manager_class_for_spec(kv_cache_spec)
     if spec_is(kv_cache_spec, SlidingWindowSpec, ChunkedLocalAttentionSpec):
+        # positional: vLLM's spec classes renamed the first argument in 0.26 (max_in_flight_tokens)
         kwargs["max_admission_blocks_per_request"] = kv_cache_spec.max_admission_blocks_per_request(
-            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
+            max_num_batched_tokens, max_model_len
         )
     return manager_cls(kv_cache_spec, **kwargs)

@@ -67,17 +67,20 @@ class DropinError(RuntimeError):
     """The drop-in cannot go into this vLLM: nothing was replaced."""
 
 
-def check_release(version: str) -> None:
-    """Refuse a vLLM release whose block manager kvspec.impl does not
-    implement: its scheduler would call an API impl does not have (a third
-    value from ``get_computed_blocks`` from 0.26, ...), or rely on semantics
-    impl does not follow -- wrong tokens, not an error.  A fork keeps its
-    base wheel's version, so a fork of a release impl implements passes."""
-    from kvspec.impl import RELEASES
+def check_release(version: str) -> str:
+    """The release whose block manager the drop-in puts in place for vLLM
+    ``version``; a release it does not know is refused: its scheduler would
+    call an API impl does not present (``kvspec.dropin_releases``), or rely
+    on semantics impl does not follow -- wrong tokens, not an error.  A fork
+    keeps its base wheel's version, so a fork of a known release passes."""
+    from kvspec.dropin_releases import API
 
-    if version.split("+")[0] not in RELEASES:  # a local build's suffix (+cpu) is the same release
-        raise DropinError(f"kvspec's drop-in implements vLLM {', '.join(RELEASES)}'s block manager; this is vLLM "
-                          f"{version} (the newest it knows is {RELEASES[-1]}): nothing was replaced")
+    release = version.split("+")[0]  # a local build's suffix (+cpu) is the same release
+    if release not in API:
+        known = list(API)
+        raise DropinError(f"kvspec's drop-in implements vLLM {', '.join(known)}'s block manager; this is vLLM "
+                          f"{version} (the newest it knows is {known[-1]}): nothing was replaced")
+    return release
 
 
 _saved: dict[tuple[str, str], Any] = {}  # (module, name) -> vLLM's original
@@ -98,20 +101,19 @@ def install() -> list[str]:
         return sorted(f"{m}.{n}" for m, n in _saved if m in REPLACED)
     import vllm
 
-    check_release(vllm.__version__)  # before anything is replaced: never half-installed
+    release = check_release(vllm.__version__)  # before anything is replaced: never half-installed
     from vllm.distributed import kv_events as vllm_events
     from vllm.v1.core import kv_cache_utils as vllm_utils
 
     from kvspec import hashing
+    from kvspec.dropin_releases import API
     from kvspec.impl import kv_events
 
+    replacements = _replacements(API[release])  # every name checked before the first is replaced
     originals: dict[int, Any] = {}
-    for vllm_name, (ours_name, names) in REPLACED.items():
-        theirs, ours = importlib.import_module(vllm_name), importlib.import_module(ours_name)
-        for name in names:
-            original = getattr(theirs, name)
-            originals[id(original)] = getattr(ours, name)
-            _replace(theirs, name, getattr(ours, name))
+    for (theirs, name), ours in replacements.items():
+        originals[id(getattr(theirs, name))] = ours
+        _replace(theirs, name, ours)
     # vLLM's root hash lives in its module: keep the two roots one.
     _replace(vllm_utils, "init_none_hash", _init_none_hash(vllm_utils, hashing))
     if getattr(vllm_utils, "NONE_HASH", None) is not None:
@@ -153,6 +155,22 @@ def plugin() -> None:
     """vLLM's ``vllm.general_plugins`` hook: install when ``KVSPEC_DROPIN=1``."""
     if os.environ.get("KVSPEC_DROPIN", "0") == "1":
         install()
+
+
+def _replacements(shapes: dict[str, dict[str, Any]]) -> dict[tuple[Any, str], Any]:
+    """(vLLM module, name) -> kvspec's object, for a release whose API
+    differs from impl's in ``shapes``; a name the release's module lacks is
+    a :class:`DropinError` (a build of vLLM the drop-in does not know)."""
+    out = {}
+    for vllm_name, (ours_name, names) in REPLACED.items():
+        theirs, ours = importlib.import_module(vllm_name), importlib.import_module(ours_name)
+        shaped = shapes.get(vllm_name, {})
+        for name in names:
+            if not hasattr(theirs, name):
+                raise DropinError(f"{vllm_name} has no {name}: this vLLM build is not the release it names "
+                                  "(nothing was replaced)")
+            out[theirs, name] = shaped.get(name, getattr(ours, name))
+    return out
 
 
 def _replace(module: Any, name: str, value: Any) -> None:

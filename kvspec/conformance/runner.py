@@ -70,7 +70,7 @@ def scopes_for(target: str) -> list[str]:
     """The scopes ``--scope all`` runs for ``target``: the block-manager
     scopes, and the scheduler scope where the target runs under a scheduler
     -- vLLM, or kvspec's implementation where a vLLM it can go into is
-    installed (the drop-in: :data:`kvspec.impl.RELEASES`)."""
+    installed (the drop-in: :data:`kvspec.dropin_releases.API`)."""
     if target == "vllm" or (target == "impl" and vllm_importable() and dropin_refusal() is None):
         return list(SCOPES)
     return list(BLOCK_SCOPES)

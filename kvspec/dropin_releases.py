@@ -1,0 +1,182 @@
+"""The block-manager API each vLLM release's callers expect, for the drop-in.
+
+kvspec's impl follows a later release's *semantics* through release deltas
+(``KVCacheManager(..., deltas=...)``, read once at construction:
+:mod:`kvspec.impl.release`).  A release also changed the *calls* its
+scheduler makes: a keyword renamed, a third value returned, calls that did
+not exist.  This module holds those shapes, release by release, so that
+:mod:`kvspec.dropin` can put impl in place of each release's block manager.
+Nothing here decides a block: every answer is impl's, built with the
+release's deltas.
+
+- **0.25.1**: impl's own API (the base release).
+- **0.26.0**: ``KVCacheManager(max_in_flight_tokens=...)`` (was
+  ``max_num_batched_tokens``); ``get_computed_blocks`` returns a third value,
+  the shared-prefix boundary; ``remove_skipped_blocks(processed_computed_tokens=...)``;
+  new calls ``estimate_cached_tokens``, ``get_zeroing_block_ids_in_range``,
+  ``record_blocks_for_zeroing``, ``take_kv_cache_block_copies``; hit blocks
+  announced as stored for requests that ask for full event reports.  Not
+  implemented, and refused when a model would need it: vLLM 0.26's hits that
+  end inside a block, copied on write (a hybrid with a Mamba "align" group
+  whose block is larger than the hash block).
+
+A release the drop-in knows is one with an entry in :data:`API`.  The later
+releases changed the calls further (0.27: the connector's lookup and
+admission-time stats; 0.28: a prefill-lookahead argument; 0.30: partial-tail
+offloads; 0.33: hash lookahead and a hit bound; 0.34: the pool's block
+fields) and are refused by :func:`kvspec.dropin.check_release`, in one line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvspec.impl.kv_cache_manager import KVCacheManager
+from kvspec.kv_cache_interface import MambaSpec, SlidingWindowSpec, spec_is
+
+PREFIX_CACHED_NOT = ("CrossAttentionSpec", "EncoderOnlyAttentionSpec")  # groups vLLM never prefix-caches
+
+
+def _deltas(version: str) -> frozenset[str]:
+    from kvspec.conformance.targets.manager import impl_deltas
+    from kvspec.spec import releases
+
+    return impl_deltas(releases.judged(version))
+
+
+def refuse_partial_hash_hits(kv_cache_config: Any, hash_block_size: int, dcp_world_size: int, release: str) -> None:
+    """vLLM 0.26 takes hits that end inside a block, copying the block on
+    write, for a hybrid model with a Mamba "align" group whose block is larger
+    than the hash block (and no decode context parallelism).  impl's hits end
+    on block boundaries: such a model is refused, not served differently."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) < 2 or dcp_world_size != 1:
+        return
+    for i, group in enumerate(groups):
+        spec = group.kv_cache_spec
+        if spec_is(spec, MambaSpec) and getattr(spec, "mamba_cache_mode", None) == "align" \
+                and spec.block_size > hash_block_size:
+            raise NotImplementedError(
+                f"kvspec's drop-in for vLLM {release} does not implement hits that end inside a block (copied on "
+                f"write), which vLLM takes for group {i}: Mamba 'align' with block size {spec.block_size} > hash "
+                f"block size {hash_block_size}")
+
+
+def refuse_pinned_shared_prefix(kv_cache_config: Any, retention_interval: int | None, release: str) -> None:
+    """vLLM 0.26 keeps, under a prefix-cache retention interval, the block of
+    a Mamba or sliding-window group where a prefix other requests share ends
+    (the shared-prefix boundary ``get_computed_blocks`` returns, which the
+    scheduler stores on the request).  impl does not pin it: with a retention
+    interval set, such a model is refused, not cached differently.  (Only a
+    hybrid model has the boundary: one group's hit against another's.)"""
+    if retention_interval is None or len(kv_cache_config.kv_cache_groups) < 2:
+        return
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        if spec_is(group.kv_cache_spec, MambaSpec, SlidingWindowSpec):
+            raise NotImplementedError(
+                f"kvspec's drop-in for vLLM {release} does not pin the shared-prefix boundary under a prefix-cache "
+                f"retention interval ({retention_interval}), which vLLM does for group {i} "
+                f"({type(group.kv_cache_spec).__name__}); unset VLLM_PREFIX_CACHE_RETENTION_INTERVAL")
+
+
+class KVCacheManager026(KVCacheManager):
+    """impl's manager with vLLM 0.26.0's API and deltas."""
+
+    release = "0.26.0"
+
+    def __init__(
+        self,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+    ) -> None:
+        refuse_partial_hash_hits(kv_cache_config, hash_block_size, dcp_world_size, self.release)
+        super().__init__(
+            kv_cache_config, max_model_len, scheduler_block_size, hash_block_size, max_in_flight_tokens,
+            enable_caching, use_eagle, log_stats, enable_kv_cache_events, dcp_world_size, pcp_world_size,
+            metrics_collector, watermark, deltas=_deltas(self.release),
+        )
+        self.enable_kv_cache_events = enable_kv_cache_events
+        refuse_pinned_shared_prefix(self.kv_cache_config, self.coordinator.retention_interval, self.release)
+
+    def get_computed_blocks(self, request: Any) -> tuple[Any, int, int]:  # type: ignore[override]
+        """The hit, its length, and the shared-prefix boundary: where the
+        longest single group's hit ends when a group that keeps few blocks
+        (Mamba, sliding window) has not cached the prefix all others share,
+        else 0.  The scheduler pins that position against retention."""
+        blocks, num_hit = super().get_computed_blocks(request)
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return blocks, num_hit, 0
+        uncached = getattr(self.coordinator, "num_uncached_common_prefix_tokens", 0)
+        if num_hit and self.enable_kv_cache_events and getattr(request, "kv_cache_report_mode", None) == "full":
+            for group_id, (group, hit) in enumerate(zip(self.kv_cache_config.kv_cache_groups, blocks.blocks,
+                                                        strict=True)):
+                self.block_pool.emit_cached_block_events(request, len(hit), group.kv_cache_spec.block_size,
+                                                         group_id)
+        return blocks, num_hit, num_hit + uncached if uncached else 0
+
+    def remove_skipped_blocks(  # type: ignore[override]
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Release the blocks out of every window, counting only processed
+        tokens (0.26 renamed the argument with release delta
+        processed-token-windows)."""
+        super().remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """How many of the request's tokens its blocks are cached for: over
+        the prefix-cached groups, the least of each group's longest cached
+        block's token count."""
+        least = None
+        for group, blocks in zip(self.kv_cache_config.kv_cache_groups, self.get_blocks(request.request_id).blocks,
+                                 strict=True):
+            if {c.__name__ for c in type(group.kv_cache_spec).__mro__} & set(PREFIX_CACHED_NOT):
+                continue
+            longest = max((block.block_hash_num_tokens or 0 for block in blocks), default=0)
+            least = longest if least is None else min(least, longest)
+        return least or 0
+
+    def get_zeroing_block_ids_in_range(self, request_id: str, start_token: int, end_token: int) -> list[int]:
+        """The request's blocks covering tokens ``[start_token, end_token)``
+        in the groups whose new blocks are zeroed."""
+        ids: list[int] = []
+        for manager in self.coordinator.single_type_managers:
+            if manager.records_new_block_ids:
+                start, end = start_token // manager.block_size, -(-end_token // manager.block_size)
+                ids.extend(block.block_id for block in manager.req_to_blocks[request_id][start:end])
+        return ids
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Name the request's blocks from ``start_token`` on for zeroing
+        again (a failed load left them unwritten); ``start_token`` is on a
+        block boundary of every such group."""
+        for manager in self.coordinator.single_type_managers:
+            if manager.records_new_block_ids:
+                if start_token % manager.block_size:
+                    raise ValueError(f"start_token {start_token} is inside a block of {manager.block_size} tokens: "
+                                     "zeroing it would wipe its valid prefix")
+                start = start_token // manager.block_size
+                manager.new_block_ids.extend(block.block_id for block in manager.req_to_blocks[request_id][start:])
+
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
+        """Blocks to copy on write, and the blocks held for the copies:
+        none, since impl's hits end on block boundaries (the layouts where
+        vLLM copies are refused at construction)."""
+        return [], []
+
+
+API: dict[str, dict[str, dict[str, Any]]] = {
+    "0.25.1": {},
+    "0.26.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager026}},
+}
+"""release -> vLLM module -> the names whose release shape differs from impl's."""
