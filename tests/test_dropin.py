@@ -1,7 +1,9 @@
-"""The drop-in: vLLM 0.25.1 running on kvspec's block manager.
+"""The drop-in: vLLM running on kvspec's block manager.
 
-Under tools/install_vllm.sh's environment:
-``PYTHONHASHSEED=0 .venv-vllm/bin/python -m pytest tests/test_dropin.py``.
+Under tools/install_vllm.sh's environment (vLLM 0.25.1):
+``PYTHONHASHSEED=0 .venv-vllm/bin/python -m pytest tests/test_dropin.py``;
+on another release the drop-in knows, that release first on the path
+(``tools/dropin_release.sh 0.26.0`` runs this file there).
 """
 
 import pytest
@@ -24,20 +26,26 @@ def installed():
 
 
 def test_install_replaces_vllms_block_manager_and_uninstall_restores_it():
+    import vllm
     import vllm.v1.core.block_pool as vllm_pool
     import vllm.v1.core.kv_cache_manager as vllm_manager
     import vllm.v1.core.sched.scheduler as vllm_scheduler
     from vllm.distributed import kv_events as vllm_events
 
     from kvspec import impl
+    from kvspec.dropin_releases import API
     from kvspec.impl import kv_events
 
+    # impl's manager, or its subclass with the installed release's API
+    shaped = API[dropin.check_release(vllm.__version__)].get("vllm.v1.core.kv_cache_manager", {})
+    ours = shaped.get("KVCacheManager", impl.KVCacheManager)
+    assert issubclass(ours, impl.KVCacheManager)
     original = vllm_manager.KVCacheManager
     replaced = dropin.install()
     try:
         assert "vllm.v1.core.kv_cache_manager.KVCacheManager" in replaced
-        assert vllm_manager.KVCacheManager is impl.KVCacheManager and vllm_pool.BlockPool is impl.BlockPool
-        assert vllm_scheduler.KVCacheManager is impl.KVCacheManager  # imported by name before the install
+        assert vllm_manager.KVCacheManager is ours and vllm_pool.BlockPool is impl.BlockPool
+        assert vllm_scheduler.KVCacheManager is ours  # imported by name before the install
         assert kv_events.EVENTS.stored is vllm_events.BlockStored
         assert dropin.install() == replaced  # twice changes nothing more
     finally:
@@ -58,8 +66,8 @@ def test_a_release_impl_does_not_implement_is_refused_with_nothing_replaced(monk
 
     original = vllm_manager.KVCacheManager
     monkeypatch.setattr(vllm, "__version__", "0.29.0")
-    with pytest.raises(dropin.DropinError, match=r"implements vLLM 0\.25\.1's block manager; this is vLLM 0\.29\.0 "
-                                                 r"\(the newest it knows is 0\.25\.1\): nothing was replaced"):
+    with pytest.raises(dropin.DropinError, match=r"implements vLLM 0\.25\.1, 0\.26\.0's block manager; this is vLLM "
+                                                 r"0\.29\.0 \(the newest it knows is 0\.26\.0\): nothing was replaced"):
         dropin.install()
     monkeypatch.setenv("KVSPEC_DROPIN", "1")
     with pytest.raises(dropin.DropinError):
@@ -98,11 +106,17 @@ def test_the_plugin_is_registered_with_vllm():
     assert plugins.get("kvspec") == "kvspec.dropin:plugin"
 
 
-# Pools small enough that running requests are preempted now and then.
+# Pools small enough that running requests are preempted now and then; each layout with the scheduler's
+# options (EAGLE drafts, a KV connector that loads nothing: the scheduler's connector path).
 LAYOUTS = {
-    "full attention": Layout((full(16),), num_blocks=32, max_model_len=512),
-    "full + sliding window": Layout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512),
-    "full + Mamba (all)": Layout((full(16), mamba(16, "all")), num_blocks=48, max_model_len=512),
+    "full attention": (Layout((full(16),), num_blocks=32, max_model_len=512), {}),
+    "full + sliding window": (Layout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512), {}),
+    "full + Mamba (all)": (Layout((full(16), mamba(16, "all")), num_blocks=48, max_model_len=512), {}),
+    "full + Mamba (align)": (Layout((full(16), mamba(16, "align")), num_blocks=48, max_model_len=512), {}),
+    "full attention, EAGLE": (Layout((full(16),), num_blocks=32, max_model_len=512, use_eagle=True),
+                              {"num_draft_tokens": 2}),
+    "full + sliding window, KV connector": (Layout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512),
+                                            {"connector": True}),
 }
 
 
@@ -111,11 +125,11 @@ def test_vllms_scheduler_runs_on_kvspecs_block_manager_as_on_its_own(name):
     """Three hundred steps of vLLM's scheduler -- arrivals behind a shared system prompt, chunked
     prefill, preemption under a small pool -- make the same decisions, block ids included, on
     kvspec's block manager as on vLLM's."""
-    layout = LAYOUTS[name]
-    theirs = serve(make_scheduler(layout), steps=300, seed=3, max_tokens=24)
+    layout, options = LAYOUTS[name]
+    theirs = serve(make_scheduler(layout, **options), steps=300, seed=3, max_tokens=24)
     dropin.install()
     try:
-        scheduler = make_scheduler(layout)
+        scheduler = make_scheduler(layout, **options)
         from kvspec import impl
 
         assert isinstance(scheduler.kv_cache_manager, impl.KVCacheManager)

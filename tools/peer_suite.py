@@ -1,25 +1,28 @@
-"""vLLM 0.25.1's own block-manager unit tests, run against vLLM and against
-kvspec's drop-in (the way PyPy runs CPython's test suite).
+"""A vLLM release's own block-manager unit tests, run against vLLM and
+against kvspec's drop-in (the way PyPy runs CPython's test suite).
 
-The test files come from vLLM's source distribution on PyPI, unmodified:
-the archive's SHA-256 and every file's are checked against the values
-recorded here before anything runs.  They are extracted into a scratch
-directory next to a conftest of kvspec's, which -- when ``KVSPEC_DROPIN=1``
--- installs the drop-in (``kvspec.dropin``) before any test module imports
-vLLM's block manager.  The suite runs twice, plain and with the drop-in, and
-the table says for every test: passed on vLLM, passed on kvspec, and for
-each that passes on vLLM but not on kvspec the written reason
-(``tools/peer_suite_differences.json``, each a deliberate difference named
-in docs/rules.md).
+The test files come from the release's source distribution on PyPI,
+unmodified: the archive's SHA-256 and every file's are checked against the
+values recorded here (:data:`SUITES`) before anything runs.  They are
+extracted into a scratch directory next to a conftest of kvspec's, which --
+when ``KVSPEC_DROPIN=1`` -- installs the drop-in (``kvspec.dropin``) before
+any test module imports vLLM's block manager.  The suite runs twice, plain
+and with the drop-in, and the table says for every test: passed on vLLM,
+passed on kvspec, and for each that passes on vLLM but not on kvspec the
+written reason (``tools/peer_suite_differences.json``, by release, each a
+deliberate difference named in docs/rules.md).  A release other than the
+running interpreter's vLLM is installed alone under kvspec's cache and put
+first on the path (about 750 MB a release).
 
-    .venv-vllm/bin/python tools/peer_suite.py                  # download (cached), run both, print the table
-    .venv-vllm/bin/python tools/peer_suite.py --sdist vllm-0.25.1.tar.gz --markdown table.md
+    .venv-vllm/bin/python tools/peer_suite.py                  # 0.25.1: download (cached), run both, print
+    .venv-vllm/bin/python tools/peer_suite.py --release 0.26.0 --markdown table.md
 
 Exit 0 when every test that passes on vLLM passes on kvspec or is a listed
 difference (and every listed difference still fails); 1 otherwise; 2 when
-the files cannot be had or do not match their checksums.  Tests that need
-the Hugging Face hub (engine configuration, not the block manager) fail on
-vLLM too offline, and are reported as such.
+the release is not one with a suite here, or the files cannot be had or do
+not match their checksums.  Tests that need the Hugging Face hub or an
+accelerator (engine configuration, not the block manager) fail on vLLM too
+offline, and are reported as such.
 """
 
 from __future__ import annotations
@@ -36,26 +39,53 @@ import tempfile
 import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import NamedTuple
 
 from kvspec.spec.releases import BASE
 
 ROOT = Path(__file__).resolve().parent.parent
 DIFFERENCES = ROOT / "tools" / "peer_suite_differences.json"
-SDIST = f"vllm-{BASE}.tar.gz"
-SDIST_SHA256 = "ddbdec3f1c0f21afa70b7eb6ddf3faa29d26b1302ee4b5d5e00ec3af41b0c2e4"
-PREFIX = f"vllm-{BASE}/"
-# The block-manager tests, with the SHA-256 of each file as published.
-FILES: dict[str, str] = {
-    "tests/v1/core/__init__.py": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-    "tests/v1/core/utils.py": "2bcc257bf88937ac4ad51896457475cf67dfd22ec3430205173cb8ec9430bd14",
-    "tests/v1/core/test_prefix_caching.py": "3dd7341dac5c580194933b2f0de444d88aefe37a647653b8f7a751898e78e155",
-    "tests/v1/core/test_single_type_kv_cache_manager.py":
-        "4b5c3cf26f780ace6f44981c363f19e92a7c6a1d9d9554e96d5e395471f5f3a5",
-    "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
-    "tests/v1/core/test_kv_cache_utils.py": "85b9c6a1fc4ed9ff8b8e8e4b993a1ed806cd0d577a32316bf7543137d66c697d",
-    "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
-        "c7741abc8efe4aa9d143aa96619852374bb217a35ffcd8e50acff4ad758fd426",
+
+
+class Suite(NamedTuple):
+    """One release's block-manager tests: its archive's SHA-256 as PyPI
+    publishes it, and every file taken from it with its own."""
+
+    sdist_sha256: str
+    files: dict[str, str]
+
+
+_EMPTY = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # an empty __init__.py
+SUITES: dict[str, Suite] = {
+    BASE: Suite("ddbdec3f1c0f21afa70b7eb6ddf3faa29d26b1302ee4b5d5e00ec3af41b0c2e4", {
+        "tests/v1/core/__init__.py": _EMPTY,
+        "tests/v1/core/utils.py": "2bcc257bf88937ac4ad51896457475cf67dfd22ec3430205173cb8ec9430bd14",
+        "tests/v1/core/test_prefix_caching.py": "3dd7341dac5c580194933b2f0de444d88aefe37a647653b8f7a751898e78e155",
+        "tests/v1/core/test_single_type_kv_cache_manager.py":
+            "4b5c3cf26f780ace6f44981c363f19e92a7c6a1d9d9554e96d5e395471f5f3a5",
+        "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+        "tests/v1/core/test_kv_cache_utils.py": "85b9c6a1fc4ed9ff8b8e8e4b993a1ed806cd0d577a32316bf7543137d66c697d",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+            "c7741abc8efe4aa9d143aa96619852374bb217a35ffcd8e50acff4ad758fd426",
+    }),
+    "0.26.0": Suite("23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502", {
+        "tests/v1/core/__init__.py": _EMPTY,
+        "tests/v1/core/utils.py": "91e9dda64030500cc14f8aeba7c4e2ab90a583295933048a01452e71c9804cf7",
+        "tests/v1/core/test_prefix_caching.py": "5af456429e3b441bdf1312a3af296077dce647e5bf7bacb5b57b9db25379e431",
+        "tests/v1/core/test_single_type_kv_cache_manager.py":
+            "ff87e099bf6f7c74df2b11d5b75f4716a881cc4193cb22245bc12974af4082ef",
+        "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+        "tests/v1/core/test_kv_cache_utils.py": "451de81c272a58262e5ed30c2b239e42aece3fd9e1502cd7e71a9c3db035531b",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+            "c7741abc8efe4aa9d143aa96619852374bb217a35ffcd8e50acff4ad758fd426",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py":
+            "9bb868adffac2c09adba76d9018e25445396baa83ea7417d47ef1df6b843960c",
+        # support: the tests' helpers import the KV-connector tests' mock configuration
+        "tests/v1/kv_connector/unit/utils.py": "fbe003b95c3f10b26b52834ef46b72ee28b30ae22ca72d9f37a0fa95a368bcd8",
+    }),
 }
+"""The releases whose tests this runs (each also one the drop-in knows)."""
+
 CONFTEST = '''"""kvspec's conftest for vLLM's tests: vLLM's markers, and with
 KVSPEC_DROPIN=1 kvspec's block manager in place of vLLM's before any test
 module imports it."""
@@ -82,31 +112,39 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def fetch_sdist(cache: Path) -> Path:
-    """vLLM 0.25.1's source archive from PyPI (cached)."""
-    path = cache / SDIST
+def sdist_name(release: str) -> str:
+    return f"vllm-{release}.tar.gz"
+
+
+def fetch_sdist(cache: Path, release: str) -> Path:
+    """vLLM ``release``'s source archive from PyPI (cached)."""
+    path = cache / sdist_name(release)
     if path.exists():
         return path
     cache.mkdir(parents=True, exist_ok=True)
     index = urllib.request.urlopen("https://pypi.org/simple/vllm/", timeout=60).read().decode()
-    urls = re.findall(rf'href="([^"]*/{re.escape(SDIST)})#sha256=[0-9a-f]+"', index)
+    urls = re.findall(rf'href="([^"]*/{re.escape(sdist_name(release))})#sha256=[0-9a-f]+"', index)
     if not urls:
-        raise PeerSuiteError(f"PyPI's index lists no {SDIST}")
+        raise PeerSuiteError(f"PyPI's index lists no {sdist_name(release)}")
     tmp = path.with_suffix(".part")
     urllib.request.urlretrieve(urls[0], tmp)
     tmp.rename(path)
     return path
 
 
-def extract(sdist: Path, into: Path) -> dict[str, str]:
-    """The test files, checked, written under ``into``; their checksums."""
+def extract(sdist: Path, release: str, into: Path) -> dict[str, str]:
+    """The release's test files, checked, written under ``into``; their checksums."""
+    suite = SUITES[release]
     data = sdist.read_bytes()
-    if sha256(data) != SDIST_SHA256:
-        raise PeerSuiteError(f"{sdist} is not vLLM {BASE}'s published archive (SHA-256 {sha256(data)})")
+    if sha256(data) != suite.sdist_sha256:
+        raise PeerSuiteError(f"{sdist} is not vLLM {release}'s published archive (SHA-256 {sha256(data)})")
     sums = {}
     with tarfile.open(sdist) as archive:
-        for name, expected in FILES.items():
-            member = archive.extractfile(PREFIX + name)
+        for name, expected in suite.files.items():
+            try:
+                member = archive.extractfile(f"vllm-{release}/{name}")
+            except KeyError:
+                member = None
             if member is None:
                 raise PeerSuiteError(f"{name} is not in {sdist}")
             content = member.read()
@@ -116,15 +154,35 @@ def extract(sdist: Path, into: Path) -> dict[str, str]:
             target = into / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
-    for package in ("tests", "tests/v1", "tests/v1/core/prefix_cache"):
-        (into / package / "__init__.py").touch()
+    for name in suite.files:  # every directory on the way a package, as in vLLM's tree
+        for parent in Path(name).parents:
+            if parent != Path("."):
+                (into / parent / "__init__.py").touch()
     (into / "conftest.py").write_text(CONFTEST)
     return sums
 
 
-def run(into: Path, dropin: bool, junit: Path, workers: int) -> None:
+def vllm_path(release: str, python: str) -> str | None:
+    """What goes first on ``PYTHONPATH`` for vLLM ``release``: nothing when
+    ``python``'s own vLLM is that release, else the release's tree, installed
+    alone under kvspec's cache (``kvspec.conformance.vllm.upstream``)."""
+    probe = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True)
+    if probe.returncode == 0 and probe.stdout.strip().split("+")[0] == release:
+        return None
+    from kvspec.conformance.runner import SetupError
+    from kvspec.conformance.vllm import upstream
+
+    try:
+        return os.pathsep.join(upstream.release_path(upstream.install(release, python)))
+    except SetupError as error:
+        raise PeerSuiteError(f"vLLM {release} cannot be installed here: {error}") from error
+
+
+def run(into: Path, dropin: bool, junit: Path, workers: int, path: str | None) -> None:
     env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                KVSPEC_DROPIN="1" if dropin else "0")
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (path, env.get("PYTHONPATH"))))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(junit),
            "-W", "ignore::DeprecationWarning", "tests/v1/core"]
     if workers > 1:
@@ -172,35 +230,46 @@ def compare(vllm: dict[str, tuple[str, str]], ours: dict[str, tuple[str, str]],
     return rows, problems
 
 
-def table(rows: list[tuple[str, str, str, str]]) -> list[str]:
-    lines = [f"| test | vLLM {BASE} | kvspec drop-in | note |", "|---|---|---|---|"]
+def table(rows: list[tuple[str, str, str, str]], release: str) -> list[str]:
+    lines = [f"| test | vLLM {release} | kvspec drop-in | note |", "|---|---|---|---|"]
     lines += [f"| `{t}` | {a} | {b} | {n} |" for t, a, b, n in rows]
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sdist", type=Path, help=f"a local {SDIST} (default: download, cached)")
+    parser.add_argument("--release", default=BASE, help=f"the vLLM release whose tests run (default {BASE}; "
+                        f"known: {', '.join(SUITES)})")
+    parser.add_argument("--sdist", type=Path, help="a local copy of the release's source archive "
+                        "(default: download, cached)")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "kvspec", help="download cache")
     parser.add_argument("--markdown", type=Path, help="write the table here too")
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
     args = parser.parse_args(argv)
+    from kvspec.dropin_releases import API
+
+    release = args.release
+    if release not in SUITES or release not in API:
+        known = [r for r in SUITES if r in API]
+        print(f"peer suite: error: no suite for vLLM {release!r} (known: {', '.join(known)})", file=sys.stderr)
+        return 2
     try:
-        sdist = args.sdist or fetch_sdist(args.cache)
+        sdist = args.sdist or fetch_sdist(args.cache, release)
+        path = vllm_path(release, sys.executable)
         with tempfile.TemporaryDirectory(prefix="kvspec-peer-") as scratch:
             into = Path(scratch)
-            sums = extract(sdist, into)
-            run(into, False, into / "vllm.xml", args.workers)
-            run(into, True, into / "kvspec.xml", args.workers)
+            sums = extract(sdist, release, into)
+            run(into, False, into / "vllm.xml", args.workers, path)
+            run(into, True, into / "kvspec.xml", args.workers, path)
             theirs, ours = outcomes(into / "vllm.xml"), outcomes(into / "kvspec.xml")
     except (PeerSuiteError, OSError, subprocess.SubprocessError) as error:
         print(f"peer suite: error: {error}", file=sys.stderr)
         return 2
-    differences = json.loads(DIFFERENCES.read_text()) if DIFFERENCES.exists() else {}
+    differences = json.loads(DIFFERENCES.read_text()).get(release, {}) if DIFFERENCES.exists() else {}
     rows, problems = compare(theirs, ours, differences)
-    lines = table(rows)
+    lines = table(rows, release)
     counts = {who: sum(1 for r in rows if r[i] == "passed") for who, i in (("vLLM", 1), ("kvspec", 2))}
-    summary = (f"vLLM {BASE}'s block-manager tests: {len(rows)}; passed on vLLM {counts['vLLM']}, "
+    summary = (f"vLLM {release}'s block-manager tests: {len(rows)}; passed on vLLM {counts['vLLM']}, "
                f"on kvspec's drop-in {counts['kvspec']}; {len(differences)} listed differences; "
                f"{len(problems)} unexplained")
     print("\n".join(lines))
