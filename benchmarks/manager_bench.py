@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""kvspec's ``KVCacheManager`` against vLLM 0.25.1's at the scheduler level,
-side by side in one process.
+"""kvspec's ``KVCacheManager`` against vLLM's at the scheduler level, side by
+side in one process: the installed vLLM (0.25.1), or ``--release X``, a
+release the drop-in knows, with kvspec's manager as the drop-in puts it there
+(impl with that release's API and deltas).
 
 Usage (vLLM installed: tools/install_vllm.sh's environment)::
 
-    PYTHONHASHSEED=0 .venv-vllm/bin/python benchmarks/manager_bench.py [--quick] [--json OUT]
+    PYTHONHASHSEED=0 .venv-vllm/bin/python benchmarks/manager_bench.py [--quick] [--json OUT] [--release X]
 
 Workloads (each a serving loop the way vLLM's scheduler drives the manager,
 block size 16, caching on, events off):
@@ -118,7 +120,8 @@ class Side:
 
     def _admit(self, request: Any) -> None:
         start = clock()
-        blocks, hit = self.manager.get_computed_blocks(request)
+        computed = self.manager.get_computed_blocks(request)  # from 0.26 a third value: the shared-prefix boundary
+        blocks, hit = computed[0], computed[1]
         new = self.manager.allocate_slots(request, request.num_tokens - hit, hit, blocks,
                                           num_lookahead_tokens=2 if self.use_eagle else 0)
         self.spent += clock() - start
@@ -202,7 +205,9 @@ def apply(side: Side, events: list[tuple]) -> None:
             side.finish(event[1])
 
 
-def make_sides(groups: str, num_blocks: int) -> tuple[Side, Side]:
+def make_sides(groups: str, num_blocks: int, release: str) -> tuple[Side, Side]:
+    """vLLM's manager and kvspec's, the latter as the drop-in puts it into
+    ``release`` (impl with that release's API and deltas)."""
     import torch
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1 import kv_cache_interface as v
@@ -210,8 +215,10 @@ def make_sides(groups: str, num_blocks: int) -> tuple[Side, Side]:
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
 
     from kvspec import hashing
+    from kvspec.dropin_releases import API
     from kvspec.impl import KVCacheManager
 
+    KVCacheManager = API[release].get("vllm.v1.core.kv_cache_manager", {}).get("KVCacheManager", KVCacheManager)
     kv_cache_utils.init_none_hash(sha256_cbor)
     hashing.init_none_hash()
     attention = dict(block_size=BLOCK, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
@@ -231,10 +238,10 @@ def make_sides(groups: str, num_blocks: int) -> tuple[Side, Side]:
     return ours, vllm_side
 
 
-def bench_serving(groups: str, *, running: int, chunks: int, chunk_steps: int, overhead: float,
+def bench_serving(groups: str, *, running: int, chunks: int, chunk_steps: int, overhead: float, release: str,
                   seed: int = 0) -> dict:
     num_blocks = running * 260 * (2 if groups != "full" else 1) + 4096
-    ours, theirs = make_sides(groups, num_blocks)
+    ours, theirs = make_sides(groups, num_blocks, release)
     workload = Workload(seed, running, eagle=groups == "eagle")
     warm = workload.step()  # the first admissions
     apply(ours, warm)
@@ -307,22 +314,47 @@ def bench_hashing(*, tokens: int, repeats: int) -> dict:
             "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
+def use_release(version: str) -> None:
+    """Put vLLM ``version`` first on the path (installed alone under
+    kvspec's cache if it is not yet), before anything imports vLLM."""
+    from kvspec.conformance.runner import SetupError
+    from kvspec.conformance.vllm import upstream
+
+    if "vllm" in sys.modules:
+        raise RuntimeError("use_release must run before vLLM is imported")
+    try:
+        sys.path[:0] = upstream.release_path(upstream.install(version))
+    except SetupError as error:
+        print(f"manager_bench: vLLM {version} cannot be installed: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few chunks (the smoke test)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--only", action="append", help="run only these workloads")
+    parser.add_argument("--release", help="benchmark against this vLLM release, installed alone under kvspec's "
+                        "cache and put first on the path (default: the installed vLLM)")
     args = parser.parse_args(argv)
     chunks, chunk_steps, running = (4, 5, 16) if args.quick else (21, 20, 96)
     results: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
                                "date": time.strftime("%Y-%m-%d"), "workloads": {}}
+    if args.release:
+        use_release(args.release)
     try:
         import vllm
 
+        from kvspec.dropin import DropinError, check_release
+
+        release = check_release(vllm.__version__)
         results["vllm"] = f"vLLM {vllm.__version__}"
     except ImportError:
         print("manager_bench: vLLM is not installed here; run it from tools/install_vllm.sh's environment",
               file=sys.stderr)
+        raise SystemExit(2) from None
+    except DropinError as error:
+        print(f"manager_bench: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     overhead = timer_overhead()
     results["timer_overhead_ns"] = 1e9 * overhead
@@ -335,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict:
             r = bench_hashing(tokens=2048 if args.quick else 32768, repeats=5 if args.quick else 21)
         else:
             r = bench_serving(name.split()[1], running=running, chunks=chunks, chunk_steps=chunk_steps,
-                              overhead=overhead)
+                              overhead=overhead, release=release)
         results["workloads"][name] = r
         loop = f"; whole loop {r['whole_loop_ratio_median']:.2f}x" if "whole_loop_ratio_median" in r else ""
         spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"

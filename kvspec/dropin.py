@@ -1,4 +1,9 @@
-"""kvspec's block manager inside vLLM 0.25.1: the drop-in mode.
+"""kvspec's block manager inside vLLM: the drop-in mode.
+
+It goes into the releases whose block-manager API it presents
+(:data:`kvspec.dropin_releases.API`: 0.25.1 and 0.26.0), each with impl
+built as that release behaves, and refuses any other before replacing
+anything.
 
 :func:`install` puts ``kvspec.impl``'s classes and functions in place of
 vLLM's in vLLM's own block-manager modules -- ``vllm.v1.core.block_pool``,
