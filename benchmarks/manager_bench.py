@@ -27,6 +27,10 @@ block size 16, caching on, events off):
     2 lookahead slots; 0-2 drafts are accepted.
 ``hash 32k``
     The block hashes of a 32,768-token prompt (2,048 blocks), from scratch.
+``request 32k``
+    vLLM's ``Request`` for that prompt built with each side's block hasher,
+    as the engine builds one: the request object and its copy of the prompt
+    timed too (the same on both sides).
 
 Both managers see the same ``vllm.v1.request.Request`` objects' twins (one
 copy each, hashed by each side's own hasher), the same decisions and the
@@ -276,11 +280,17 @@ def bench_serving(groups: str, *, running: int, chunks: int, chunk_steps: int, o
     }
 
 
-def bench_hashing(*, tokens: int, repeats: int) -> dict:
+def bench_hashing(*, tokens: int, repeats: int, whole_request: bool = False) -> dict:
+    """The block hashes of a prompt of ``tokens`` tokens, from scratch: the
+    hasher alone on a bare request, or (``whole_request``) a vLLM ``Request``
+    built with the hasher, as the engine builds one (its own bookkeeping and
+    the prompt's copy timed too, the same on both sides)."""
     from types import SimpleNamespace
 
+    from vllm import SamplingParams
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1.core import kv_cache_utils
+    from vllm.v1.request import Request
 
     from kvspec import hashing
 
@@ -290,22 +300,26 @@ def bench_hashing(*, tokens: int, repeats: int) -> dict:
     prompt = [rng.randrange(32000) for _ in range(tokens)]
     hashers = {"kvspec": hashing.get_request_block_hasher(BLOCK, hashing.sha256_cbor),
                "vLLM": kv_cache_utils.get_request_block_hasher(BLOCK, sha256_cbor)}
+    params = SamplingParams(max_tokens=16)
 
-    def fresh() -> Any:
+    def bare() -> Any:
         return SimpleNamespace(block_hashes=[], all_token_ids=prompt, num_tokens=tokens, mm_features=[],
                                lora_request=None, cache_salt=None, prompt_embeds=None,
                                _prompt_embeds_per_block_hashes={})
 
-    results = {name: hasher(fresh()) for name, hasher in hashers.items()}
-    if results["kvspec"] != results["vLLM"]:
+    def hashes(name: str) -> list:
+        if whole_request:
+            return Request("r", prompt, params, None, block_hasher=hashers[name]).block_hashes
+        return hashers[name](bare())
+
+    if hashes("kvspec") != hashes("vLLM"):
         raise AssertionError("the two hashers disagree")
     times: dict[str, list[float]] = {"kvspec": [], "vLLM": []}
     for i in range(repeats):
         for name in (("kvspec", "vLLM") if i % 2 == 0 else ("vLLM", "kvspec")):
-            request = fresh()
             gc.disable()
             start = time.perf_counter()
-            hashers[name](request)
+            hashes(name)
             times[name].append(time.perf_counter() - start)
             gc.enable()
     ratios = [v / k for k, v in zip(times["kvspec"], times["vLLM"], strict=True)]
@@ -359,12 +373,13 @@ def main(argv: list[str] | None = None) -> dict:
     overhead = timer_overhead()
     results["timer_overhead_ns"] = 1e9 * overhead
     print(f"timer overhead {1e9 * overhead:.0f} ns per timed call (subtracted from both sides)", flush=True)
-    names = ["serve full", "serve full+swa", "serve full+mamba", "serve eagle", "hash 32k"]
+    names = ["serve full", "serve full+swa", "serve full+mamba", "serve eagle", "hash 32k", "request 32k"]
     for name in names:
         if args.only and name not in args.only:
             continue
-        if name == "hash 32k":
-            r = bench_hashing(tokens=2048 if args.quick else 32768, repeats=5 if args.quick else 21)
+        if name.endswith("32k"):
+            r = bench_hashing(tokens=2048 if args.quick else 32768, repeats=5 if args.quick else 21,
+                              whole_request=name.startswith("request"))
         else:
             r = bench_serving(name.split()[1], running=running, chunks=chunks, chunk_steps=chunk_steps,
                               overhead=overhead, release=release)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NewType, overload
@@ -87,11 +88,22 @@ def _plain_chain(parent: bytes, tokens: Sequence[int], block_size: int) -> list[
     (a parent that is not 32 bytes)."""
     if parent.__class__ is not bytes or len(parent) != 32:
         return None
-    head, null, sha256, dumps = _PLAIN_HEAD, _NULL, hashlib.sha256, cbor2.dumps
-    hashes = []
+    # One encoder writes every block's token array into one buffer (cbor2.dumps would set up an encoder per
+    # block, a tenth of the time); the offsets after each block cut the buffer back into arrays.
+    out = io.BytesIO()
+    encode, tell = cbor2.CBOREncoder(out, canonical=True).encode, out.tell
+    ends = []
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = sha256(head + parent + dumps(tokens[start:start + block_size], canonical=True) + null).digest()
+        encode(tokens[start:start + block_size])
+        ends.append(tell())
+    encoded = out.getbuffer()
+    head, null, sha256 = _PLAIN_HEAD, _NULL, hashlib.sha256
+    hashes = []
+    begin = 0
+    for end in ends:
+        parent = sha256(head + parent + encoded[begin:end] + null).digest()
         hashes.append(parent)
+        begin = end
     return hashes
 
 
