@@ -32,18 +32,24 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.impl.kv_cache_manager import KVCacheManager
+from kvspec.impl.release import IMPLEMENTED
 from kvspec.kv_cache_interface import MambaSpec, SlidingWindowSpec, spec_is
+from kvspec.spec import releases
 
 PREFIX_CACHED_NOT = ("CrossAttentionSpec", "EncoderOnlyAttentionSpec")  # groups vLLM never prefix-caches
 
 
-def _deltas(version: str) -> frozenset[str]:
-    from kvspec.conformance.targets.manager import impl_deltas
-    from kvspec.spec import releases
-
-    return impl_deltas(releases.judged(version))
-
-
+def impl_deltas(release: releases.Release) -> frozenset[str]:
+    """The deltas kvspec's impl is built with to behave as ``release``: its
+    modelled ones (those outside what the spec judges change no answer the
+    interface reads).  A ``ValueError`` names the ones impl does not
+    implement yet, so that a run never judges impl by a release it does not
+    follow."""
+    wanted = frozenset(d.key for d in release.deltas if d.status == releases.MODELLED)
+    if missing := sorted(wanted - IMPLEMENTED):
+        raise ValueError(f"kvspec's impl does not follow vLLM {release.version} yet: it lacks release delta(s) "
+                         f"{', '.join(missing)} (spec/README.md, chapter Releases)")
+    return wanted
 def refuse_partial_hash_hits(kv_cache_config: Any, hash_block_size: int, dcp_world_size: int, release: str) -> None:
     """vLLM 0.26 takes hits that end inside a block, copying the block on
     write, for a hybrid model with a Mamba "align" group whose block is larger
@@ -104,7 +110,7 @@ class KVCacheManager026(KVCacheManager):
         super().__init__(
             kv_cache_config, max_model_len, scheduler_block_size, hash_block_size, max_in_flight_tokens,
             enable_caching, use_eagle, log_stats, enable_kv_cache_events, dcp_world_size, pcp_world_size,
-            metrics_collector, watermark, deltas=_deltas(self.release),
+            metrics_collector, watermark, deltas=impl_deltas(releases.judged(self.release)),
         )
         self.enable_kv_cache_events = enable_kv_cache_events
         refuse_pinned_shared_prefix(self.kv_cache_config, self.coordinator.retention_interval, self.release)

@@ -9,7 +9,8 @@ vocabulary     kvspec (its version), kvspec.errors, .hashing,          0
                .request, .kv_cache_interface
 spec           kvspec.spec (the executable specification)              1
 impl           kvspec.impl (the production implementation)             1
-dropin         kvspec.dropin (impl in place of vLLM's classes)         2
+dropin         kvspec.dropin (impl in place of vLLM's classes),        2
+               .dropin_releases (their API, release by release)
 testing        kvspec.testing (spec constructors for tests, layouts)   2
 models         kvspec.models (model layouts, kernels, the worker)      3
 conformance    kvspec.conformance (machines, targets, the gate)        4
@@ -19,7 +20,8 @@ roof           kvspec.cli, .pytest_plugin                              6
 
 spec and impl share a rank and never import each other: impl is checked
 against spec, so neither may lean on the other.  The drop-in is impl seen
-from vLLM (it needs impl and vLLM only); conformance uses it to drive impl
+from vLLM (it needs impl, vLLM, and the spec's release catalogue for
+the deltas impl is built with); conformance uses it to drive impl
 under vLLM's own scheduler.  Every import counts, those
 inside functions too -- a lazy import is still a dependency, and a cycle
 through one is still a cycle; only ``if TYPE_CHECKING:`` imports, which
@@ -100,7 +102,7 @@ def layer(name: str) -> tuple[str, int]:
         return "vocabulary", 0
     if name in ROOF:
         return "roof", 6
-    if name == "kvspec.dropin":
+    if name in ("kvspec.dropin", "kvspec.dropin_releases"):
         return "dropin", 2
     for prefix, rank in (("kvspec.spec", 1), ("kvspec.impl", 1), ("kvspec.testing", 2), ("kvspec.models", 3),
                          ("kvspec.conformance", 4), ("kvspec.proofs", 5)):

@@ -79,8 +79,8 @@ from kvspec.conformance.runner import (
 )
 from kvspec.conformance.runner import replay as replay_trace
 from kvspec.conformance.settings import PROFILES, DatabaseError, example_database, scope_settings
-from kvspec.conformance.targets.manager import impl_deltas
 from kvspec.conformance.trace import Trace, trace_file_name
+from kvspec.dropin_releases import impl_deltas
 from kvspec.spec import releases
 
 WORKER_GRACE = 5.0  # seconds past the budget before a worker that has not answered is stopped

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvspec.conformance.targets.pool import VllmApiPoolTarget, _neutral_event
 from kvspec.conformance.vllm import compat
+from kvspec.dropin_releases import impl_deltas
 from kvspec.kv_cache_interface import (
     KVCacheConfig,
 )
@@ -251,18 +252,3 @@ class ImplManagerTarget(KVCacheManagerTarget):
                 **options,
             )
         )
-
-
-def impl_deltas(release: releases.Release) -> frozenset[str]:
-    """The deltas kvspec's impl is built with to behave as ``release``: its
-    modelled ones (those outside what the spec judges change no answer the
-    interface reads).  A ``ValueError`` names the ones impl does not
-    implement yet, so that a run never judges impl by a release it does not
-    follow."""
-    from kvspec.impl.release import IMPLEMENTED
-
-    wanted = frozenset(d.key for d in release.deltas if d.status == releases.MODELLED)
-    if missing := sorted(wanted - IMPLEMENTED):
-        raise ValueError(f"kvspec's impl does not follow vLLM {release.version} yet: it lacks release delta(s) "
-                         f"{', '.join(missing)} (spec/README.md, chapter Releases)")
-    return wanted
