@@ -41,6 +41,7 @@ from kvspec.hashing import (
 from kvspec.impl import kv_events
 from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 from kvspec.impl.kv_events import MEDIUM_GPU, BlockStored, KVCacheEvent
+from kvspec.impl.release import require_deltas
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +157,8 @@ class BlockPool:
             ``on_block_accessed`` for every hit block taken,
             ``on_block_evicted`` for every id ``evict_blocks`` names, and
             ``reset`` on a successful reset.
+        deltas: the release deltas in force (:mod:`kvspec.impl.release`);
+            the pool reads free-order-without-caching.
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class BlockPool:
         hash_block_size: int,
         enable_kv_cache_events: bool = False,
         metrics_collector: Any = None,
+        deltas: Iterable[str] = (),
     ):
         if type(num_gpu_blocks) is not int or num_gpu_blocks < 1:
             raise RuleError(
@@ -188,6 +192,8 @@ class BlockPool:
         self.enable_kv_cache_events = enable_kv_cache_events
         self.kv_event_queue: list[KVCacheEvent] = []
         self.metrics_collector = metrics_collector
+        # From 0.27, a pool that caches nothing returns every freed block to the tail.
+        self._freed_to_tail = not enable_caching and "free-order-without-caching" in require_deltas(deltas)
 
     # --- lookup ---------------------------------------------------------------
 
@@ -301,9 +307,10 @@ class BlockPool:
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block, first-to-evict first.  Blocks
-        reaching 0 rejoin the queue: unhashed at the head, cached at the tail.
-        The null block is skipped.  Refused (nothing changes) if a block would
-        go below 0 references."""
+        reaching 0 rejoin the queue: unhashed at the head, cached at the tail
+        (from 0.27 with caching off: all at the tail).  The null block is
+        skipped.  Refused (nothing changes) if a block would go below 0
+        references."""
         plain: list[KVCacheBlock] = []
         cached: list[KVCacheBlock] = []
         held: list[KVCacheBlock] = []
@@ -327,6 +334,8 @@ class BlockPool:
             if isinstance(error, AttributeError):
                 raise RuleTypeError("ref-conservation", f"free_blocks() takes KVCacheBlocks, got {block!r}") from None
             raise
+        if self._freed_to_tail:  # caching off: no block has a hash, all go to the tail in order
+            plain, cached = [], plain
         queue = self.free_block_queue
         if plain:
             prev = queue.head

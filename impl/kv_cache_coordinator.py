@@ -235,6 +235,7 @@ class KVCacheCoordinator(ABC):
             hash_block_size=hash_block_size,
             enable_kv_cache_events=enable_kv_cache_events,
             metrics_collector=metrics_collector,
+            deltas=self.deltas,
         )
         self.eagle_group_ids = eagle_group_ids(kv_cache_config, use_eagle)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(

@@ -23,6 +23,7 @@ IMPLEMENTED: frozenset[str] = frozenset({
     "processed-token-windows",  # 0.26: Mamba holds back no speculative blocks' tokens before freeing states
     "partial-tail-entries",  # 0.26: full attention registers the prompt's last hash boundary inside a block
     "zeroing-with-mamba-only",  # 0.26: new blocks are zeroed only for a model with Mamba groups
+    "free-order-without-caching",  # 0.27: with caching off, freed blocks go to the tail in order
     "stats-at-admission",  # 0.27: lookups are not counted; record_prefix_cache_stats counts an admission
     "zeroing-every-attention-group",  # 0.28: where blocks are zeroed, every attention group's are
     "partial-tail-resend-boundary",  # 0.32: the partial tail ends before the prompt's last token (not EAGLE)

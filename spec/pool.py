@@ -69,6 +69,7 @@ from kvspec.hashing import (
     make_block_hash_with_group_id,
     maybe_convert_block_hash,
 )
+from kvspec.spec import releases
 from kvspec.spec.interface import (
     NULL_BLOCK_ID,
     Cleared,
@@ -148,6 +149,24 @@ def require_group_id(group_id: Any) -> int:
 
 
 # --- the pool -----------------------------------------------------------------
+
+
+def requeue(free: list[int], plain: list[int], cached: list[int], caching: bool = True,
+            release: releases.Release | None = None) -> list[int]:
+    """The free queue ``free`` once the blocks ``plain`` (no hash) and
+    ``cached`` (a hash) reach 0 references, each list in the order freed.
+
+    ``plain`` go to the head: no request can hit them again, so they are
+    reused first.  ``cached`` go to the tail: the least recently used cached
+    block is evicted first.  From vLLM 0.27 (release delta
+    free-order-without-caching), a pool with caching off puts every freed
+    block at the tail instead, in order, so that the block freed longest ago
+    is reused first.  ``release``: the release judged (default: the one
+    this process judges by).
+    """
+    if not caching and (release or releases.current()).has("free-order-without-caching"):
+        return [*free, *plain, *cached]
+    return [*plain, *free, *cached]
 
 
 class SpecBlockPool:
@@ -258,7 +277,8 @@ class SpecBlockPool:
 
         Blocks that reach 0 references rejoin the free queue: those without a
         hash at the head (in the given order), those with a hash at the tail
-        (in the given order).  The null block is skipped.
+        (in the given order) -- :func:`requeue`, which also says where a
+        pool with caching off puts them from 0.27.  The null block is skipped.
 
         Requires valid block ids, and that no block is freed more times than
         it is held (its ref count would go negative).
@@ -285,7 +305,7 @@ class SpecBlockPool:
                     released_cached.append(block_id)
                 else:
                     released_plain.append(block_id)
-        s.free = released_plain + s.free + released_cached
+        s.free = requeue(s.free, released_plain, released_cached, s.enable_caching)
 
     # -- caching --------------------------------------------------------------
 

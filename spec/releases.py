@@ -123,6 +123,12 @@ DELTAS: tuple[Delta, ...] = (
         "The spec's answer is the pair; the third value is read and not judged.",
         status=OUTSIDE),
     Delta(
+        "0.27.0", "free-order-without-caching",
+        "A pool with prefix caching off returns every freed block to the tail of the free queue, in the order "
+        "freed, instead of putting blocks without a hash at the head: the block freed longest ago is reused "
+        "first.  With caching on nothing changes.",
+        rules=("free-order",)),
+    Delta(
         "0.27.0", "stats-at-admission",
         "The prefix-cache stats stop counting lookups: get_computed_blocks records nothing, and the scheduler "
         "records a request once it is admitted, with record_prefix_cache_stats(request, num_hits) -- one "

@@ -52,6 +52,7 @@ from kvspec.spec.content import (
 from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot, Stored
 from kvspec.spec.layout import GroupView, Layout
 from kvspec.spec.oracle import eagle_peek_limit, group_can_serve, oracle_hit_length
+from kvspec.spec.pool import requeue
 from kvspec.spec.releases import Release
 from kvspec.spec.rules import Violation
 
@@ -539,7 +540,7 @@ def _refused_release_problems(step: ManagerStep, layout: Layout | None) -> list[
         gone = [out_of_window(group, computed, prompt) for group in layout.views]
         problems += [f"released block {b} (group {g}, position {i}) inside the attention window"
                      for g, i, b, _ in changed if i not in gone[g]]
-    expected = _after_frees(before.pool, _release_calls(bt, at))
+    expected = _after_frees(before.pool, _release_calls(bt, at))  # in any order: which blocks, not where
     if _any_order(expected).without_null_ref() != _any_order(after.pool).without_null_ref():
         problems.append("changed the pool beyond freeing the blocks it nulled")  # the order is free-order's
     return problems
@@ -933,10 +934,11 @@ def _any_order(pool: PoolSnapshot) -> PoolSnapshot:
     return replace(pool, free=tuple(sorted(pool.free)))
 
 
-def _after_frees(before: PoolSnapshot, calls: list[list[int]]) -> PoolSnapshot:
+def _after_frees(before: PoolSnapshot, calls: list[list[int]], caching: bool = True,
+                 release: Release | None = None) -> PoolSnapshot:
     """The pool after ``free_blocks`` of each call in turn (null entries
     skipped): ref counts drop, blocks reaching 0 join the free queue --
-    unhashed ones at the head, cached ones at the tail."""
+    unhashed ones at the head, cached ones at the tail (:func:`requeue`)."""
     ref, free = list(before.ref), list(before.free)
     for call in calls:
         plain, cached = [], []
@@ -946,7 +948,7 @@ def _after_frees(before: PoolSnapshot, calls: list[list[int]]) -> PoolSnapshot:
             ref[b] -= 1
             if ref[b] == 0:
                 (cached if b in before.key_of else plain).append(b)
-        free = plain + free + cached
+        free = requeue(free, plain, cached, caching, release)
     return PoolSnapshot(before.num_blocks, tuple(ref), tuple(free), before.key_of, before.table, before.partial_of)
 
 
@@ -970,7 +972,8 @@ def free_order(step: ManagerStep, ctx: RequestContext) -> list[str]:
     else:
         rid = step.args["request_id"]
         calls = _release_calls(step.before.tables.get(rid, ()), step.after.tables.get(rid, ()))
-    expected = _after_frees(step.before.pool, calls).free
+    expected = _after_frees(step.before.pool, calls, ctx.layout is None or ctx.layout.enable_caching,
+                            ctx.release).free
     if expected == step.after.pool.free:
         return []
     return [f"after {step.op} the free queue is {list(step.after.pool.free)}, expected {list(expected)}"]

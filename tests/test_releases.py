@@ -15,8 +15,9 @@ from kvspec.conformance.gate import GateOptions, run_gate
 from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.machines.manager import manager_machine
 from kvspec.conformance.runner import SetupError, layout_names
-from kvspec.conformance.targets.manager import ImplManagerTarget, impl_deltas
+from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
+from kvspec.dropin_releases import impl_deltas
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 from kvspec.spec.interface import ManagerSnapshot
@@ -85,7 +86,8 @@ def test_a_release_is_judged_by_the_newest_known_release_at_or_before_it():
         releases.judged("0.26.0").warning()
     assert [d.key for d in releases.deltas_until("0.27.0")] == [
         "partial-tail-entries", "partial-hit-copy-on-write", "zeroing-with-mamba-only", "dcp-on-hybrid-models",
-        "pcp-outside-the-block", "processed-token-windows", "shared-prefix-boundary", "stats-at-admission"]
+        "pcp-outside-the-block", "processed-token-windows", "shared-prefix-boundary", "free-order-without-caching",
+        "stats-at-admission"]
 
 
 def test_bad_releases_and_delta_names_are_refused_by_name():
@@ -161,6 +163,7 @@ def _impl_without(version: str, delta: str, layout: str, examples: int = 100) ->
     ("0.26.0", "zeroing-with-mamba-only", "full", "is zeroed but was not taken fresh"),
     ("0.26.0", "processed-token-windows", "full+mamba-all-drafts", "content-soundness"),
     ("0.27.0", "stats-at-admission", "full", "record_prefix_cache_stats"),
+    ("0.27.0", "free-order-without-caching", "caching-off", "divergence from the spec"),
     ("0.28.0", "zeroing-every-attention-group", "full+swa+mamba", "was taken fresh but is not zeroed"),
 ])
 def test_each_delta_impl_follows_is_live(version, delta, layout, says):
@@ -168,6 +171,32 @@ def test_each_delta_impl_follows_is_live(version, delta, layout, says):
     there: the delta is what makes it conform (and the rules read it)."""
     failure = _impl_without(version, delta, layout)
     assert failure is not None and says in failure, failure
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_from_0_27_a_pool_without_caching_returns_freed_blocks_to_the_tail(caching):
+    """Three blocks taken and freed (as a request frees, last first): in the
+    base they go back to the head; from 0.27 a pool that caches nothing puts
+    them at the tail, so the blocks never used are taken next.  The spec's
+    pool, impl's pool built with the release's deltas, and the free-order
+    rule agree; the base order is a free-order violation on 0.27."""
+    from kvspec.conformance.targets.pool import ImplPoolTarget
+    from kvspec.spec.pool import SpecBlockPool
+    from kvspec.spec.rules import Step, check_step
+
+    for version, expected in (("0.26.0", [3, 2, 1, 4, 5]), ("0.27.0", [3, 2, 1, 4, 5] if caching else [4, 5, 3, 2, 1])):
+        with releases.judging(version):
+            for pool in (SpecBlockPool(6, caching, 2), ImplPoolTarget(6, caching, 2)):
+                taken = pool.get_new_blocks(3)
+                ids = [getattr(b, "block_id", b) for b in taken][::-1]
+                before = pool.snapshot()
+                pool.free_blocks(ids)
+                assert list(pool.snapshot().free) == expected, (version, type(pool).__name__)
+                base_order = before.__class__(before.num_blocks, (0,) * 6, (3, 2, 1, 4, 5), before.key_of,
+                                              before.table, before.partial_of)
+                step = Step("free_blocks", (ids,), before, base_order, None, None, caching)
+                said = [v.rule for v in check_step(step)]
+                assert ("free-order" in said) == (expected != [3, 2, 1, 4, 5]), (version, said)
 
 
 def test_impl_refuses_a_delta_it_does_not_implement():

@@ -9,16 +9,13 @@
 //   Manager                   -- the request-level operations (spec 2), the coordinator's hit search and
 //                                caching (spec 4, 6), external tokens (spec 7), refusals (spec 2 step 0).
 
-import { Pool, Refusal, NULL_BLOCK, isInt, requireCount } from "./pool.mjs";
+import { Pool, Refusal, NULL_BLOCK, BASE_RELEASE, atLeast, isInt, requireCount } from "./pool.mjs";
 
 const cdiv = (a, b) => -Math.floor(-a / b);
 const fdiv = (a, b) => Math.floor(a / b);
 const refuse = (kind, message) => { throw new Refusal(kind, message); };
 
-// spec 9 "Releases": a vector names the vLLM release whose rules it was derived under (absent: the base).
-const BASE_RELEASE = "0.25.1";
-const releaseKey = (r) => r.split(".").map((x) => x.padStart(4, "0")).join(".");
-export const atLeast = (release, r) => releaseKey(release) >= releaseKey(r);
+export { atLeast }; // spec 9 "Releases" (pool.mjs)
 
 // spec 1 "What a Stored event says": vLLM's name of each kind, carried by a manager's Stored events.
 const SPEC_KIND = {
@@ -510,7 +507,7 @@ export class Manager {
       if (retention_interval < 0 || retention_interval % scheduler_block_size) refuse("ValueError", "bad retention interval");
       if (!groups.some((g) => ["SlidingWindowSpec", "MambaSpec"].includes(g.type))) refuse("ValueError", "a retention interval needs a sliding-window or Mamba group");
     }
-    this.pool = new Pool({ num_blocks, enable_caching, hash_block_size, enable_kv_cache_events });
+    this.pool = new Pool({ num_blocks, enable_caching, hash_block_size, enable_kv_cache_events, release });
     this.numBlocks = num_blocks;
     this.maxModelLen = max_model_len;
     this.caching = enable_caching;

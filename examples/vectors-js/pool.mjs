@@ -7,6 +7,11 @@
 import { createHash } from "node:crypto";
 
 export const NULL_BLOCK = 0;
+
+// spec 9 "Releases": a vector names the vLLM release whose rules it was derived under (absent: the base).
+export const BASE_RELEASE = "0.25.1";
+const releaseKey = (r) => r.split(".").map((x) => x.padStart(4, "0")).join(".");
+export const atLeast = (release, r) => releaseKey(release) >= releaseKey(r);
 const GROUP_ID_BYTES = 4;
 const MAX_GROUP_ID = 2 ** (8 * GROUP_ID_BYTES) - 1;
 
@@ -34,7 +39,7 @@ export function eventHash(hex) {
 }
 
 export class Pool {
-  constructor({ num_blocks, enable_caching, hash_block_size, enable_kv_cache_events }) {
+  constructor({ num_blocks, enable_caching, hash_block_size, enable_kv_cache_events, release = BASE_RELEASE }) {
     requireCount(num_blocks, "num_blocks");
     if (num_blocks < 1) throw new Refusal("ValueError", "a pool needs at least the null block");
     requireCount(hash_block_size, "hash_block_size");
@@ -43,6 +48,7 @@ export class Pool {
     this.caching = enable_caching;
     this.hashBlockSize = hash_block_size;
     this.eventsOn = enable_kv_cache_events;
+    this.release = release;
     this.ref = new Array(num_blocks).fill(0);
     this.free = Array.from({ length: num_blocks - 1 }, (_, i) => i + 1); // head first; block 0 is the null block
     this.keyOf = new Map(); // block -> key (hash hex + group as 4 big-endian bytes)
@@ -135,7 +141,11 @@ export class Pool {
       this.ref[b] -= 1;
       if (this.ref[b] === 0) (this.keyOf.has(b) ? cached : plain).push(b);
     }
-    this.free = [...plain, ...this.free, ...cached]; // no key: reused first; cached: least recently used first
+    if (!this.caching && atLeast(this.release, "0.27.0")) {
+      this.free = [...this.free, ...plain, ...cached]; // spec 9 free-order-without-caching: all to the tail
+    } else {
+      this.free = [...plain, ...this.free, ...cached]; // no key: reused first; cached: least recently used first
+    }
     return null;
   }
 

@@ -191,7 +191,7 @@ def pool_machine(
             self.cover(op, result, error, after)
             events = self.target.take_events()
             spec_outcome = self.in_lockstep(op, args)
-            step = Step(op, args, before, after, result, error)
+            step = Step(op, args, before, after, result, error, layout.enable_caching)
             problems = step_violations(step, events, self.ledger, self.mirror if layout.events else None)
             if events:  # the owners' requests are gathered only when there is an event to hold to them
                 problems += [Violation("hash-map-consistency", p) for p in stored_events_describe_requests(
