@@ -31,9 +31,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_manager import KVCacheManager
 from kvspec.impl.release import IMPLEMENTED
-from kvspec.kv_cache_interface import MambaSpec, SlidingWindowSpec, spec_is
+from kvspec.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec, spec_is
 from kvspec.spec import releases
 
 PREFIX_CACHED_NOT = ("CrossAttentionSpec", "EncoderOnlyAttentionSpec")  # groups vLLM never prefix-caches
@@ -50,6 +51,24 @@ def impl_deltas(release: releases.Release) -> frozenset[str]:
         raise ValueError(f"kvspec's impl does not follow vLLM {release.version} yet: it lacks release delta(s) "
                          f"{', '.join(missing)} (spec/README.md, chapter Releases)")
     return wanted
+def pool_for(release: str) -> type[BlockPool]:
+    """impl's pool as ``release``'s callers build it: with that release's
+    deltas unless told others (a manager builds its own pool with its own)."""
+    deltas = impl_deltas(releases.judged(release))
+
+    class ReleaseBlockPool(BlockPool):
+        __doc__ = f"impl's pool with vLLM {release}'s deltas."
+
+        def __init__(self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int,
+                     enable_kv_cache_events: bool = False, metrics_collector: Any = None,
+                     deltas: Any = deltas) -> None:
+            super().__init__(num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
+                             metrics_collector, deltas)
+
+    ReleaseBlockPool.__name__ = ReleaseBlockPool.__qualname__ = "BlockPool"
+    return ReleaseBlockPool
+
+
 def refuse_partial_hash_hits(kv_cache_config: Any, hash_block_size: int, dcp_world_size: int, release: str) -> None:
     """vLLM 0.26 takes hits that end inside a block, copying the block on
     write, for a hybrid model with a Mamba "align" group whose block is larger
@@ -181,8 +200,61 @@ class KVCacheManager026(KVCacheManager):
         return [], []
 
 
+class KVCacheManager027(KVCacheManager026):
+    """impl's manager with vLLM 0.27.0's API and deltas: the connector's
+    own lookup, admission-time stats, and truncated lookups."""
+
+    release = "0.27.0"
+
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        """Whether the request may look its prefix up in the cache."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def get_computed_blocks_for_connector(self, request: Any) -> tuple[Any, int, int, bool]:
+        """The lookup a scheduler with a KV connector makes: the four
+        values ``(blocks, hit, boundary, diverged)``.  On a hybrid of full
+        attention and Mamba, full attention's own hit is the local prefix
+        (the connector sends the rest and the Mamba state), and ``diverged``
+        says that a group's own hit is shorter; when a group's own hit is
+        longer than full attention's, or on any other model, the ordinary
+        lookup with ``diverged`` False."""
+        coordinator = self.coordinator
+        first = getattr(coordinator, "attention_groups", [None])[0]  # full attention first, where a hybrid has it
+        full_id = first.group_ids[0] if first is not None and spec_is(first.spec, FullAttentionSpec) else None
+        has_mamba = any(spec_is(g.kv_cache_spec, MambaSpec) for g in self.kv_cache_config.kv_cache_groups)
+        if not has_mamba or full_id is None:
+            return *self.get_computed_blocks(request), False
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0, False
+        blocks, hits = coordinator.find_longest_cache_hit_per_group(request.block_hashes, request.num_tokens - 1)
+        if max(hits) > hits[full_id]:
+            return *self.get_computed_blocks(request), False
+        return self.create_kv_cache_blocks(blocks), hits[full_id], 0, min(hits) < hits[full_id]
+
+    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
+        """``blocks`` cut to the first ``num_computed_tokens`` tokens, which
+        must end on every group's block boundary; reference counts and
+        ``blocks`` itself unchanged."""
+        out = []
+        for group_blocks, manager in zip(blocks.blocks, self.coordinator.single_type_managers, strict=True):
+            keep, rest = divmod(num_computed_tokens, manager.block_size)
+            if rest or keep > len(group_blocks):
+                raise ValueError(f"cannot truncate a hit of {len(group_blocks)} block(s) of {manager.block_size} "
+                                 f"tokens to {num_computed_tokens} tokens (rule block-size-coherence)")
+            out.append(list(group_blocks[:keep]))
+        return self.create_kv_cache_blocks(tuple(out))
+
+    def take_partial_tail_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Partial-tail states handed to a KV connector: none, since only a
+        Mamba align group copying on write has them (refused at
+        construction)."""
+        return {}
+
+
 API: dict[str, dict[str, dict[str, Any]]] = {
     "0.25.1": {},
     "0.26.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager026}},
+    "0.27.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager027},
+               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.27.0")}},
 }
 """release -> vLLM module -> the names whose release shape differs from impl's."""

@@ -83,6 +83,20 @@ SUITES: dict[str, Suite] = {
         # support: the tests' helpers import the KV-connector tests' mock configuration
         "tests/v1/kv_connector/unit/utils.py": "fbe003b95c3f10b26b52834ef46b72ee28b30ae22ca72d9f37a0fa95a368bcd8",
     }),
+    "0.27.0": Suite("862671641625d6cfb7aaab98a5386126738b59ca50e5d01ca539a4e32f63ffcb", {
+        "tests/v1/core/__init__.py": _EMPTY,
+        "tests/v1/core/utils.py": "d38794bc0f2be4c9957c78adb62f165dd4ccafee6ab8cb004193263efc660b42",
+        "tests/v1/core/test_prefix_caching.py": "94d3de218e2580d3ef214e7d186d5b0d231247a5b20c8c718790162eb307ff2a",
+        "tests/v1/core/test_single_type_kv_cache_manager.py":
+            "ff87e099bf6f7c74df2b11d5b75f4716a881cc4193cb22245bc12974af4082ef",
+        "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+        "tests/v1/core/test_kv_cache_utils.py": "b5f91aa09833cd19e899269fd7ef77a302bbc7af36dac7fd66e215cbd78cf986",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+            "c7741abc8efe4aa9d143aa96619852374bb217a35ffcd8e50acff4ad758fd426",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py":
+            "316b1f59058426fa537ea287c675c3e94b808f8923d7dcde3903d2c392bb1aae",
+        "tests/v1/kv_connector/unit/utils.py": "c7edd1b041a12c634ca5e4ac1a42cc5af91a649bdbeea02a28949ccbc6b682c6",
+    }),
 }
 """The releases whose tests this runs (each also one the drop-in knows)."""
 
