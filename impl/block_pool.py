@@ -192,8 +192,10 @@ class BlockPool:
         self.enable_kv_cache_events = enable_kv_cache_events
         self.kv_event_queue: list[KVCacheEvent] = []
         self.metrics_collector = metrics_collector
-        # From 0.27, a pool that caches nothing returns every freed block to the tail.
-        self._freed_to_tail = not enable_caching and "free-order-without-caching" in require_deltas(deltas)
+        # In 0.27 (not before, not after), a pool that caches nothing returns every freed block to the tail.
+        keys = require_deltas(deltas)
+        self._freed_to_tail = not enable_caching and "free-order-without-caching" in keys \
+            and "free-order-restored" not in keys
 
     # --- lookup ---------------------------------------------------------------
 
@@ -308,7 +310,7 @@ class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block, first-to-evict first.  Blocks
         reaching 0 rejoin the queue: unhashed at the head, cached at the tail
-        (from 0.27 with caching off: all at the tail).  The null block is
+        (in 0.27 with caching off: all at the tail).  The null block is
         skipped.  Refused (nothing changes) if a block would go below 0
         references."""
         plain: list[KVCacheBlock] = []

@@ -25,6 +25,7 @@ IMPLEMENTED: frozenset[str] = frozenset({
     "zeroing-with-mamba-only",  # 0.26: new blocks are zeroed only for a model with Mamba groups
     "free-order-without-caching",  # 0.27: with caching off, freed blocks go to the tail in order
     "stats-at-admission",  # 0.27: lookups are not counted; record_prefix_cache_stats counts an admission
+    "free-order-restored",  # 0.28: undoes free-order-without-caching
     "zeroing-every-attention-group",  # 0.28: where blocks are zeroed, every attention group's are
     "partial-tail-resend-boundary",  # 0.32: the partial tail ends before the prompt's last token (not EAGLE)
     "eagle-lookahead-hashes",  # 0.32: a hybrid's EAGLE group peeks up to the request's last full hash block

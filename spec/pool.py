@@ -161,10 +161,12 @@ def requeue(free: list[int], plain: list[int], cached: list[int], caching: bool 
     block is evicted first.  From vLLM 0.27 (release delta
     free-order-without-caching), a pool with caching off puts every freed
     block at the tail instead, in order, so that the block freed longest ago
-    is reused first.  ``release``: the release judged (default: the one
-    this process judges by).
+    is reused first; 0.28 undid it (delta free-order-restored).
+    ``release``: the release judged (default: the one this process judges
+    by).
     """
-    if not caching and (release or releases.current()).has("free-order-without-caching"):
+    release = release or releases.current()
+    if not caching and release.has("free-order-without-caching") and not release.has("free-order-restored"):
         return [*free, *plain, *cached]
     return [*plain, *free, *cached]
 

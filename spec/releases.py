@@ -136,6 +136,12 @@ DELTAS: tuple[Delta, ...] = (
         "skips reading the cache).  A lookup whose request is not admitted is not counted.",
         rules=("allocation-accounting",)),
     Delta(
+        "0.28.0", "free-order-restored",
+        "Delta free-order-without-caching is undone: a pool with caching off again puts freed blocks at the "
+        "head of the free queue, in the order freed, as the base does (no block has a hash there, so every one "
+        "is reused before the blocks already free).",
+        rules=("free-order",)),
+    Delta(
         "0.28.0", "zeroing-every-attention-group",
         "Where the worker zeroes new blocks (a model with Mamba layers), it zeroes those of every attention "
         "group -- sliding-window and chunked-local ones too -- not only full attention's.",

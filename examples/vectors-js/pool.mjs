@@ -141,8 +141,9 @@ export class Pool {
       this.ref[b] -= 1;
       if (this.ref[b] === 0) (this.keyOf.has(b) ? cached : plain).push(b);
     }
-    if (!this.caching && atLeast(this.release, "0.27.0")) {
-      this.free = [...this.free, ...plain, ...cached]; // spec 9 free-order-without-caching: all to the tail
+    if (!this.caching && atLeast(this.release, "0.27.0") && !atLeast(this.release, "0.28.0")) {
+      // spec 9 free-order-without-caching (0.27), undone by free-order-restored (0.28): all to the tail
+      this.free = [...this.free, ...plain, ...cached];
     } else {
       this.free = [...plain, ...this.free, ...cached]; // no key: reused first; cached: least recently used first
     }
