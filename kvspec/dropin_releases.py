@@ -20,11 +20,21 @@ release's deltas.
   end inside a block, copied on write (a hybrid with a Mamba "align" group
   whose block is larger than the hash block).
 
+- **0.27.0** (and 0.27.1, whose ``vllm/v1/core`` and block-manager tests
+  are byte for byte 0.27.0's): the connector's own lookup
+  ``get_computed_blocks_for_connector`` (on a hybrid of full attention and
+  Mamba, full attention's own hit and whether a group's is shorter),
+  ``truncate_computed_blocks``, ``prefix_cache_lookup_enabled``,
+  ``take_partial_tail_offloads`` (none: only Mamba align's copy on write
+  makes them, and it is refused); the prefix-cache stats recorded at
+  admission; a pool that, with caching off, frees to the tail (release delta
+  free-order-without-caching) -- a pool the callers build themselves too.
+
 A release the drop-in knows is one with an entry in :data:`API`.  The later
-releases changed the calls further (0.27: the connector's lookup and
-admission-time stats; 0.28: a prefill-lookahead argument; 0.30: partial-tail
-offloads; 0.33: hash lookahead and a hit bound; 0.34: the pool's block
-fields) and are refused by :func:`kvspec.dropin.check_release`, in one line.
+releases changed the calls further (0.28: a prefill-lookahead argument and
+the free order back; 0.29: boundary-state offloads; 0.30: block ids by
+group; 0.33: hash lookahead and a hit bound; 0.34: the pool's block fields)
+and are refused by :func:`kvspec.dropin.check_release`, in one line.
 """
 
 from __future__ import annotations
@@ -257,4 +267,5 @@ API: dict[str, dict[str, dict[str, Any]]] = {
     "0.27.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager027},
                "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.27.0")}},
 }
+API["0.27.1"] = API["0.27.0"]  # a patch release: its vllm/v1/core and tests/v1/core are 0.27.0's, byte for byte
 """release -> vLLM module -> the names whose release shape differs from impl's."""
