@@ -1,5 +1,7 @@
 # M11: cache_partial_block at a full-block boundary (or block == hash block): asserted before 0.32, accepted from 0.32.
-import inspect, vllm
+import inspect
+
+import vllm
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.block_pool import BlockPool
