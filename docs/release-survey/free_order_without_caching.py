@@ -7,4 +7,5 @@ for caching in (True, False):
     pool = BlockPool(6, caching, 2)
     blocks = pool.get_new_blocks(3)
     pool.free_blocks(blocks[::-1])
-    print(vllm.__version__, "caching" if caching else "no caching", [b.block_id for b in pool.free_block_queue.get_all_free_blocks()])
+    free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    print(vllm.__version__, "caching" if caching else "no caching", free)

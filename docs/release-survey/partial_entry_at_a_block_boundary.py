@@ -1,4 +1,4 @@
-# M11: cache_partial_block at a full-block boundary (or block == hash block): asserted before 0.32, accepted from 0.32.
+# cache_partial_block at a full-block boundary (or block == hash block): asserted before 0.32, accepted from 0.32.
 import inspect
 
 import vllm

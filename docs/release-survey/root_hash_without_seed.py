@@ -1,4 +1,4 @@
-# M4: the root hash with PYTHONHASHSEED unset and sha256: random per process before 0.29, fixed from 0.29.
+# the root hash with PYTHONHASHSEED unset and sha256: random per process before 0.29, fixed from 0.29.
 import vllm
 from vllm.utils.hashing import sha256
 from vllm.v1.core import kv_cache_utils as u

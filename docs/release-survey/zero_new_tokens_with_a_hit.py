@@ -1,4 +1,5 @@
-# M9: allocate_slots with no new tokens but a local hit: refused before 0.31, accepted from 0.31.
+# allocate_slots with no new tokens but a local hit: refused before 0.31 (ValueError), accepted from 0.31.
+# Run with a vLLM release first on the path:  PYTHONHASHSEED=0 python zero_new_tokens_with_a_hit.py
 import torch
 import vllm
 from vllm.sampling_params import SamplingParams
@@ -11,16 +12,21 @@ from vllm.v1.request import Request
 init_none_hash(sha256)
 spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32)
 config = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
-m = KVCacheManager(config, max_model_len=64, max_in_flight_tokens=64, scheduler_block_size=4, hash_block_size=4,
-                   enable_caching=True)
-def req(rid):
-    return Request(rid, list(range(9)), SamplingParams(max_tokens=4), None, block_hasher=get_request_block_hasher(4, sha256))
-a = req("a")
-m.allocate_slots(a, 9); a.num_computed_tokens = 9; m.cache_blocks(a, 9) if hasattr(m, "cache_blocks") else None
-b = req("b")
-blocks, hit = m.get_computed_blocks(b)[:2]
+manager = KVCacheManager(config, max_model_len=64, max_in_flight_tokens=64, scheduler_block_size=4,
+                         hash_block_size=4, enable_caching=True)
+
+
+def request(rid: str) -> Request:
+    return Request(rid, list(range(9)), SamplingParams(max_tokens=4), None,
+                   block_hasher=get_request_block_hasher(4, sha256))
+
+
+first = request("a")
+manager.allocate_slots(first, 9)  # caches its two full blocks
+second = request("b")
+blocks, hit = manager.get_computed_blocks(second)[:2]
 try:
-    out = m.allocate_slots(b, 0, hit, blocks)
+    out = manager.allocate_slots(second, 0, hit, blocks)
     print(vllm.__version__, "hit", hit, "accepted:", out is not None)
-except Exception as e:
-    print(vllm.__version__, "hit", hit, "refused:", type(e).__name__, str(e)[:80])
+except ValueError as error:
+    print(vllm.__version__, "hit", hit, "refused:", type(error).__name__, str(error)[:80])
