@@ -192,6 +192,9 @@ class KVCacheCoordinator(ABC):
     from ``$VLLM_PREFIX_CACHE_RETENTION_INTERVAL`` like vLLM.
     """
 
+    # vLLM's flag (0.28 on) for hits that end inside a block, which its scheduler reads: impl's never do.
+    enable_partial_hash_hits = False
+
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,

@@ -165,12 +165,17 @@ def plugin() -> None:
 def _replacements(shapes: dict[str, dict[str, Any]]) -> dict[tuple[Any, str], Any]:
     """(vLLM module, name) -> kvspec's object, for a release whose API
     differs from impl's in ``shapes``; a name the release's module lacks is
-    a :class:`DropinError` (a build of vLLM the drop-in does not know)."""
+    a :class:`DropinError` (a build of vLLM the drop-in does not know),
+    unless the release removed it (``GONE``)."""
+    from kvspec.dropin_releases import GONE
+
     out = {}
     for vllm_name, (ours_name, names) in REPLACED.items():
         theirs, ours = importlib.import_module(vllm_name), importlib.import_module(ours_name)
         shaped = shapes.get(vllm_name, {})
         for name in names:
+            if shaped.get(name) is GONE:
+                continue
             if not hasattr(theirs, name):
                 raise DropinError(f"{vllm_name} has no {name}: this vLLM build is not the release it names "
                                   "(nothing was replaced)")

@@ -30,11 +30,23 @@ release's deltas.
   admission; a pool that, with caching off, frees to the tail (release delta
   free-order-without-caching) -- a pool the callers build themselves too.
 
+- **0.28.0**: ``KVCacheManager(num_prefill_lookahead=...)``: 0 or 1 (no
+  drafter, or EAGLE) changes nothing; a multi-token-prediction drafter's
+  ``k > 1`` with caching on is refused, as is a sliding window's
+  ``extra_retained_tokens`` (vLLM holds ``k - 1`` tokens back from the cache
+  and keeps ``k - 1`` more in the window; impl does neither); the free order
+  back (release delta free-order-restored); a truncated hit keeps a Mamba
+  group's shorter hit whole; ``coordinator.enable_partial_hash_hits`` (always
+  false); ``kv_cache_utils.need_extra_keys`` is gone (:data:`GONE`).  A model
+  whose sliding-window or chunked-local group has blocks other than the hash
+  block is served even with a large Mamba align block: 0.28 turns hits inside
+  a block off for it.
+
 A release the drop-in knows is one with an entry in :data:`API`.  The later
-releases changed the calls further (0.28: a prefill-lookahead argument and
-the free order back; 0.29: boundary-state offloads; 0.30: block ids by
-group; 0.33: hash lookahead and a hit bound; 0.34: the pool's block fields)
-and are refused by :func:`kvspec.dropin.check_release`, in one line.
+releases changed the calls further (0.29: boundary-state offloads; 0.30:
+block ids by group; 0.33: hash lookahead and a hit bound; 0.34: the pool's
+block fields), and some of their semantics (``docs/release-survey.md``), and
+are refused by :func:`kvspec.dropin.check_release`, in one line.
 """
 
 from __future__ import annotations
@@ -44,7 +56,14 @@ from typing import Any
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_manager import KVCacheManager
 from kvspec.impl.release import IMPLEMENTED
-from kvspec.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec, spec_is
+from kvspec.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+    spec_is,
+)
 from kvspec.spec import releases
 
 PREFIX_CACHED_NOT = ("CrossAttentionSpec", "EncoderOnlyAttentionSpec")  # groups vLLM never prefix-caches
@@ -61,6 +80,16 @@ def impl_deltas(release: releases.Release) -> frozenset[str]:
         raise ValueError(f"kvspec's impl does not follow vLLM {release.version} yet: it lacks release delta(s) "
                          f"{', '.join(missing)} (spec/README.md, chapter Releases)")
     return wanted
+class Gone:
+    """A name a release removed from its module: the drop-in leaves it absent."""
+
+    def __repr__(self) -> str:
+        return "GONE"
+
+
+GONE = Gone()
+
+
 def pool_for(release: str) -> type[BlockPool]:
     """impl's pool as ``release``'s callers build it: with that release's
     deltas unless told others (a manager builds its own pool with its own)."""
@@ -83,9 +112,16 @@ def refuse_partial_hash_hits(kv_cache_config: Any, hash_block_size: int, dcp_wor
     """vLLM 0.26 takes hits that end inside a block, copying the block on
     write, for a hybrid model with a Mamba "align" group whose block is larger
     than the hash block (and no decode context parallelism).  impl's hits end
-    on block boundaries: such a model is refused, not served differently."""
+    on block boundaries: such a model is refused, not served differently.
+    From 0.28 vLLM itself turns those hits off when a group whose manager
+    looks up whole blocks only (sliding window, chunked local, cross
+    attention) has blocks other than the hash block; such a model is served."""
     groups = kv_cache_config.kv_cache_groups
     if len(groups) < 2 or dcp_world_size != 1:
+        return
+    if releases.version_key(release) >= (0, 28) and any(
+            spec_is(g.kv_cache_spec, SlidingWindowSpec, ChunkedLocalAttentionSpec, CrossAttentionSpec)
+            and g.kv_cache_spec.block_size != hash_block_size for g in groups):
         return
     for i, group in enumerate(groups):
         spec = group.kv_cache_spec
@@ -241,13 +277,19 @@ class KVCacheManager027(KVCacheManager026):
             return *self.get_computed_blocks(request), False
         return self.create_kv_cache_blocks(blocks), hits[full_id], 0, min(hits) < hits[full_id]
 
+    mamba_hit_may_end_early = False  # from 0.28
+
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         """``blocks`` cut to the first ``num_computed_tokens`` tokens, which
-        must end on every group's block boundary; reference counts and
-        ``blocks`` itself unchanged."""
+        must end on every group's block boundary and within its hit (from
+        0.28 a Mamba group's shorter hit is kept whole); reference counts
+        and ``blocks`` itself unchanged."""
         out = []
-        for group_blocks, manager in zip(blocks.blocks, self.coordinator.single_type_managers, strict=True):
+        for group_blocks, manager, group in zip(blocks.blocks, self.coordinator.single_type_managers,
+                                                self.kv_cache_config.kv_cache_groups, strict=True):
             keep, rest = divmod(num_computed_tokens, manager.block_size)
+            if self.mamba_hit_may_end_early and spec_is(group.kv_cache_spec, MambaSpec):
+                keep = min(keep, len(group_blocks))
             if rest or keep > len(group_blocks):
                 raise ValueError(f"cannot truncate a hit of {len(group_blocks)} block(s) of {manager.block_size} "
                                  f"tokens to {num_computed_tokens} tokens (rule block-size-coherence)")
@@ -261,11 +303,75 @@ class KVCacheManager027(KVCacheManager026):
         return {}
 
 
+def refuse_prefill_lookahead(kv_cache_config: Any, num_prefill_lookahead: Any, enable_caching: bool,
+                             release: str) -> None:
+    """vLLM 0.28's multi-token-prediction drafters read ``k`` tokens past
+    a prefill chunk: with caching on vLLM then holds the last ``k - 1``
+    computed tokens back from the cache, and its sliding windows keep
+    ``k - 1`` tokens more.  impl does neither; the drop-in refuses such a
+    model (``k`` of 0 or 1 -- no drafter, or an EAGLE one -- changes
+    nothing).  A ``k`` that is no count is refused by name."""
+    if type(num_prefill_lookahead) is not int or num_prefill_lookahead < 0:
+        raise TypeError(f"num_prefill_lookahead must be an int >= 0, got {num_prefill_lookahead!r}")
+    if num_prefill_lookahead > 1 and enable_caching:
+        raise NotImplementedError(
+            f"kvspec's drop-in for vLLM {release} does not hold back the last {num_prefill_lookahead - 1} computed "
+            f"token(s) of a multi-token-prediction drafter (num_prefill_lookahead={num_prefill_lookahead}) from "
+            "the prefix cache, which vLLM does; run without prefix caching or with an EAGLE drafter")
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        if getattr(group.kv_cache_spec, "extra_retained_tokens", 0):
+            raise NotImplementedError(
+                f"kvspec's drop-in for vLLM {release} does not keep a sliding window's extra_retained_tokens "
+                f"({group.kv_cache_spec.extra_retained_tokens}, group {i}), which vLLM keeps for a "
+                "multi-token-prediction drafter")
+
+
+class KVCacheManager028(KVCacheManager027):
+    """impl's manager with vLLM 0.28.0's API and deltas: the prefill
+    lookahead argument (refused where it would change an answer), the free
+    order back (delta free-order-restored), and truncation that spares a
+    Mamba group's short hit."""
+
+    release = "0.28.0"
+
+    def __init__(
+        self,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+    ) -> None:
+        refuse_prefill_lookahead(kv_cache_config, num_prefill_lookahead, enable_caching, self.release)
+        super().__init__(
+            kv_cache_config, max_model_len, scheduler_block_size, hash_block_size, max_in_flight_tokens,
+            enable_caching, use_eagle, log_stats, enable_kv_cache_events, dcp_world_size, pcp_world_size,
+            metrics_collector, watermark,
+        )
+
+    # An external hit may supply a Mamba group's final state: its own hit may end before the truncation point.
+    mamba_hit_may_end_early = True
+
+
 API: dict[str, dict[str, dict[str, Any]]] = {
     "0.25.1": {},
     "0.26.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager026}},
     "0.27.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager027},
                "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.27.0")}},
+    "0.27.1": {},  # below: a patch release whose vllm/v1/core and tests/v1/core are 0.27.0's, byte for byte
+    "0.28.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager028},
+               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.28.0")},
+               "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},  # dead code, removed in 0.28
 }
-API["0.27.1"] = API["0.27.0"]  # a patch release: its vllm/v1/core and tests/v1/core are 0.27.0's, byte for byte
-"""release -> vLLM module -> the names whose release shape differs from impl's."""
+"""release -> vLLM module -> the names whose release shape differs from impl's
+(:data:`GONE`: a name the release removed)."""
+API["0.27.1"] = API["0.27.0"]

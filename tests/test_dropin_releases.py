@@ -5,7 +5,7 @@ deltas.  vLLM's own tests run on them by tools/peer_suite.py --release."""
 import pytest
 
 from kvspec import dropin
-from kvspec.dropin_releases import API, KVCacheManager026
+from kvspec.dropin_releases import API, GONE, KVCacheManager026, KVCacheManager027, KVCacheManager028
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request
 from kvspec.testing import config, full, mamba, swa
@@ -114,3 +114,82 @@ def test_0_26_refuses_what_it_would_serve_differently(monkeypatch):
     _manager(swa(4, 4))  # one group: no shared-prefix boundary to pin
     with pytest.raises(NotImplementedError, match="does not pin the shared-prefix boundary .* group 1"):
         _manager(full(4), swa(4, 4))
+
+
+def _manager_of(cls, *specs, num_blocks=32, scheduler_block_size=4, **options):
+    return cls(config(*specs, num_blocks=num_blocks), max_model_len=256, scheduler_block_size=scheduler_block_size,
+               hash_block_size=4, max_in_flight_tokens=64, **options)
+
+
+def test_0_27_the_connector_lookup_on_a_mamba_hybrid_is_full_attention_s_own_hit(monkeypatch):
+    """On a hybrid of full attention and Mamba the connector's lookup takes
+    full attention's own hit and flags a shorter Mamba hit; when Mamba's own
+    hit is the longer, or the model has no Mamba group, it is the ordinary
+    lookup, not flagged."""
+    manager = _manager_of(KVCacheManager027, full(4), mamba(4, "align"))
+    _compute(manager, _request("a", range(13)), 13)  # one chunk: Mamba keeps no state inside it
+    reader = _request("b", range(13))
+    blocks, hit, boundary = manager.get_computed_blocks(reader)
+    assert (hit, boundary) == (0, 12)  # every group agrees on nothing; full attention cached 12
+    got, num_hit, boundary, diverged = manager.get_computed_blocks_for_connector(reader)
+    assert (num_hit, boundary, diverged) == (12, 0, True) and [len(g) for g in got.blocks] == [3, 0]  # as vLLM 0.27.0
+    full_blocks = got.blocks[0]
+    monkeypatch.setattr(manager.coordinator, "find_longest_cache_hit_per_group",
+                        lambda hashes, limit: ((full_blocks[:1], full_blocks[:2]), (4, 8)))  # Mamba deeper
+    assert manager.get_computed_blocks_for_connector(reader)[1:] == (0, 12, False)
+    plain = _manager_of(KVCacheManager027, full(4))
+    _compute(plain, _request("a", range(9)), 9)
+    assert plain.get_computed_blocks_for_connector(_request("b", range(9)))[1:] == (8, 0, False)
+
+
+def test_0_27_truncation_cuts_every_group_and_refuses_a_point_inside_a_block():
+    manager = _manager_of(KVCacheManager027, full(4))
+    _compute(manager, _request("a", range(13)), 13)
+    blocks, hit, _ = manager.get_computed_blocks(_request("b", range(13)))
+    assert hit == 12 and manager.truncate_computed_blocks(blocks, 8).get_block_ids() == ([1, 2],)
+    assert len(blocks.blocks[0]) == 3  # the lookup's own result is left alone
+    with pytest.raises(ValueError, match="cannot truncate a hit of 3 block.* to 6 tokens"):
+        manager.truncate_computed_blocks(blocks, 6)
+    assert manager.take_partial_tail_offloads() == {}
+    assert manager.prefix_cache_lookup_enabled(_request("c", range(4)))
+
+
+def test_0_27_and_0_28_build_pools_with_their_release_s_free_order():
+    """A pool built without caching by a 0.27 caller frees to the tail; a
+    0.28 caller's, to the head (deltas free-order-without-caching and
+    free-order-restored)."""
+    for release, order in (("0.27.0", [4, 5, 3, 2, 1]), ("0.28.0", [3, 2, 1, 4, 5])):
+        pool = API[release]["vllm.v1.core.block_pool"]["BlockPool"](6, False, 2)
+        blocks = pool.get_new_blocks(3)
+        pool.free_blocks(reversed(blocks))
+        assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == order, release
+
+
+def test_0_28_refuses_a_prefill_lookahead_it_would_serve_differently():
+    _manager_of(KVCacheManager028, full(4), num_prefill_lookahead=1, use_eagle=True)  # EAGLE: as before
+    _manager_of(KVCacheManager028, full(4), num_prefill_lookahead=3, enable_caching=False)  # nothing cached
+    with pytest.raises(NotImplementedError, match="hold back the last 2 computed token.*num_prefill_lookahead=3"):
+        _manager_of(KVCacheManager028, full(4), num_prefill_lookahead=3, use_eagle=True)
+    with pytest.raises(TypeError, match="num_prefill_lookahead must be an int >= 0, got -1"):
+        _manager_of(KVCacheManager028, full(4), num_prefill_lookahead=-1)
+    window = swa(4, 8)
+    object.__setattr__(window, "extra_retained_tokens", 2)
+    with pytest.raises(NotImplementedError, match="extra_retained_tokens \\(2, group 1\\)"):
+        _manager_of(KVCacheManager028, full(4), window)
+
+
+def test_0_28_serves_a_mamba_align_hybrid_whose_sliding_window_turns_partial_hits_off():
+    """vLLM 0.28 turns hits inside a block off when a sliding-window group's
+    blocks are not the hash block; the drop-in then serves the model, which
+    0.26 and 0.27 refuse."""
+    specs = (full(4), mamba(8, "align"), swa(8, 8))
+    with pytest.raises(NotImplementedError, match="hits that end inside a block"):
+        _manager_of(KVCacheManager027, *specs, scheduler_block_size=8)
+    _manager_of(KVCacheManager028, *specs, scheduler_block_size=8)
+    with pytest.raises(NotImplementedError, match="hits that end inside a block"):
+        _manager_of(KVCacheManager028, full(4), mamba(8, "align"), swa(4, 8), scheduler_block_size=8)
+
+
+def test_a_name_a_release_removed_is_left_absent():
+    assert API["0.28.0"]["vllm.v1.core.kv_cache_utils"]["need_extra_keys"] is GONE
+    assert "need_extra_keys" not in API["0.27.0"].get("vllm.v1.core.kv_cache_utils", {})

@@ -163,15 +163,17 @@ def _impl_without(version: str, delta: str, layout: str, examples: int = 100) ->
     ("0.26.0", "zeroing-with-mamba-only", "full", "is zeroed but was not taken fresh"),
     ("0.26.0", "processed-token-windows", "full+mamba-all-drafts", "content-soundness"),
     ("0.27.0", "stats-at-admission", "full", "record_prefix_cache_stats"),
-    ("0.27.0", "free-order-without-caching", "caching-off", "divergence from the spec"),
-    ("0.28.0", "free-order-restored", "caching-off", "divergence from the spec"),
+    ("0.27.0", "free-order-without-caching", "caching-off", "free-order|divergence from the spec"),
+    ("0.28.0", "free-order-restored", "caching-off", "free-order|divergence from the spec"),
     ("0.28.0", "zeroing-every-attention-group", "full+swa+mamba", "was taken fresh but is not zeroed"),
 ])
 def test_each_delta_impl_follows_is_live(version, delta, layout, says):
     """Built without one delta of the release judged, impl breaks a rule
-    there: the delta is what makes it conform (and the rules read it)."""
+    there: the delta is what makes it conform (and the rules read it).
+    ``says``: a pattern of the failure (Hypothesis versions shrink to
+    different first failures: the rule's, or the spec lockstep's)."""
     failure = _impl_without(version, delta, layout)
-    assert failure is not None and says in failure, failure
+    assert failure is not None and re.search(says, failure), failure
 
 
 @pytest.mark.parametrize("caching", [True, False])

@@ -97,6 +97,20 @@ SUITES: dict[str, Suite] = {
             "316b1f59058426fa537ea287c675c3e94b808f8923d7dcde3903d2c392bb1aae",
         "tests/v1/kv_connector/unit/utils.py": "c7edd1b041a12c634ca5e4ac1a42cc5af91a649bdbeea02a28949ccbc6b682c6",
     }),
+    "0.28.0": Suite("ac96dd0ec5be9c13f2aa4bfb50498c4727110406f6e4980b58a4097e4d18634a", {
+        "tests/v1/core/__init__.py": _EMPTY,
+        "tests/v1/core/utils.py": "6729c7544ab3c9ddc62ac3f0d7d625f0c27234b1907ce3200314cfc920df04f7",
+        "tests/v1/core/test_prefix_caching.py": "94d3de218e2580d3ef214e7d186d5b0d231247a5b20c8c718790162eb307ff2a",
+        "tests/v1/core/test_single_type_kv_cache_manager.py":
+            "42572635062adb9fdd39c8d7aafb5b7ee255f42fa0c358b1c9526bfa7c6a1c14",
+        "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+        "tests/v1/core/test_kv_cache_utils.py": "7659e271714791818987a216c896987490f1b5248f3a24125b1f64850938565e",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+            "c7741abc8efe4aa9d143aa96619852374bb217a35ffcd8e50acff4ad758fd426",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py":
+            "e27b1df579a20b48b0837db018c929950f86bff123096d2c897c44ab99ba8c9d",
+        "tests/v1/kv_connector/unit/utils.py": "a9283b14ad9198b08b7f2a6c3a3ea742deaac65e617bd876a00bdffaee4817e9",
+    }),
 }
 """The releases whose tests this runs (each also one the drop-in knows)."""
 
