@@ -11,9 +11,13 @@ from kvspec.request import Request
 from kvspec.testing import config, full, mamba, swa
 
 
-def _manager(*specs, num_blocks=32, **options):
-    return KVCacheManager026(config(*specs, num_blocks=num_blocks), max_model_len=256, scheduler_block_size=4,
-                             hash_block_size=4, max_in_flight_tokens=64, **options)
+def _manager_of(cls, *specs, num_blocks=32, scheduler_block_size=4, **options):
+    return cls(config(*specs, num_blocks=num_blocks), max_model_len=256, scheduler_block_size=scheduler_block_size,
+               hash_block_size=4, max_in_flight_tokens=64, **options)
+
+
+def _manager(*specs, **options):
+    return _manager_of(KVCacheManager026, *specs, **options)
 
 
 def _request(rid, tokens):
@@ -115,10 +119,6 @@ def test_0_26_refuses_what_it_would_serve_differently(monkeypatch):
     with pytest.raises(NotImplementedError, match="does not pin the shared-prefix boundary .* group 1"):
         _manager(full(4), swa(4, 4))
 
-
-def _manager_of(cls, *specs, num_blocks=32, scheduler_block_size=4, **options):
-    return cls(config(*specs, num_blocks=num_blocks), max_model_len=256, scheduler_block_size=scheduler_block_size,
-               hash_block_size=4, max_in_flight_tokens=64, **options)
 
 
 def test_0_27_the_connector_lookup_on_a_mamba_hybrid_is_full_attention_s_own_hit(monkeypatch):
