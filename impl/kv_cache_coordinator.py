@@ -84,23 +84,27 @@ def retention_interval_from_env() -> int | None:
 
 
 def validate_retention_interval(
-    retention_interval: int | None, scheduler_block_size: int, kv_cache_config: KVCacheConfig
+    retention_interval: int | None, scheduler_block_size: int, kv_cache_config: KVCacheConfig,
+    deltas: frozenset[str] = frozenset(),
 ) -> None:
     """A retention interval thins the cached checkpoints of sliding-window
     and Mamba groups: it must be ``None``, 0 (keep only the prompt-replay
     boundary) or a positive multiple of ``scheduler_block_size``, and there
-    must be such a group for it to act on."""
+    must be such a group for it to act on (from 0.29, delta
+    retention-zero-anywhere, 0 needs none)."""
     if retention_interval is None:
         return
     if type(retention_interval) is not int:
         raise RuleTypeError(
             "block-size-coherence", f"retention_interval must be an int or None, got {retention_interval!r}"
         )
+    if retention_interval == 0 and "retention-zero-anywhere" in deltas:
+        return
     if not any(spec_is(g.kv_cache_spec, SlidingWindowSpec, MambaSpec) for g in kv_cache_config.kv_cache_groups):
         raise RuleError(
             "block-size-coherence",
-            f"retention_interval={retention_interval} is set but no KV-cache group is sliding-window or Mamba, "
-            f"so it has no effect; unset it (${RETENTION_ENV})",
+            f"retention_interval={retention_interval} is set but the model has no sliding-window or Mamba "
+            f"KV-cache group, so it has no effect; unset it (${RETENTION_ENV})",
         )
     if retention_interval < 0 or retention_interval % scheduler_block_size:
         raise RuleError(
@@ -217,7 +221,7 @@ class KVCacheCoordinator(ABC):
         self.deltas = require_deltas(deltas)
         self._validate(kv_cache_config, use_eagle, enable_caching, dcp_world_size, pcp_world_size,
                        scheduler_block_size, hash_block_size)
-        validate_retention_interval(retention_interval, scheduler_block_size, kv_cache_config)
+        validate_retention_interval(retention_interval, scheduler_block_size, kv_cache_config, self.deltas)
         if "pcp-outside-the-block" in self.deltas:
             pcp_world_size = 1  # the engine hands the manager no prefill ranks: a block holds block_size x dcp
         if len(kv_cache_config.kv_cache_groups) > 1 and dcp_world_size > 1:

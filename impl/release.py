@@ -27,6 +27,7 @@ IMPLEMENTED: frozenset[str] = frozenset({
     "stats-at-admission",  # 0.27: lookups are not counted; record_prefix_cache_stats counts an admission
     "free-order-restored",  # 0.28: undoes free-order-without-caching
     "zeroing-every-attention-group",  # 0.28: where blocks are zeroed, every attention group's are
+    "retention-zero-anywhere",  # 0.29: a retention interval of 0 is accepted on any model
     "partial-tail-resend-boundary",  # 0.32: the partial tail ends before the prompt's last token (not EAGLE)
     "eagle-lookahead-hashes",  # 0.32: a hybrid's EAGLE group peeks up to the request's last full hash block
     "tagged-extra-keys",  # 0.31: extra keys lead with their kind (in the requests' hashes: impl hashes nothing)

@@ -123,14 +123,35 @@ def get_hash_fn_by_name(name: str) -> Callable[[Any], bytes]:
 NONE_HASH: BlockHash = BlockHash(b"")
 
 
-def init_none_hash(hash_fn: Callable[[Any], bytes] = sha256_cbor) -> BlockHash:
-    """Set the root of every hash chain from ``PYTHONHASHSEED`` (or randomly).
+ROOT_SEED: str | None = None
+"""The seed the root was derived from by the last :func:`init_none_hash` (``None``: random bytes)."""
+
+_NOT_COLLISION_RESISTANT = frozenset({"xxhash", "xxhash_cbor"})  # vLLM's fast hashes: a known seed invites collisions
+
+
+def root_seed(hash_fn: Callable[[Any], bytes], fixed_seed: str | None = None) -> str | None:
+    """The seed a process derives its root from: ``PYTHONHASHSEED`` when it
+    is set.  Without it the base release roots at random bytes (``None``);
+    a release that roots at a fixed seed (``fixed_seed``: release delta
+    fixed-root-hash, 0.29) uses it for a collision-resistant ``hash_fn``, so
+    that processes share a prefix cache, and a random seed for vLLM's
+    ``xxhash`` functions, whose collisions a known seed would let anyone
+    precompute."""
+    seed = os.getenv("PYTHONHASHSEED")
+    if seed is not None or fixed_seed is None:
+        return seed
+    return os.urandom(32).hex() if getattr(hash_fn, "__name__", "") in _NOT_COLLISION_RESISTANT else fixed_seed
+
+
+def init_none_hash(hash_fn: Callable[[Any], bytes] = sha256_cbor, fixed_seed: str | None = None) -> BlockHash:
+    """Set the root of every hash chain from :func:`root_seed` (random
+    bytes where it gives none).
 
     Returns the new root so callers need not read the module global.
     """
-    global NONE_HASH
-    seed = os.getenv("PYTHONHASHSEED")
-    NONE_HASH = BlockHash(os.urandom(32) if seed is None else hash_fn(seed))
+    global NONE_HASH, ROOT_SEED
+    ROOT_SEED = root_seed(hash_fn, fixed_seed)
+    NONE_HASH = BlockHash(os.urandom(32) if ROOT_SEED is None else hash_fn(ROOT_SEED))
     return NONE_HASH
 
 

@@ -125,7 +125,8 @@ class SpecKVCacheManager:
         - [allocation-accounting] ``watermark >= 0``;
         - [block-size-coherence] ``retention_interval`` ``None`` or a
           multiple of the scheduler block size ``>= 0``, and only for models
-          with a sliding-window or Mamba group;
+          with a sliding-window or Mamba group (from 0.29.0, release delta
+          ``retention-zero-anywhere``, 0 for any model);
         - [block-size-coherence] ``dcp_world_size`` and ``pcp_world_size``
           positive ints; more than one rank only for a model of one group
           that keeps every block of its requests (full attention, MLA,
@@ -166,7 +167,8 @@ class SpecKVCacheManager:
             )
         if retention_interval is not None:
             _require_int(retention_interval, "retention_interval", "block-size-coherence")
-            if not any(isinstance(s, SlidingWindowSpec | MambaSpec) for s in specs):
+            if not any(isinstance(s, SlidingWindowSpec | MambaSpec) for s in specs) and not (
+                    retention_interval == 0 and releases.current().has("retention-zero-anywhere")):
                 raise RuleError("block-size-coherence", "retention_interval needs a sliding-window or Mamba group")
             if retention_interval % scheduler_block_size:
                 raise RuleError("block-size-coherence",

@@ -46,6 +46,9 @@ BASE = "0.25.1"
 
 MODELLED, OUTSIDE, NOT_MODELLED = "modelled", "outside", "not-modelled"
 
+FIXED_ROOT_SEED = "vllm-none-hash"
+"""The seed of an unseeded process's root hash from 0.29 (delta fixed-root-hash)."""
+
 
 def version_key(version: str) -> tuple[int, ...]:
     """``"0.31.0rc1"`` -> ``(0, 31, 0)``: a release's numbers, for ordering
@@ -147,6 +150,31 @@ DELTAS: tuple[Delta, ...] = (
         "group -- sliding-window and chunked-local ones too -- not only full attention's.",
         rules=("content-soundness",)),
     Delta(
+        "0.29.0", "fixed-root-hash",
+        "A process started without PYTHONHASHSEED roots every hash chain at a fixed seed, "
+        f"{FIXED_ROOT_SEED!r}, hashed by the prefix-caching hash function, so that independent processes "
+        "compute the same block hashes and can share a cache; the base roots such a process at random bytes.  "
+        "vLLM's non-cryptographic hash functions (xxhash) keep a random seed.  The spec roots chains at a "
+        "seed, as a process started with PYTHONHASHSEED does (chapter 2), so no rule reads it; "
+        "kvspec.hashing.init_none_hash follows it for a release that has it.",
+        status=OUTSIDE),
+    Delta(
+        "0.29.0", "retention-zero-anywhere",
+        "A retention interval of 0 (keep only the prompt-replay boundary) is accepted on a model with no "
+        "sliding-window or Mamba group, where it changes nothing; the base refuses any interval there.  (vLLM "
+        "now reads the interval from the KV-cache config, not the environment.)",
+        rules=("block-size-coherence",)),
+    Delta(
+        "0.29.0", "partial-hits-under-dcp",
+        "Delta partial-hit-copy-on-write also applies under decode context parallelism: there a Mamba align "
+        "group whose block is at least the hash block turns hits inside a block on.  A full-attention block "
+        "then spans block_size x dcp_world_size tokens, and where that is more than the hash block a hit may "
+        "end inside it; where every group's block is the hash block (full+mamba-align-dcp2) every hash "
+        "boundary is a block boundary and nothing a caller sees changes.",
+        rules=("ref-conservation", "no-eviction-in-use", "content-soundness", "hit-soundness",
+               "hash-map-consistency"), status=NOT_MODELLED,
+        shows_on=("manager/full2+mamba-align-dcp2",)),
+    Delta(
         "0.30.0", "session-id",
         "Requests carry a session_id, which the pool reads into the BlockStored events it emits.  The "
         "interface's requests have no session; a target on this release is driven with session_id unset "
@@ -230,6 +258,12 @@ class Release:
     def extra_key_format(self) -> str:
         """``bare`` (the base) or ``tagged`` (delta ``tagged-extra-keys``)."""
         return "tagged" if self.has("tagged-extra-keys") else "bare"
+
+    @property
+    def fixed_root_seed(self) -> str | None:
+        """The seed an unseeded process roots its hash chains at (delta
+        fixed-root-hash), or ``None``: random bytes, as in the base."""
+        return FIXED_ROOT_SEED if self.has("fixed-root-hash") else None
 
     def unsupported(self, mamba_modes: set[str]) -> str | None:
         """Why a layout whose Mamba groups use ``mamba_modes`` (with prefix

@@ -182,7 +182,7 @@ def test_retention_interval_must_be_a_non_negative_multiple(interval, match):
 
 
 def test_retention_interval_needs_a_sliding_window_or_mamba_group():
-    with refused(r"retention_interval=16 is set but no KV-cache group is sliding-window or Mamba"):
+    with refused(r"retention_interval=16 is set but the model has no sliding-window or Mamba KV-cache group"):
         manager(full(4), retention_interval=16)
     manager(full(4), swa(4, window=8), retention_interval=16)
     manager(full(4), MambaSpec(block_size=4, mamba_cache_mode="align"), retention_interval=0)

@@ -68,7 +68,8 @@ def test_deltas_name_catalogue_rules_known_releases_and_real_layouts():
         assert bool(delta.shows_on) == (delta.status == releases.NOT_MODELLED), delta.key
         for shown in delta.shows_on:
             scope, name = shown.split("/")
-            assert name in layout_names(scope), shown
+            with releases.judging(delta.release):  # a layout may exist only from a later release on
+                assert name in layout_names(scope), shown
     assert releases.KNOWN[0] == releases.BASE
 
 

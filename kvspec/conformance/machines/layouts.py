@@ -74,6 +74,9 @@ LATER_LAYOUTS: dict[str, Layout] = {
     # split over the ranks (1 token a rank, so the manager counts blocks of 2), the Mamba state is
     # replicated on each rank (blocks of 2).
     "full+mamba-align-dcp2": Layout((full(1), mamba(2, "align")), dcp_world_size=2),
+    # The same with full-attention blocks of 2 tokens a rank: a block spans 4 tokens, two hash blocks of 2
+    # (the Mamba block's), where 0.29 takes hits inside a block (delta partial-hits-under-dcp, not modelled).
+    "full2+mamba-align-dcp2": Layout((full(2), mamba(2, "align")), dcp_world_size=2),
 }
 """Manager layouts that exist only in a later release than the base: the
 gate searches one where the spec of the release judged builds it, and
