@@ -1,7 +1,7 @@
 """kvspec's block manager inside vLLM: the drop-in mode.
 
 It goes into the releases whose block-manager API it presents
-(:data:`kvspec.dropin_releases.API`: 0.25.1 and 0.26.0), each with impl
+(:data:`kvspec.dropin_releases.API`: 0.25.1 to 0.29.0), each with impl
 built as that release behaves, and refuses any other before replacing
 anything.
 
@@ -120,7 +120,7 @@ def install() -> list[str]:
         originals[id(getattr(theirs, name))] = ours
         _replace(theirs, name, ours)
     # vLLM's root hash lives in its module: keep the two roots one.
-    _replace(vllm_utils, "init_none_hash", _init_none_hash(vllm_utils, hashing))
+    _replace(vllm_utils, "init_none_hash", _init_none_hash(vllm_utils, hashing, release))
     if getattr(vllm_utils, "NONE_HASH", None) is not None:
         hashing.NONE_HASH = vllm_utils.NONE_HASH
     # Modules that imported the names before: the scheduler, the engine, ...
@@ -188,10 +188,18 @@ def _replace(module: Any, name: str, value: Any) -> None:
     setattr(module, name, value)
 
 
-def _init_none_hash(vllm_utils: Any, hashing: Any) -> Any:
+def _init_none_hash(vllm_utils: Any, hashing: Any, release: str) -> Any:
+    from kvspec.spec import releases
+
+    fixed_seed = releases.judged(release).fixed_root_seed
+
     def init_none_hash(hash_fn: Any) -> None:
-        """kvspec's root, mirrored into vLLM's module (its code and tests read
-        ``kv_cache_utils.NONE_HASH``)."""
-        vllm_utils.NONE_HASH = hashing.init_none_hash(hash_fn)
+        """kvspec's root as ``release`` derives it, mirrored into vLLM's
+        module (its code and tests read ``kv_cache_utils.NONE_HASH``, and
+        from 0.29 the seed, which a cache shared between processes
+        advertises)."""
+        vllm_utils.NONE_HASH = hashing.init_none_hash(hash_fn, fixed_seed)
+        if hasattr(vllm_utils, "_NONE_HASH_SEED"):
+            vllm_utils._NONE_HASH_SEED = hashing.ROOT_SEED
 
     return init_none_hash

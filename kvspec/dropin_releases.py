@@ -42,11 +42,21 @@ release's deltas.
   block is served even with a large Mamba align block: 0.28 turns hits inside
   a block off for it.
 
+- **0.29.0**: the retention interval read from the KV-cache config, not
+  the environment, and 0 accepted on any model (release delta
+  retention-zero-anywhere); ``take_boundary_state_offloads`` in place of
+  ``take_partial_tail_offloads``: every Mamba align state cached, offered to
+  a KV connector with its block; ``BlockPool.is_block_writable``; an
+  unseeded process's root hash at a fixed seed (delta fixed-root-hash, set
+  by :mod:`kvspec.dropin`).  Refused: hits inside a block under decode
+  ranks (delta partial-hits-under-dcp), a ``CircularBufferSpec`` group,
+  Mamba prefill checkpoint blocks.
+
 A release the drop-in knows is one with an entry in :data:`API`.  The later
-releases changed the calls further (0.29: boundary-state offloads; 0.30:
-block ids by group; 0.33: hash lookahead and a hit bound; 0.34: the pool's
-block fields), and some of their semantics (``docs/release-survey.md``), and
-are refused by :func:`kvspec.dropin.check_release`, in one line.
+releases changed the calls further (0.30: block ids by group; 0.33: hash
+lookahead and a hit bound; 0.34: the pool's block fields), and some of their
+semantics (``docs/release-survey.md``), and are refused by
+:func:`kvspec.dropin.check_release`, in one line.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.kv_cache_coordinator import RETENTION_FROM_ENV
 from kvspec.impl.kv_cache_manager import KVCacheManager
 from kvspec.impl.release import IMPLEMENTED
 from kvspec.kv_cache_interface import (
@@ -104,8 +115,17 @@ def pool_for(release: str) -> type[BlockPool]:
             super().__init__(num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
                              metrics_collector, deltas)
 
+    if releases.version_key(release) >= (0, 29):
+        ReleaseBlockPool.is_block_writable = is_block_writable  # type: ignore[attr-defined]
     ReleaseBlockPool.__name__ = ReleaseBlockPool.__qualname__ = "BlockPool"
     return ReleaseBlockPool
+
+
+def is_block_writable(self: BlockPool, block: Any) -> bool:
+    """Whether ``block``'s one owner may write into it (0.29's pool call):
+    not the null block, one reference, and no hash (no other request can
+    hit it)."""
+    return not block.is_null and block.ref_cnt == 1 and block.block_hash is None
 
 
 def refuse_partial_hash_hits(kv_cache_config: Any, hash_block_size: int, dcp_world_size: int, release: str) -> None:
@@ -115,22 +135,37 @@ def refuse_partial_hash_hits(kv_cache_config: Any, hash_block_size: int, dcp_wor
     on block boundaries: such a model is refused, not served differently.
     From 0.28 vLLM itself turns those hits off when a group whose manager
     looks up whole blocks only (sliding window, chunked local, cross
-    attention) has blocks other than the hash block; such a model is served."""
+    attention) has blocks other than the hash block; such a model is served.
+    From 0.29 (release delta partial-hits-under-dcp) decode context
+    parallelism turns them on too, for a Mamba align block at least the hash
+    block: then a full-attention block spans block_size x dcp tokens, and the
+    model is refused where that is more than the hash block (where it is not,
+    every hash boundary is a block boundary and nothing changes)."""
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) < 2 or dcp_world_size != 1:
+    if len(groups) < 2:
+        return
+    if dcp_world_size == 1:
+        turned_on, relation = (lambda size: size > hash_block_size), ">"
+    elif releases.version_key(release) >= (0, 29):
+        turned_on, relation = (lambda size: size >= hash_block_size), ">="
+    else:
         return
     if releases.version_key(release) >= (0, 28) and any(
             spec_is(g.kv_cache_spec, SlidingWindowSpec, ChunkedLocalAttentionSpec, CrossAttentionSpec)
             and g.kv_cache_spec.block_size != hash_block_size for g in groups):
         return
+    widest = max(g.kv_cache_spec.block_size * (dcp_world_size if spec_is(g.kv_cache_spec, FullAttentionSpec) else 1)
+                 for g in groups)
     for i, group in enumerate(groups):
         spec = group.kv_cache_spec
         if spec_is(spec, MambaSpec) and getattr(spec, "mamba_cache_mode", None) == "align" \
-                and spec.block_size > hash_block_size:
+                and turned_on(spec.block_size) and widest > hash_block_size:
             raise NotImplementedError(
                 f"kvspec's drop-in for vLLM {release} does not implement hits that end inside a block (copied on "
-                f"write), which vLLM takes for group {i}: Mamba 'align' with block size {spec.block_size} > hash "
-                f"block size {hash_block_size}")
+                f"write), which vLLM takes for group {i}: Mamba 'align' with block size {spec.block_size} "
+                f"{relation} hash block size {hash_block_size}"
+                + (f" under {dcp_world_size} decode ranks, with blocks of {widest} tokens" if dcp_world_size > 1
+                   else ""))
 
 
 def refuse_pinned_shared_prefix(kv_cache_config: Any, retention_interval: int | None, release: str) -> None:
@@ -175,10 +210,17 @@ class KVCacheManager026(KVCacheManager):
         super().__init__(
             kv_cache_config, max_model_len, scheduler_block_size, hash_block_size, max_in_flight_tokens,
             enable_caching, use_eagle, log_stats, enable_kv_cache_events, dcp_world_size, pcp_world_size,
-            metrics_collector, watermark, deltas=impl_deltas(releases.judged(self.release)),
+            metrics_collector, watermark, retention_interval=self.retention_interval_of(kv_cache_config),
+            deltas=impl_deltas(releases.judged(self.release)),
         )
         self.enable_kv_cache_events = enable_kv_cache_events
         refuse_pinned_shared_prefix(self.kv_cache_config, self.coordinator.retention_interval, self.release)
+
+    @staticmethod
+    def retention_interval_of(kv_cache_config: Any) -> Any:
+        """Where the release reads the prefix-cache retention interval:
+        until 0.29, ``$VLLM_PREFIX_CACHE_RETENTION_INTERVAL``."""
+        return RETENTION_FROM_ENV
 
     def get_computed_blocks(self, request: Any) -> tuple[Any, int, int]:  # type: ignore[override]
         """The hit, its length, and the shared-prefix boundary: where the
@@ -362,6 +404,92 @@ class KVCacheManager028(KVCacheManager027):
     mamba_hit_may_end_early = True
 
 
+def refuse_new_state_029(kv_cache_config: Any, release: str) -> None:
+    """Two kinds of state vLLM 0.29 introduced that impl does not keep: a
+    group outside prefix caching whose one block per request is a ring
+    (``CircularBufferSpec``, a compressor's state), and a Mamba group's
+    internal checkpoint blocks for prefill (``num_prefill_checkpoint_blocks``).
+    Such a model is refused, not served without them."""
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        if not getattr(spec, "prefix_cacheable", True):
+            raise NotImplementedError(
+                f"kvspec's drop-in for vLLM {release} does not implement group {i}'s {type(spec).__name__}, a "
+                "group outside prefix caching that vLLM serves with a block of its own per request")
+        if spec_is(spec, MambaSpec) and getattr(spec, "num_prefill_checkpoint_blocks", 0):
+            raise NotImplementedError(
+                f"kvspec's drop-in for vLLM {release} does not implement Mamba prefill checkpoint blocks "
+                f"(group {i}: num_prefill_checkpoint_blocks={spec.num_prefill_checkpoint_blocks})")
+
+
+class KVCacheManager029(KVCacheManager028):
+    """impl's manager with vLLM 0.29.0's API and deltas: the retention
+    interval read from the KV-cache config (0 accepted on any model: delta
+    retention-zero-anywhere), and boundary-state offloads -- every Mamba
+    align state cached, with its block, for a KV connector -- in place of
+    partial-tail ones."""
+
+    release = "0.29.0"
+
+    def __init__(self, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
+        refuse_new_state_029(kv_cache_config, self.release)
+        super().__init__(kv_cache_config, *args, **kwargs)
+        self._boundary_offers: dict[int, list[tuple[str, int, Any, int]]] = {}
+        for group_id, manager in enumerate(self.coordinator.single_type_managers):
+            if getattr(manager, "mamba_cache_mode", None) == "align":
+                self._boundary_offers[group_id] = []
+                manager.cache_blocks = self._offering_boundaries(manager, group_id, manager.cache_blocks)
+
+    def _offering_boundaries(self, manager: Any, group_id: int, cache_blocks: Any) -> Any:
+        """``manager.cache_blocks`` that also offers each Mamba state it
+        newly caches (a hashed block; a null slot is no state) to a KV
+        connector, with the token boundary the state ends at."""
+        offers = self._boundary_offers[group_id]
+
+        def cache_and_offer(request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> None:
+            before = manager.num_cached_block.get(request.request_id, 0)
+            cache_blocks(request, num_tokens, *args, **kwargs)
+            blocks = manager.req_to_blocks.get(request.request_id, ())
+            for index in range(before, manager.num_cached_block.get(request.request_id, 0)):
+                block = blocks[index]
+                if not block.is_null and block.block_hash is not None:
+                    offers.append((request.request_id, group_id, block, (index + 1) * manager.block_size))
+
+        return cache_and_offer
+
+    def _withdraw_offers(self, request_id: str) -> None:
+        """A request's blocks go back to the pool: its offers not yet taken
+        would name blocks another request may be handed next."""
+        for offers in self._boundary_offers.values():
+            offers[:] = [offer for offer in offers if offer[0] != request_id]
+
+    def free(self, request: Any) -> None:
+        self._withdraw_offers(request.request_id)
+        super().free(request)
+
+    def pop_blocks_for_free(self, request: Any) -> list[Any]:
+        self._withdraw_offers(request.request_id)
+        return super().pop_blocks_for_free(request)
+
+    @staticmethod
+    def retention_interval_of(kv_cache_config: Any) -> Any:
+        """From 0.29 the KV-cache config carries the retention interval."""
+        return getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """The Mamba align states cached since the last call, for a KV
+        connector to save: ``{request_id: [(group_id, block_id,
+        boundary_tokens), ...]}``, group by group in the order cached (the
+        scheduler drains it every step).  vLLM also offers the copy a hit
+        inside a block makes; impl takes none (such models are refused)."""
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for offers in self._boundary_offers.values():
+            for request_id, group_id, block, boundary in offers:
+                out.setdefault(request_id, []).append((group_id, block.block_id, boundary))
+            offers.clear()
+        return out
+
+
 API: dict[str, dict[str, dict[str, Any]]] = {
     "0.25.1": {},
     "0.26.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager026}},
@@ -371,6 +499,9 @@ API: dict[str, dict[str, dict[str, Any]]] = {
     "0.28.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager028},
                "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.28.0")},
                "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},  # dead code, removed in 0.28
+    "0.29.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager029},
+               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.29.0")},
+               "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
 }
 """release -> vLLM module -> the names whose release shape differs from impl's
 (:data:`GONE`: a name the release removed)."""

@@ -10,11 +10,13 @@ import re
 
 import pytest
 
-pytest.importorskip("vllm")
+vllm = pytest.importorskip("vllm")
 
 from kvspec import dropin  # noqa: E402
 from kvspec.conformance.vllm.scheduler import make_scheduler, serve  # noqa: E402
-from kvspec.spec.layout import Layout
+from kvspec.kv_cache_interface import MambaSpec  # noqa: E402
+from kvspec.spec.layout import Layout  # noqa: E402
+from kvspec.spec.releases import version_key  # noqa: E402
 from kvspec.testing import full, mamba, swa  # noqa: E402
 
 
@@ -124,6 +126,8 @@ LAYOUTS = {
                               {"num_draft_tokens": 2}),
     "full + sliding window, KV connector": (Layout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512),
                                             {"connector": True}),
+    "full + Mamba (align), KV connector": (Layout((full(16), mamba(16, "align")), num_blocks=48, max_model_len=512),
+                                           {"connector": True}),
     "full + sliding window, caching off": (Layout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512,
                                                   enable_caching=False), {}),
 }
@@ -148,3 +152,6 @@ def test_vllms_scheduler_runs_on_kvspecs_block_manager_as_on_its_own(name):
     assert ours == theirs
     assert sum(len(r.finished) for r in ours) > 20 and sum(len(r.preempted) for r in ours) > 0
     assert sum(n for r in ours for n in r.computed.values()) > 0 or not layout.enable_caching  # prefix hits
+    if options.get("connector") and any(isinstance(g, MambaSpec) for g in layout.groups) \
+            and version_key(vllm.__version__) >= (0, 29):
+        assert sum(len(r.offers) for r in ours) > 0  # Mamba states offered to the connector, as vLLM offers them

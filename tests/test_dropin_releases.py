@@ -5,7 +5,14 @@ deltas.  vLLM's own tests run on them by tools/peer_suite.py --release."""
 import pytest
 
 from kvspec import dropin
-from kvspec.dropin_releases import API, GONE, KVCacheManager026, KVCacheManager027, KVCacheManager028
+from kvspec.dropin_releases import (
+    API,
+    GONE,
+    KVCacheManager026,
+    KVCacheManager027,
+    KVCacheManager028,
+    KVCacheManager029,
+)
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request
 from kvspec.testing import config, full, mamba, swa
@@ -193,3 +200,120 @@ def test_0_28_serves_a_mamba_align_hybrid_whose_sliding_window_turns_partial_hit
 def test_a_name_a_release_removed_is_left_absent():
     assert API["0.28.0"]["vllm.v1.core.kv_cache_utils"]["need_extra_keys"] is GONE
     assert "need_extra_keys" not in API["0.27.0"].get("vllm.v1.core.kv_cache_utils", {})
+
+
+def test_0_29_reads_the_retention_interval_from_the_config_and_accepts_0_on_any_model(monkeypatch):
+    """0.29 reads the interval from the KV-cache config, not the environment,
+    and accepts 0 where no group acts on it (delta retention-zero-anywhere);
+    0.28 refuses it there."""
+    monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "0")
+    with pytest.raises(ValueError, match="retention_interval=0 is set but the model has no sliding-window or Mamba"):
+        _manager_of(KVCacheManager028, full(4))
+    assert _manager_of(KVCacheManager029, full(4)).coordinator.retention_interval is None  # the environment: unread
+
+    def with_interval(interval, *specs):
+        cfg = config(*specs, num_blocks=32)
+        object.__setattr__(cfg, "prefix_cache_retention_interval", interval)
+        return KVCacheManager029(cfg, max_model_len=256, scheduler_block_size=4, hash_block_size=4,
+                                 max_in_flight_tokens=64)
+
+    assert with_interval(0, full(4)).coordinator.retention_interval == 0
+    with pytest.raises(ValueError, match="retention_interval=8 is set but the model has no sliding-window or Mamba"):
+        with_interval(8, full(4))
+    with pytest.raises(NotImplementedError, match="does not pin the shared-prefix boundary .* group 1"):
+        with_interval(8, full(4), swa(4, 4))
+
+
+def test_0_29_refuses_the_state_it_does_not_keep():
+    ring = full(4)
+    object.__setattr__(ring, "prefix_cacheable", False)
+    with pytest.raises(NotImplementedError, match="group 1's FullAttentionSpec, a group outside prefix caching"):
+        _manager_of(KVCacheManager029, full(4), ring)
+    state = mamba(4, "align")
+    object.__setattr__(state, "num_prefill_checkpoint_blocks", 1)
+    with pytest.raises(NotImplementedError, match="Mamba prefill checkpoint blocks \\(group 1: .*=1\\)"):
+        _manager_of(KVCacheManager029, full(4), state)
+
+
+def test_0_29_takes_hits_inside_a_block_under_decode_ranks_too():
+    """Under decode context parallelism 0.28 takes no hit inside a block, so
+    the drop-in serves a Mamba block larger than the hash block; 0.29 does
+    (delta partial-hits-under-dcp), for a Mamba block at least the hash
+    block, so it is refused -- except where every group's block, full
+    attention's spanning the ranks, is the hash block."""
+    def build(cls, full_block, mamba_block, hash_block_size):
+        return cls(config(full(full_block), mamba(mamba_block, "align"), num_blocks=32), max_model_len=256,
+                   scheduler_block_size=max(2 * full_block, mamba_block), hash_block_size=hash_block_size,
+                   max_in_flight_tokens=64, dcp_world_size=2)
+
+    build(KVCacheManager028, 4, 8, 4)
+    with pytest.raises(NotImplementedError, match="block size 8 >= hash block size 4 under 2 decode ranks"):
+        build(KVCacheManager029, 4, 8, 4)
+    with pytest.raises(NotImplementedError, match="block size 2 >= hash block size 2 under 2 decode ranks, with "
+                                                  "blocks of 4 tokens"):
+        build(KVCacheManager029, 2, 2, 2)  # the Mamba block is the hash block, full attention's is not
+    build(KVCacheManager029, 1, 2, 2)  # every block is the hash block: no hit can end inside one
+
+
+def test_0_29_pool_says_which_blocks_their_owner_may_write():
+    pool = API["0.29.0"]["vllm.v1.core.block_pool"]["BlockPool"](6, True, 2)
+    (block,) = pool.get_new_blocks(1)
+    assert pool.is_block_writable(block) and not pool.is_block_writable(pool.null_block)
+    pool.touch([block])
+    assert not pool.is_block_writable(block)  # shared
+    assert not hasattr(API["0.28.0"]["vllm.v1.core.block_pool"]["BlockPool"], "is_block_writable")
+
+
+def test_0_29_roots_an_unseeded_process_at_a_fixed_seed(monkeypatch):
+    """Delta fixed-root-hash: without PYTHONHASHSEED a collision-resistant
+    hash roots every chain at one seed (0.28: random bytes); vLLM's xxhash
+    keeps a random one; a set PYTHONHASHSEED wins.  The drop-in mirrors the
+    root and its seed into vLLM's module."""
+    import types
+
+    from kvspec import hashing
+    from kvspec.spec.releases import FIXED_ROOT_SEED
+
+    saved = hashing.NONE_HASH
+    try:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+        assert hashing.init_none_hash(hashing.sha256_cbor, FIXED_ROOT_SEED) == hashing.root_hash(FIXED_ROOT_SEED)
+
+        def xxhash(value):
+            return hashing.sha256_cbor(value)
+
+        assert hashing.init_none_hash(xxhash, FIXED_ROOT_SEED) != hashing.init_none_hash(xxhash, FIXED_ROOT_SEED)
+        assert hashing.init_none_hash(hashing.sha256_cbor) != hashing.init_none_hash(hashing.sha256_cbor)  # 0.28
+        module = types.SimpleNamespace(NONE_HASH=None, _NONE_HASH_SEED=None)
+        dropin._init_none_hash(module, hashing, "0.29.0")(hashing.sha256_cbor)
+        assert (module.NONE_HASH, module._NONE_HASH_SEED) == (hashing.root_hash(FIXED_ROOT_SEED), FIXED_ROOT_SEED)
+        monkeypatch.setenv("PYTHONHASHSEED", "7")
+        dropin._init_none_hash(module, hashing, "0.29.0")(hashing.sha256_cbor)
+        assert (module.NONE_HASH, module._NONE_HASH_SEED) == (hashing.root_hash("7"), "7")
+    finally:
+        hashing.NONE_HASH = saved
+
+
+def test_0_29_offers_each_cached_mamba_state_to_a_connector_once():
+    """0.29's scheduler drains, every step, the Mamba align states cached
+    since the last drain -- group, block and the boundary each ends at -- for
+    a KV connector; a state is offered once (a hit is not offered again),
+    and a freed request's offers not yet taken are withdrawn."""
+    manager = _manager_of(KVCacheManager029, full(4), mamba(4, "align"), mamba(4, "align"), num_blocks=256)
+    request = _request("a", range(9))
+    _compute(manager, request, 8)
+    mamba_blocks = [manager.get_block_ids("a")[g] for g in (1, 2)]
+    assert manager.take_boundary_state_offloads() == {
+        "a": [(1, mamba_blocks[0][1], 8), (2, mamba_blocks[1][1], 8)]}  # the state at 4 is not kept (align)
+    assert manager.take_boundary_state_offloads() == {}
+    manager.cache_blocks(request, 8)
+    assert manager.take_boundary_state_offloads() == {}  # cached already: not offered again
+    manager.new_step_starts()  # a Mamba state cached this step is hit from the next on
+    reader = _request("b", range(9))
+    blocks, hit, _ = manager.get_computed_blocks(reader)
+    assert hit == 8 and manager.allocate_slots(reader, 1, hit, blocks) is not None
+    manager.cache_blocks(reader, 9)
+    assert manager.take_boundary_state_offloads() == {}  # b's states are a's hits, offered already
+    _compute(manager, _request("c", range(100, 109)), 8)
+    manager.free(_request("c", ()))
+    assert manager.take_boundary_state_offloads() == {}

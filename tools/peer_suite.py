@@ -111,6 +111,20 @@ SUITES: dict[str, Suite] = {
             "e27b1df579a20b48b0837db018c929950f86bff123096d2c897c44ab99ba8c9d",
         "tests/v1/kv_connector/unit/utils.py": "a9283b14ad9198b08b7f2a6c3a3ea742deaac65e617bd876a00bdffaee4817e9",
     }),
+    "0.29.0": Suite("c03feb07943ecae9e69e7dc424d7c5569ecf8d1292513aef2a4de67af381cd97", {
+        "tests/v1/core/__init__.py": _EMPTY,
+        "tests/v1/core/utils.py": "3835b199bc01cb2da200d93052210548f29f446428f5019f6d36ff9b6bc2afb0",
+        "tests/v1/core/test_prefix_caching.py": "c2d91d7c609d48ff3d20ed9c7c7890ba19b4caa5cfba6f5bfc0b76bfcecc309e",
+        "tests/v1/core/test_single_type_kv_cache_manager.py":
+            "6e4d046427076e68a1c9e635d8ce4d628fb14f282979134900c84a142ab64b00",
+        "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+        "tests/v1/core/test_kv_cache_utils.py": "a528dc95338a193cda3ce8ef150da187ec10218827f1cc332e208c4713cdfa7c",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+            "38d287e3bb7963479d711da71f443176367c1c98f4d4c6b69846a5be1b8c9cea",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py":
+            "1c5de702793d14e387160c48ceba61764abb28768e891fdf800d19a496c2e0d0",
+        "tests/v1/kv_connector/unit/utils.py": "ffd740e42f5ef14c629a27c329279e6d1d9f50c13607d41e3d56e5021cb743a0",
+    }),
 }
 """The releases whose tests this runs (each also one the drop-in knows)."""
 

@@ -58,6 +58,7 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         self.script = Script()
         self.loads: list[Load] = []  # allocated since the machine last took them
         self._asked: dict[str, tuple[int, int, bool]] = {}  # request -> (local hit, external, async)
+        self.offers: dict[str, list[tuple[int, int, int]]] = {}  # the last step's Mamba-state offers (0.29 on)
 
     # --- scheduler side ---------------------------------------------------------
 
@@ -77,6 +78,11 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
                                is_async, request.request_id in self.script.failing_load))
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        # From 0.29 the scheduler hands a connector the Mamba align states cached this step, with their
+        # blocks, to save (kv_connector_block_state); kept for whoever drives the scheduler to compare.
+        state = getattr(scheduler_output, "kv_connector_block_state", None)
+        self.offers = {} if state is None else {rid: list(offers) for rid, offers
+                                                 in state.boundary_state_offloads.items()}
         return KVConnectorMetadata()
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:

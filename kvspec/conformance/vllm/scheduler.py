@@ -156,6 +156,7 @@ class StepRecord:
     computed: dict[str, int]  # new requests -> tokens already computed (prefix hits)
     preempted: list[str]
     finished: list[str]
+    offers: dict[str, list[tuple[int, int, int]]]  # Mamba states handed to a KV connector (0.29 on; else none)
 
 
 def serve(scheduler: Any, *, steps: int, seed: int = 0, hash_block_size: int = 16,
@@ -186,6 +187,7 @@ def serve(scheduler: Any, *, steps: int, seed: int = 0, hash_block_size: int = 1
             computed={r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs},
             preempted=sorted(getattr(out, "preempted_req_ids", None) or []),
             finished=sorted(out.finished_req_ids),
+            offers=getattr(scheduler.connector, "offers", {}),
         ))
         scheduler.update_from_output(out, runner_output(ids, sampled))
     return records
