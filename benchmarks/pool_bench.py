@@ -149,11 +149,12 @@ def vllm_backend() -> tuple[Backend | None, str]:
     os.environ.setdefault("PYTHONHASHSEED", "0")
     try:
         import vllm
+        from vllm.utils.hashing import sha256_cbor  # kv_cache_utils stopped re-exporting it in 0.29
         from vllm.v1.core import kv_cache_utils
         from vllm.v1.core.block_pool import BlockPool
     except Exception as error:  # noqa: BLE001 -- any failure means "not available"
         return None, f"{type(error).__name__}: {error}".splitlines()[0][:200]
-    kv_cache_utils.init_none_hash(kv_cache_utils.sha256_cbor)
+    kv_cache_utils.init_none_hash(sha256_cbor)
     return Backend("vLLM", BlockPool, getattr(vllm, "__version__", "?")), ""
 
 
