@@ -91,6 +91,17 @@ def _count_evictable(blocks: Sequence[KVCacheBlock]) -> int:
     return len([block for block in blocks if block.ref_cnt == 0 and not block.is_null])
 
 
+def reachable_boundaries(num_prompt_tokens: int | None, shared_prefix_boundary: int = 0) -> tuple[int, ...]:
+    """The positions a later request is known to hit, whose tail sparse
+    retention keeps: where an exact replay of the prompt stops
+    (``num_prompt_tokens - 1``), and where a prefix other requests share
+    ends that this request's sparse groups had not cached (the boundary
+    ``get_computed_blocks`` answers from 0.26, which the scheduler stores on
+    the request; 0: none)."""
+    positions = () if num_prompt_tokens is None else (num_prompt_tokens - 1,)
+    return (*positions, shared_prefix_boundary) if shared_prefix_boundary else positions
+
+
 class SingleTypeKVCacheManager(ABC):
     """The block tables of one KV-cache group.
 
@@ -321,6 +332,8 @@ class SingleTypeKVCacheManager(ABC):
             use_eagle=self.use_eagle,
             retention_interval=retention_interval,
             num_prompt_tokens=request.num_prompt_tokens,
+            # From 0.26 the scheduler stores where a prefix other requests share ends (0: none).
+            shared_prefix_boundary=getattr(request, "shared_prefix_boundary", 0),
         )
         self.block_pool.cache_full_blocks(
             request=request,
@@ -343,6 +356,7 @@ class SingleTypeKVCacheManager(ABC):
         use_eagle: bool,
         retention_interval: int | None = None,
         num_prompt_tokens: int | None = None,
+        shared_prefix_boundary: int = 0,
     ) -> list[bool] | None:
         """Which of blocks ``[start_block, end_block)`` any future hit can
         use; ``None``: all of them (every kind of attention but sliding
@@ -701,12 +715,13 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         use_eagle: bool,
         retention_interval: int | None = None,
         num_prompt_tokens: int | None = None,
+        shared_prefix_boundary: int = 0,
     ) -> list[bool] | None:
         """A hit ends on an aligned boundary and reads only the window's
         blocks before it, so only those blocks are worth caching: the tail of
         every segment (``alignment_tokens``, or ``retention_interval`` when
-        set; 0 keeps none) and the tail before the prompt's last aligned
-        boundary (where a replay of the prompt hits)."""
+        set; 0 keeps none) and, with a retention interval, the tail before
+        each boundary a later request is known to hit (:func:`reachable_boundaries`)."""
         if alignment_tokens is None:
             return None
         block_size = kv_cache_spec.block_size
@@ -723,11 +738,12 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             for i in range(max(start_block, shift), end_block):
                 if (i - shift) % per_segment >= first_tail:
                     mask[i - start_block] = True
-        if retention_interval is not None and num_prompt_tokens is not None:
-            boundary = (num_prompt_tokens - 1) // alignment_tokens * alignment_tokens
-            tail_end = boundary // block_size + shift
-            for i in range(max(start_block, tail_end - needed), min(end_block, tail_end)):
-                mask[i - start_block] = True
+        if retention_interval is not None:
+            for position in reachable_boundaries(num_prompt_tokens, shared_prefix_boundary):
+                boundary = position // alignment_tokens * alignment_tokens
+                tail_end = boundary // block_size + shift
+                for i in range(max(start_block, tail_end - needed), min(end_block, tail_end)):
+                    mask[i - start_block] = True
         return mask
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -863,10 +879,12 @@ class MambaManager(SingleTypeKVCacheManager):
         use_eagle: bool,
         retention_interval: int | None = None,
         num_prompt_tokens: int | None = None,
+        shared_prefix_boundary: int = 0,
     ) -> list[bool] | None:
         """With a retention interval, cache one state per interval (the last
-        block of each) and the state at the prompt's last aligned boundary;
-        0 keeps only the latter.  Without one, every state."""
+        block of each) and the state at each boundary a later request is
+        known to hit (:func:`reachable_boundaries`); 0 keeps only the latter.
+        Without one, every state."""
         if retention_interval is None or alignment_tokens is None:
             return None
         block_size = kv_cache_spec.block_size
@@ -878,8 +896,8 @@ class MambaManager(SingleTypeKVCacheManager):
             first = (start_block // per_segment + 1) * per_segment - 1
             for i in range(first - start_block, len(mask), per_segment):
                 mask[i] = True
-        if num_prompt_tokens is not None:
-            boundary = (num_prompt_tokens - 1) // alignment_tokens * alignment_tokens
+        for position in reachable_boundaries(num_prompt_tokens, shared_prefix_boundary):
+            boundary = position // alignment_tokens * alignment_tokens
             state_block = boundary // block_size - 1
             if start_block <= state_block < end_block:
                 mask[state_block - start_block] = True

@@ -122,8 +122,10 @@ DELTAS: tuple[Delta, ...] = (
     Delta(
         "0.26.0", "shared-prefix-boundary",
         "get_computed_blocks returns a third value after (blocks, num_hits): the block-aligned end of a "
-        "shared prefix a sparse-retention group has not cached yet, which the scheduler pins (0: none).  "
-        "The spec's answer is the pair; the third value is read and not judged.",
+        "shared prefix a sparse-retention group has not cached yet (0: none).  The scheduler stores it on the "
+        "request, and under a retention interval a sliding-window or Mamba group keeps the tail before it as "
+        "it keeps the prompt's replay boundary's (chapter 3's reachable_boundaries reads it; the machines' "
+        "requests carry none).  The spec's answer is the pair; the third value is read and not judged.",
         status=OUTSIDE),
     Delta(
         "0.27.0", "free-order-without-caching",

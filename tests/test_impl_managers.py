@@ -505,6 +505,15 @@ def test_reachable_block_masks():
     assert mamba_cls.reachable_block_mask(0, 6, 4, state, False, retention_interval=8, num_prompt_tokens=13) == [
         False, True, True, True, False, True,
     ]
+    # Retention 0 keeps only the states a later request is known to hit: the prompt's replay boundary (12)
+    # and, where the scheduler stored one, the end of a prefix other requests share (8: from 0.26 on).
+    assert mamba_cls.reachable_block_mask(0, 6, 4, state, False, retention_interval=0, num_prompt_tokens=13) == [
+        False, False, True, False, False, False,
+    ]
+    assert mamba_cls.reachable_block_mask(0, 6, 4, state, False, retention_interval=0, num_prompt_tokens=13,
+                                          shared_prefix_boundary=8) == [False, True, True, False, False, False]
+    assert swa_cls.reachable_block_mask(0, 6, 8, window, False, retention_interval=0, num_prompt_tokens=21,
+                                        shared_prefix_boundary=8) == [False, True, False, True, False, False]
 
 
 def test_cross_attention_refuses_caching_and_hits():

@@ -33,6 +33,13 @@ const FULL_KINDS = new Set(["FullAttentionSpec", "MLAAttentionSpec", "RSWASpec"]
 // Groups (spec 3 "The kinds as formulas", spec 5, spec 8)
 // ---------------------------------------------------------------------------------------------
 
+// spec 3: the positions a later request is known to hit -- a replay of the prompt, and the end of a
+// shared prefix where the caller stored one on the request (vLLM's scheduler from 0.26).
+function reachableBoundaries(request) {
+  const replay = request.num_prompt_tokens - 1;
+  return request.shared_prefix_boundary ? [replay, request.shared_prefix_boundary] : [replay];
+}
+
 class Group {
   constructor(manager, id, spec, blockSize) {
     this.m = manager;
@@ -281,11 +288,11 @@ class SlidingWindow extends Group {
       if (need >= per) return true;
       return i >= shift && (i - shift) % per >= per - need;
     };
-    const promptEnd = fdiv(fdiv(request.num_prompt_tokens - 1, this.m.A) * this.m.A, B) + shift;
+    const tailEnds = reachableBoundaries(request).map((b) => fdiv(fdiv(b, this.m.A) * this.m.A, B) + shift);
     const mask = [];
     for (let i = start; i < end; i++) {
       let k = keep(i);
-      if (R !== null && i >= promptEnd - need && i < promptEnd) k = true;
+      if (R !== null && tailEnds.some((t) => i >= t - need && i < t)) k = true;
       mask.push(k);
     }
     return mask;
@@ -433,14 +440,14 @@ class Mamba extends Group {
     const R = this.m.retentionInterval;
     if (R === null) return null;
     const per = fdiv(R, this.B);
-    const promptPos = fdiv(fdiv(request.num_prompt_tokens - 1, this.m.A) * this.m.A, this.B) - 1;
+    const states = reachableBoundaries(request).map((b) => fdiv(fdiv(b, this.m.A) * this.m.A, this.B) - 1);
     const mask = [];
     for (let i = start; i < end; i++) {
       let k;
       if (R === 0) k = false;
       else if (per <= 1) k = true;
       else k = (i + 1) % per === 0;
-      mask.push(k || i === promptPos);
+      mask.push(k || states.includes(i));
     }
     return mask;
   }

@@ -27,6 +27,18 @@ HitPositions = list[Column | None]
 a position the group does not need (the null block)."""
 
 
+
+def reachable_boundaries(request: Any) -> tuple[int, ...]:
+    """The token positions a later request is known to hit, which sparse
+    retention keeps: where an exact replay of the prompt stops
+    (``num_prompt_tokens - 1``), and -- where the caller stored one on the
+    request (vLLM's scheduler from 0.26, release delta
+    shared-prefix-boundary) -- where a prefix other requests share ends that
+    a sparse group had not cached (0: none)."""
+    shared = getattr(request, "shared_prefix_boundary", 0)
+    replay = request.num_prompt_tokens - 1
+    return (replay, shared) if shared else (replay,)
+
 class OutOfBlocks(RuleError):
     """An allocation step needs more free blocks than the pool has.  The
     capacity check normally rules this out; only where vLLM's estimate falls
@@ -114,9 +126,10 @@ class GroupManager:
         """The hit of this type: see each subclass."""
         raise NotImplementedError
 
-    def cache_mask(self, start: int, end: int, retention: int | None, num_prompt_tokens: int) -> list[bool] | None:
+    def cache_mask(self, start: int, end: int, retention: int | None, boundaries: tuple[int, ...]) -> list[bool] | None:
         """Which of the new full positions ``start .. end-1`` are worth caching
-        (``None``: all of them)."""
+        (``None``: all of them); ``boundaries``: the token positions a later
+        request is known to hit (:func:`reachable_boundaries`)."""
         return None
 
     def common_prefix_blocks(self, rid: str) -> int:
@@ -228,7 +241,7 @@ class GroupManager:
         end = num_tokens // self.block_size
         if start >= end:
             return
-        mask = self.cache_mask(start, end, retention, request.num_prompt_tokens)
+        mask = self.cache_mask(start, end, retention, reachable_boundaries(request))
         self.pool.cache_full_blocks(request, self.table(rid), start, end, self.block_size, self.group_id, mask)
         self.num_cached[rid] = end
 

@@ -71,10 +71,11 @@ class Mamba(GroupManager):
                 return [None] * (n - 1) + [column]
         return []
 
-    def cache_mask(self, start, end, retention, num_prompt_tokens):
+    def cache_mask(self, start, end, retention, boundaries):
         """All states are cached unless ``retention`` is set: then one per
-        ``retention`` tokens (``0``: none) plus the state at the prompt's last
-        aligned boundary (which an exact replay of the prompt hits)."""
+        ``retention`` tokens (``0``: none) plus the state at the last aligned
+        boundary before each of ``boundaries`` (an exact replay of the prompt,
+        a shared prefix's end: positions a later request hits)."""
         alignment = self.scheduler_block_size
         if retention is None:
             return None
@@ -87,8 +88,8 @@ class Mamba(GroupManager):
             first = (start + per) // per * per - 1
             for i in range(first - start, len(mask), per):
                 mask[i] = True
-        if num_prompt_tokens is not None:
-            latest = (num_prompt_tokens - 1) // alignment * alignment
+        for position in boundaries:
+            latest = position // alignment * alignment
             boundary = latest // block_size - 1
             if start <= boundary < end:
                 mask[boundary - start] = True

@@ -79,7 +79,7 @@ class SlidingWindow(GroupManager):
             n = aligned(n - 1, block_size, alignment)
         return run[:n]
 
-    def cache_mask(self, start, end, retention, num_prompt_tokens):
+    def cache_mask(self, start, end, retention, boundaries):
         """Cache only the positions a hit can ever use.
 
         Hits end on multiples of the scheduler block size ``A``, and use the
@@ -89,8 +89,9 @@ class SlidingWindow(GroupManager):
         ``(i - shift) % per >= per - need``; if ``need >= per`` every position
         is kept.  ``retention`` (vLLM's ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL``)
         keeps such a tail only once per ``retention`` tokens (``0``: never),
-        plus the tail before the prompt's last aligned boundary, which an
-        exact replay of the prompt hits.
+        plus the tail before the last aligned boundary before each of
+        ``boundaries`` (an exact replay of the prompt, a shared prefix's end:
+        positions a later request hits).
         """
         block_size = self.block_size
         alignment = self.scheduler_block_size
@@ -105,9 +106,10 @@ class SlidingWindow(GroupManager):
             for i in range(start, end):
                 if i >= shift and (i - shift) % per >= per - need:
                     mask[i - start] = True
-        if retention is not None and num_prompt_tokens is not None:
-            latest = (num_prompt_tokens - 1) // alignment * alignment
-            prompt_end = latest // block_size + shift
-            for i in range(max(start, prompt_end - need), min(end, prompt_end)):
-                mask[i - start] = True
+        if retention is not None:
+            for position in boundaries:
+                latest = position // alignment * alignment
+                tail_end = latest // block_size + shift
+                for i in range(max(start, tail_end - need), min(end, tail_end)):
+                    mask[i - start] = True
         return mask
