@@ -168,23 +168,6 @@ def refuse_partial_hash_hits(kv_cache_config: Any, hash_block_size: int, dcp_wor
                    else ""))
 
 
-def refuse_pinned_shared_prefix(kv_cache_config: Any, retention_interval: int | None, release: str) -> None:
-    """vLLM 0.26 keeps, under a prefix-cache retention interval, the block of
-    a Mamba or sliding-window group where a prefix other requests share ends
-    (the shared-prefix boundary ``get_computed_blocks`` returns, which the
-    scheduler stores on the request).  impl does not pin it: with a retention
-    interval set, such a model is refused, not cached differently.  (Only a
-    hybrid model has the boundary: one group's hit against another's.)"""
-    if retention_interval is None or len(kv_cache_config.kv_cache_groups) < 2:
-        return
-    for i, group in enumerate(kv_cache_config.kv_cache_groups):
-        if spec_is(group.kv_cache_spec, MambaSpec, SlidingWindowSpec):
-            raise NotImplementedError(
-                f"kvspec's drop-in for vLLM {release} does not pin the shared-prefix boundary under a prefix-cache "
-                f"retention interval ({retention_interval}), which vLLM does for group {i} "
-                f"({type(group.kv_cache_spec).__name__}); unset VLLM_PREFIX_CACHE_RETENTION_INTERVAL")
-
-
 class KVCacheManager026(KVCacheManager):
     """impl's manager with vLLM 0.26.0's API and deltas."""
 
@@ -214,7 +197,6 @@ class KVCacheManager026(KVCacheManager):
             deltas=impl_deltas(releases.judged(self.release)),
         )
         self.enable_kv_cache_events = enable_kv_cache_events
-        refuse_pinned_shared_prefix(self.kv_cache_config, self.coordinator.retention_interval, self.release)
 
     @staticmethod
     def retention_interval_of(kv_cache_config: Any) -> Any:

@@ -137,8 +137,10 @@ LAYOUTS = {
 def test_vllms_scheduler_runs_on_kvspecs_block_manager_as_on_its_own(name):
     """Three hundred steps of vLLM's scheduler -- arrivals behind a shared system prompt, chunked
     prefill, preemption under a small pool -- make the same decisions, block ids included, on
-    kvspec's block manager as on vLLM's."""
+    kvspec's block manager as on vLLM's; the KV-cache config carries the retention interval vLLM's
+    engine sets (from 0.29 sparse retention by default, the shared prefix's end kept)."""
     layout, options = LAYOUTS[name]
+    options = {**options, "engine_retention": True}  # the KV-cache config as vLLM's engine builds it
     theirs = serve(make_scheduler(layout, **options), steps=300, seed=3, max_tokens=24)
     dropin.install()
     try:

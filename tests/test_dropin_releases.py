@@ -122,9 +122,30 @@ def test_0_26_refuses_what_it_would_serve_differently(monkeypatch):
     with pytest.raises(NotImplementedError, match="hits that end inside a block .* block size 8 > hash block size 4"):
         _manager(full(4), mamba(8, "align"))
     monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "8")
-    _manager(swa(4, 4))  # one group: no shared-prefix boundary to pin
-    with pytest.raises(NotImplementedError, match="does not pin the shared-prefix boundary .* group 1"):
-        _manager(full(4), swa(4, 4))
+    assert _manager(full(4), swa(4, 4)).coordinator.retention_interval == 8  # served: the boundary is kept
+
+
+def test_sparse_retention_keeps_the_shared_prefix_boundary_the_scheduler_stored(monkeypatch):
+    """Under retention 0 a hybrid's Mamba group caches only the states later
+    requests are known to hit: the prompt's replay boundary and, once the
+    scheduler has stored it on the request (0.26 on), where the prefix other
+    requests share ends -- the boundary get_computed_blocks answered."""
+    monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "0")
+    shared = list(range(8))
+
+    def hit_on_the_shared_prefix(boundary):
+        manager = _manager(full(4), mamba(4, "align"), num_blocks=64)
+        request = _request("a", shared + [100 + i for i in range(9)])
+        request.shared_prefix_boundary = boundary
+        for end in (4, 8, 12, 16):  # align mode: one block a step
+            assert manager.allocate_slots(request, 4) is not None
+            request.num_computed_tokens = end
+            manager.cache_blocks(request, end)
+            manager.new_step_starts()
+        return manager.get_computed_blocks(_request("b", shared + [200 + i for i in range(9)]))[1]
+
+    assert hit_on_the_shared_prefix(0) == 0  # Mamba kept the replay boundary's state (16) only
+    assert hit_on_the_shared_prefix(8) == 8  # and the shared prefix's end
 
 
 
@@ -220,8 +241,7 @@ def test_0_29_reads_the_retention_interval_from_the_config_and_accepts_0_on_any_
     assert with_interval(0, full(4)).coordinator.retention_interval == 0
     with pytest.raises(ValueError, match="retention_interval=8 is set but the model has no sliding-window or Mamba"):
         with_interval(8, full(4))
-    with pytest.raises(NotImplementedError, match="does not pin the shared-prefix boundary .* group 1"):
-        with_interval(8, full(4), swa(4, 4))
+    assert with_interval(0, full(4), swa(4, 4)).coordinator.retention_interval == 0  # vLLM 0.29's default
 
 
 def test_0_29_refuses_the_state_it_does_not_keep():

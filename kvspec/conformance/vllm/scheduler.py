@@ -80,14 +80,18 @@ tokens, or fails (vLLM's default)."""
 
 def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
                    connector: bool = False, num_draft_tokens: int = 0, failure_policy: str = "recompute",
-                   async_scheduling: bool = False) -> Any:
+                   async_scheduling: bool = False, engine_retention: bool = False) -> Any:
     """A vLLM ``Scheduler`` over ``layout``'s KV cache (vLLM's spec classes);
     with ``connector``, vLLM loads :class:`~kvspec.conformance.vllm.connector.ScriptedConnector`
     as a deployment loads a third-party connector, a failed load handled by
     ``failure_policy`` (:data:`FAILURE_POLICIES`); with ``num_draft_tokens``,
     EAGLE speculative decoding (the layout must say ``use_eagle``); with
     ``async_scheduling``, vLLM's ``AsyncScheduler`` under the config that
-    selects it (the engine's default where the executor supports it)."""
+    selects it (the engine's default where the executor supports it).  The
+    KV-cache config's retention interval is the layout's; with
+    ``engine_retention`` and a layout that sets none, it is the one vLLM's
+    engine writes there from its ``CacheConfig`` (from 0.29: 0, sparse, unless
+    configured), as ``vllm serve`` runs."""
     if num_draft_tokens and not layout.use_eagle:
         raise ValueError(f"num_draft_tokens={num_draft_tokens} needs a layout with use_eagle")
     if failure_policy not in FAILURE_POLICIES:
@@ -121,7 +125,13 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
     if num_draft_tokens:
         object.__setattr__(vllm_config, "speculative_config", eagle_config(num_draft_tokens))
     scheduler_class = AsyncScheduler if async_scheduling else Scheduler
-    return scheduler_class(vllm_config=vllm_config, kv_cache_config=to_vllm_config(layout.kv_cache_config()),
+    kv_cache_config = to_vllm_config(layout.kv_cache_config())
+    if hasattr(kv_cache_config, "prefix_cache_retention_interval"):  # 0.29 on; before, the environment
+        retention = layout.retention_interval
+        if retention is None and engine_retention:
+            retention = cache_config.prefix_cache_retention_interval
+        kv_cache_config.prefix_cache_retention_interval = retention
+    return scheduler_class(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                      log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config),
                      block_size=block_size)
 
