@@ -168,7 +168,7 @@ class BlockPool:
         hash_block_size: int,
         enable_kv_cache_events: bool = False,
         metrics_collector: Any = None,
-        deltas: Iterable[str] = (),
+        deltas: Iterable[str] | None = None,
     ):
         if type(num_gpu_blocks) is not int or num_gpu_blocks < 1:
             raise RuleError(
@@ -485,7 +485,10 @@ class BlockPool:
                 keys, mm_idx = generate_block_hash_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
                 extra_keys.append(event_extra_keys(keys))
         lora = getattr(request, "lora_request", None)
-        return kv_events.EVENTS.stored(
+        events = kv_events.EVENTS
+        session = {"session_id": getattr(request, "session_id", None)} if events.stored_session else {}
+        return events.stored(
+            **session,
             block_hashes=[maybe_convert_block_hash(hashes[i]) for i in chosen],
             parent_block_hash=None if num_cached == 0 else maybe_convert_block_hash(hashes[num_cached - 1]),
             token_ids=list(request.all_token_ids[num_cached * block_size : num_full * block_size]),

@@ -43,6 +43,7 @@ from kvspec.impl.single_type_kv_cache_manager import (
     SingleTypeKVCacheManager,
     context_parallel_ranks,
     get_manager_for_kv_cache_spec,
+    replay_boundaries,
 )
 from kvspec.kv_cache_interface import (
     AttentionKind,
@@ -54,6 +55,7 @@ from kvspec.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
     eagle_group_ids,
+    has_drafter,
     managed_kind,
     spec_is,
 )
@@ -214,7 +216,7 @@ class KVCacheCoordinator(ABC):
         metrics_collector: Any = None,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
-        deltas: Iterable[str] = (),
+        deltas: Iterable[str] | None = None,
     ):
         if retention_interval is RETENTION_FROM_ENV:
             retention_interval = retention_interval_from_env()
@@ -245,6 +247,9 @@ class KVCacheCoordinator(ABC):
             deltas=self.deltas,
         )
         self.eagle_group_ids = eagle_group_ids(kv_cache_config, use_eagle)
+        # From 0.30 (release delta eagle-replay-boundaries) a drafter moves where a prompt's replay resumes.
+        self._replay_before_drafts = "eagle-replay-boundaries" in self.deltas and has_drafter(kv_cache_config,
+                                                                                               use_eagle)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(
                 kv_cache_spec=group.kv_cache_spec,
@@ -422,9 +427,23 @@ class KVCacheCoordinator(ABC):
 
     # --- caching and freeing ------------------------------------------------------------
 
+    def get_replay_boundaries(self, request: Any) -> tuple[int, ...]:
+        """Where a later request replaying this prompt resumes, which sparse
+        retention keeps in every group (see ``replay_boundaries``)."""
+        return replay_boundaries(request.num_prompt_tokens, self.scheduler_block_size, self._replay_before_drafts)
+
+    def _replay_boundaries_to_keep(self, request: Any) -> tuple[int, ...] | None:
+        """``get_replay_boundaries`` where a group reads them: under a
+        retention interval (``None`` otherwise, and where they are the
+        default one, ``num_prompt_tokens - 1``)."""
+        if self.retention_interval is None or not self._replay_before_drafts:
+            return None
+        return self.get_replay_boundaries(request)
+
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        replay = self._replay_boundaries_to_keep(request)
         for manager in self.single_type_managers:
-            manager.cache_blocks(request, num_computed_tokens, retention_interval=self.retention_interval)
+            manager.cache_blocks(request, num_computed_tokens, self.retention_interval, replay)
 
     def free(self, request_id: str) -> None:
         for manager in self.single_type_managers:
@@ -514,7 +533,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         metrics_collector: Any = None,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
-        deltas: Iterable[str] = (),
+        deltas: Iterable[str] | None = None,
     ):
         super().__init__(
             kv_cache_config, max_model_len, max_num_batched_tokens, use_eagle, False, enable_kv_cache_events,
@@ -550,7 +569,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         metrics_collector: Any = None,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
-        deltas: Iterable[str] = (),
+        deltas: Iterable[str] | None = None,
     ):
         super().__init__(
             kv_cache_config, max_model_len, max_num_batched_tokens, use_eagle, enable_caching,
@@ -635,7 +654,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         metrics_collector: Any = None,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
-        deltas: Iterable[str] = (),
+        deltas: Iterable[str] | None = None,
     ):
         super().__init__(
             kv_cache_config, max_model_len, max_num_batched_tokens, use_eagle, enable_caching,
@@ -697,11 +716,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         lookups read and drop."""
         sbs = self.scheduler_block_size
         aligned = num_computed_tokens // sbs * sbs
+        replay = self._replay_boundaries_to_keep(request)
         for manager in self.single_type_managers:
             num_tokens = aligned
             if manager.use_eagle and aligned > 0:
                 num_tokens = min(num_computed_tokens, aligned + manager.block_size)
-            manager.cache_blocks(request, num_tokens, retention_interval=self.retention_interval)
+            manager.cache_blocks(request, num_tokens, self.retention_interval, replay)
 
     def _hashes_for(self, block_hashes: list[bytes], spec: KVCacheSpec) -> Sequence[bytes]:
         return block_hashes_for_size(block_hashes, self.hash_block_size, spec.block_size)
@@ -823,7 +843,7 @@ def get_kv_cache_coordinator(
     metrics_collector: Any = None,
     *,
     retention_interval: int | None = RETENTION_FROM_ENV,
-    deltas: Iterable[str] = (),
+    deltas: Iterable[str] | None = None,
 ) -> KVCacheCoordinator:
     """No prefix cache when caching is off; one group: unitary; else hybrid."""
     _require_config(kv_cache_config)

@@ -118,16 +118,25 @@ class KVCacheBlocks:
         )
 
     @overload
-    def get_block_ids(self, allow_none: Literal[False] = False) -> tuple[list[int], ...]: ...
+    def get_block_ids(
+        self, allow_none: Literal[False] = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...]: ...
 
     @overload
-    def get_block_ids(self, allow_none: Literal[True] = True) -> tuple[list[int], ...] | None: ...
+    def get_block_ids(
+        self, allow_none: Literal[True] = True, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None: ...
 
-    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
-        """Block ids per group; with ``allow_none``, ``None`` when there are none."""
-        if allow_none and not any(self.blocks):
+    def get_block_ids(
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None:
+        """Block ids per group -- of ``group_ids`` only, in that order, when
+        given (vLLM's call from 0.30); with ``allow_none``, ``None`` when
+        those groups have none."""
+        groups = self.blocks if group_ids is None else tuple(self.blocks[g] for g in group_ids)
+        if allow_none and not any(groups):
             return None
-        return tuple([block.block_id for block in group] for group in self.blocks)
+        return tuple([block.block_id for block in group] for group in groups)
 
     def get_unhashed_block_ids(self) -> list[int]:
         """Ids of the (single) group's blocks that are not cached."""
@@ -194,7 +203,7 @@ class KVCacheManager:
         watermark: float = 0.0,
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
-        deltas: Iterable[str] = (),
+        deltas: Iterable[str] | None = None,
     ) -> None:
         if type(max_model_len) is not int or max_model_len <= 0:
             raise RuleError("block-size-coherence", f"max_model_len must be a positive int, got {max_model_len!r}")
@@ -232,6 +241,9 @@ class KVCacheManager:
         self.deltas = self.coordinator.deltas
         # From 0.27 (release delta stats-at-admission) a lookup counts nothing: the scheduler records an admission.
         self._stats_at_admission = "stats-at-admission" in self.deltas
+        # From 0.26 (release delta processed-token-windows) blocks leave the window on the processed-token basis:
+        # a step still in the forward pass (async scheduling) reads blocks below its request's computed tokens.
+        self._windows_exclude_in_flight = "processed-token-windows" in self.deltas
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.block_pool: BlockPool = self.coordinator.block_pool
@@ -384,8 +396,9 @@ class KVCacheManager:
         # As vLLM: release the out-of-window blocks before the capacity check,
         # even if it refuses (the request never reads them again).
         num_prompt_tokens = request.num_prompt_tokens  # R-SWA's gap ends after the prompt
+        processed = self._processed_tokens(request, total_computed)
         skipped = (
-            coordinator.skipped_block_plan(request_id, total_computed, num_prompt_tokens)
+            coordinator.skipped_block_plan(request_id, processed, num_prompt_tokens)
             if coordinator.releasing_managers else ()
         )
         if skipped:
@@ -411,10 +424,19 @@ class KVCacheManager:
         if self.enable_caching and not delay_cache_blocks:
             # Only committed tokens: drafts beyond num_tokens may be rejected.
             coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
-        slots, full, skip = coordinator.steady_limits(request_id, total_computed, num_prompt_tokens)
+        # Limits from the processed tokens: a release they hold back comes before the next computed one.
+        slots, full, skip = coordinator.steady_limits(request_id, processed, num_prompt_tokens)
         # Never past max_model_len on the fast path either (a block may hold slots beyond it).
         self._steady[request_id] = (min(slots, self.max_model_len), full, skip)
         return self.create_kv_cache_blocks(new_blocks)
+
+    def _processed_tokens(self, request: Any, total_computed: int) -> int:
+        """The computed tokens whose step has come back from the forward pass
+        (from 0.26; before, all of them): what leaving a window is counted
+        on.  A request of vLLM's says how many are in flight."""
+        if not self._windows_exclude_in_flight:
+            return total_computed
+        return max(0, total_computed - getattr(request, "num_in_flight_tokens", 0))
 
     def _token_counts(
         self, request: Any, num_new_tokens: int, num_new_computed_tokens: int, num_lookahead_tokens: int,

@@ -52,11 +52,14 @@ class AllBlocksCleared(KVCacheEvent):
 class EventClasses:
     """The classes the pool builds its events from: kvspec's by default;
     :func:`use_event_classes` swaps in others with the same fields (vLLM's
-    msgspec structs, so that vLLM's KV-event consumers work unchanged)."""
+    msgspec structs, so that vLLM's KV-event consumers work unchanged).
+    ``stored_session``: whether a ``BlockStored`` names the request's
+    session (vLLM's from 0.30, release delta session-id; kvspec's do not)."""
 
     stored: type = BlockStored
     removed: type = BlockRemoved
     cleared: type = AllBlocksCleared
+    stored_session: bool = False
 
 
 EVENTS = EventClasses()
@@ -66,5 +69,6 @@ def use_event_classes(stored: type, removed: type, cleared: type) -> EventClasse
     """Build events from these classes from now on; returns the previous
     ones (to restore them)."""
     global EVENTS
-    previous, EVENTS = EVENTS, EventClasses(stored, removed, cleared)
+    fields = getattr(stored, "__struct_fields__", None) or getattr(stored, "__dataclass_fields__", ())
+    previous, EVENTS = EVENTS, EventClasses(stored, removed, cleared, "session_id" in fields)
     return previous

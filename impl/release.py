@@ -28,6 +28,8 @@ IMPLEMENTED: frozenset[str] = frozenset({
     "free-order-restored",  # 0.28: undoes free-order-without-caching
     "zeroing-every-attention-group",  # 0.28: where blocks are zeroed, every attention group's are
     "retention-zero-anywhere",  # 0.29: a retention interval of 0 is accepted on any model
+    "eagle-replay-boundaries",  # 0.30: with a drafter, a prompt's replay resumes a scheduler block lower
+    "mamba-retire-across-gaps",  # 0.30: Mamba align frees every state before the window, past null gaps
     "partial-tail-resend-boundary",  # 0.32: the partial tail ends before the prompt's last token (not EAGLE)
     "eagle-lookahead-hashes",  # 0.32: a hybrid's EAGLE group peeks up to the request's last full hash block
     "tagged-extra-keys",  # 0.31: extra keys lead with their kind (in the requests' hashes: impl hashes nothing)
@@ -35,10 +37,28 @@ IMPLEMENTED: frozenset[str] = frozenset({
 """The deltas impl follows (each key is one of ``spec/releases.py``'s)."""
 
 
-def require_deltas(deltas: Iterable[str]) -> frozenset[str]:
-    """``deltas`` as a set of keys impl implements; a key that is no
-    string is a ``TypeError``, one impl does not implement a ``ValueError``
-    naming it (and what impl does implement)."""
+_default: frozenset[str] = frozenset()
+
+
+def use_default_deltas(deltas: Iterable[str]) -> frozenset[str]:
+    """Build every manager, coordinator and pool that is not told its
+    deltas with ``deltas`` from now on, in this process (the drop-in sets
+    the installed release's, so that whatever vLLM builds itself -- a
+    connector's own coordinator, a pool or a single-type manager --
+    follows that release too); returns the previous default.  Refused, and
+    nothing changed, as :func:`require_deltas` refuses."""
+    global _default
+    previous, _default = _default, require_deltas(deltas)
+    return previous
+
+
+def require_deltas(deltas: Iterable[str] | None) -> frozenset[str]:
+    """``deltas`` as a set of keys impl implements (``None``: the default,
+    :func:`use_default_deltas`; the base release's, none, unless set); a key
+    that is no string is a ``TypeError``, one impl does not implement a
+    ``ValueError`` naming it (and what impl does implement)."""
+    if deltas is None:
+        return _default
     keys = frozenset(deltas)
     if bad := [k for k in keys if not isinstance(k, str)]:
         raise TypeError(f"release deltas are named by their keys (str), got {bad!r}")

@@ -31,7 +31,7 @@ import itertools
 import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from math import gcd
 from typing import Any
 
@@ -39,6 +39,7 @@ from kvspec.errors import RuleError, RuleTypeError
 from kvspec.hashing import BlockHashWithGroupId
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_utils import KVCacheBlock
+from kvspec.impl.release import require_deltas
 from kvspec.kv_cache_interface import (
     KIND_SPEC_CLASSES,
     AttentionKind,
@@ -91,15 +92,37 @@ def _count_evictable(blocks: Sequence[KVCacheBlock]) -> int:
     return len([block for block in blocks if block.ref_cnt == 0 and not block.is_null])
 
 
-def reachable_boundaries(num_prompt_tokens: int | None, shared_prefix_boundary: int = 0) -> tuple[int, ...]:
+def reachable_boundaries(
+    num_prompt_tokens: int | None, shared_prefix_boundary: int = 0, replay_boundaries: Sequence[int] | None = None
+) -> tuple[int, ...]:
     """The positions a later request is known to hit, whose tail sparse
-    retention keeps: where an exact replay of the prompt stops
-    (``num_prompt_tokens - 1``), and where a prefix other requests share
-    ends that this request's sparse groups had not cached (the boundary
-    ``get_computed_blocks`` answers from 0.26, which the scheduler stores on
-    the request; 0: none)."""
-    positions = () if num_prompt_tokens is None else (num_prompt_tokens - 1,)
+    retention keeps: where a replay of the prompt resumes
+    (``replay_boundaries``, the coordinator's; by default where an exact
+    replay stops, ``num_prompt_tokens - 1``), and where a prefix other
+    requests share ends that this request's sparse groups had not cached
+    (the boundary ``get_computed_blocks`` answers from 0.26, which the
+    scheduler stores on the request; 0: none)."""
+    if replay_boundaries is not None:
+        positions = tuple(replay_boundaries)
+    else:
+        positions = () if num_prompt_tokens is None else (num_prompt_tokens - 1,)
     return (*positions, shared_prefix_boundary) if shared_prefix_boundary else positions
+
+
+def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, with_drafter: bool) -> tuple[int, ...]:
+    """Where a later request replaying this prompt resumes: an exact resend
+    stops at ``num_prompt_tokens - 1``.  From 0.30 (release delta
+    ``eagle-replay-boundaries``), in a model a drafter reads, a hit drops
+    back a scheduler block from where it matched, so both a resend (matched
+    to the last aligned boundary before the last token) and a longer
+    sibling (matched to the prompt's last aligned boundary) resume one
+    scheduler block lower; the two differ on a block-aligned prompt."""
+    if not with_drafter:
+        return (num_prompt_tokens - 1,)
+    block = scheduler_block_size
+    resend = (num_prompt_tokens - 1) // block * block
+    sibling = num_prompt_tokens // block * block
+    return tuple(sorted({max(resend - block, 0), max(sibling - block, 0)}))
 
 
 class SingleTypeKVCacheManager(ABC):
@@ -133,15 +156,15 @@ class SingleTypeKVCacheManager(ABC):
         pcp_world_size: int = 1,
         max_admission_blocks_per_request: int | None = None,
         *,
-        deltas: frozenset[str] = frozenset(),
+        deltas: Iterable[str] | None = None,
         records_new_blocks: bool | None = None,
     ) -> None:
         """``deltas``: the later releases' changes this manager follows
-        (:mod:`kvspec.impl.release`; the coordinator checked them, and hands
-        it the ranks a block is counted over under them);
+        (:mod:`kvspec.impl.release`; ``None``: the process's default; the
+        coordinator hands it the ranks a block is counted over under them);
         ``records_new_blocks``: whether ``take_new_block_ids`` names the
         blocks it takes (default: full attention's, as in vLLM 0.25.1)."""
-        self.deltas = deltas
+        self.deltas = require_deltas(deltas)
         if not self.splits_over_ranks:
             require_no_context_parallel(dcp_world_size, pcp_world_size, f"a {type(kv_cache_spec).__name__} group")
         self.kv_cache_spec = kv_cache_spec
@@ -314,11 +337,16 @@ class SingleTypeKVCacheManager(ABC):
 
     # --- caching --------------------------------------------------------------------------
 
-    def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None) -> None:
+    def cache_blocks(
+        self, request: Any, num_tokens: int, retention_interval: int | None = None,
+        replay_boundaries: Sequence[int] | None = None,
+    ) -> None:
         """Cache the request's blocks that became full within ``num_tokens``.
 
         ``retention_interval``: ``None`` caches every block a hit can use;
-        otherwise sparse checkpoints (see ``reachable_block_mask``)."""
+        otherwise sparse checkpoints (see ``reachable_block_mask``), kept
+        at ``replay_boundaries`` too (the coordinator's; default: where an
+        exact replay of the prompt stops)."""
         request_id = request.request_id
         num_cached = self.num_cached_block.get(request_id, 0)
         num_full = num_tokens // self.block_size
@@ -334,6 +362,7 @@ class SingleTypeKVCacheManager(ABC):
             num_prompt_tokens=request.num_prompt_tokens,
             # From 0.26 the scheduler stores where a prefix other requests share ends (0: none).
             shared_prefix_boundary=getattr(request, "shared_prefix_boundary", 0),
+            replay_boundaries=replay_boundaries,
         )
         self.block_pool.cache_full_blocks(
             request=request,
@@ -357,6 +386,7 @@ class SingleTypeKVCacheManager(ABC):
         retention_interval: int | None = None,
         num_prompt_tokens: int | None = None,
         shared_prefix_boundary: int = 0,
+        replay_boundaries: Sequence[int] | None = None,
     ) -> list[bool] | None:
         """Which of blocks ``[start_block, end_block)`` any future hit can
         use; ``None``: all of them (every kind of attention but sliding
@@ -518,8 +548,11 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         self._partial_tails = "partial-tail-entries" in self.deltas and self.block_size > block_pool.hash_block_size
         self._tail_spares_last_token = "partial-tail-resend-boundary" in self.deltas
 
-    def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None) -> None:
-        super().cache_blocks(request, num_tokens, retention_interval)
+    def cache_blocks(
+        self, request: Any, num_tokens: int, retention_interval: int | None = None,
+        replay_boundaries: Sequence[int] | None = None,
+    ) -> None:
+        super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
         if not self._partial_tails:
             return
         boundary = self.partial_tail(request)
@@ -716,6 +749,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         retention_interval: int | None = None,
         num_prompt_tokens: int | None = None,
         shared_prefix_boundary: int = 0,
+        replay_boundaries: Sequence[int] | None = None,
     ) -> list[bool] | None:
         """A hit ends on an aligned boundary and reads only the window's
         blocks before it, so only those blocks are worth caching: the tail of
@@ -739,7 +773,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                 if (i - shift) % per_segment >= first_tail:
                     mask[i - start_block] = True
         if retention_interval is not None:
-            for position in reachable_boundaries(num_prompt_tokens, shared_prefix_boundary):
+            for position in reachable_boundaries(num_prompt_tokens, shared_prefix_boundary, replay_boundaries):
                 boundary = position // alignment_tokens * alignment_tokens
                 tail_end = boundary // block_size + shift
                 for i in range(max(start_block, tail_end - needed), min(end_block, tail_end)):
@@ -842,6 +876,11 @@ class MambaManager(SingleTypeKVCacheManager):
         self.last_state_block_idx: dict[str, int] = {}
         # Align mode: requests that already got their running-state blocks.
         self._allocated_block_reqs: set[str] = set()
+        # Align mode from 0.30 (release delta mamba-retire-across-gaps): every state before the window goes,
+        # null gaps or not; request id -> how many leading table slots are known to be null (a null slot
+        # never holds a block again, so the scan for states to retire starts there).
+        self._retires_across_gaps = mode == "align" and "mamba-retire-across-gaps" in self.deltas
+        self._null_prefix: dict[str, int] = {}
 
     @classmethod
     def find_longest_cache_hit(
@@ -880,6 +919,7 @@ class MambaManager(SingleTypeKVCacheManager):
         retention_interval: int | None = None,
         num_prompt_tokens: int | None = None,
         shared_prefix_boundary: int = 0,
+        replay_boundaries: Sequence[int] | None = None,
     ) -> list[bool] | None:
         """With a retention interval, cache one state per interval (the last
         block of each) and the state at each boundary a later request is
@@ -896,7 +936,7 @@ class MambaManager(SingleTypeKVCacheManager):
             first = (start_block // per_segment + 1) * per_segment - 1
             for i in range(first - start_block, len(mask), per_segment):
                 mask[i] = True
-        for position in reachable_boundaries(num_prompt_tokens, shared_prefix_boundary):
+        for position in reachable_boundaries(num_prompt_tokens, shared_prefix_boundary, replay_boundaries):
             boundary = position // alignment_tokens * alignment_tokens
             state_block = boundary // block_size - 1
             if start_block <= state_block < end_block:
@@ -926,11 +966,30 @@ class MambaManager(SingleTypeKVCacheManager):
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> list[list[int]]:
         num_computed = max(0, total_computed_tokens - self.window_hold_back)
-        runs = super().skipped_block_runs(request_id, num_computed)
+        if self._retires_across_gaps:
+            runs = self._states_to_retire(request_id, num_computed)
+        else:
+            runs = super().skipped_block_runs(request_id, num_computed)
         stale = self._stale_state_block(request_id, num_computed, runs)
         if stale is not None:
             runs.append([stale])
         return runs
+
+    def _states_to_retire(self, request_id: str, num_computed: int) -> list[list[int]]:
+        """From 0.30: every state block before the window, tail first, as one
+        free call -- past the null gaps prefill leaves between states, where
+        the base stops at the first null."""
+        blocks = self.req_to_blocks.get(request_id)
+        last = min(self.get_num_skipped_tokens(num_computed) // self.block_size, len(blocks or ()))
+        if last <= 0:
+            return []
+        null = self._null_block
+        first = self._null_prefix.get(request_id, 0)
+        while first < last and blocks[first] is null:
+            first += 1
+        self._null_prefix[request_id] = first  # a fact about the table, not a change to it
+        run = [i for i in range(last - 1, first - 1, -1) if blocks[i] is not null]
+        return [run] if run else []
 
     def _stale_state_block(self, request_id: str, num_computed: int, runs: list[list[int]]) -> int | None:
         """Align mode: the state block of two steps back, once the previous
@@ -1059,14 +1118,18 @@ class MambaManager(SingleTypeKVCacheManager):
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         self._allocated_block_reqs.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
+        self._null_prefix.pop(request_id, None)
         return super().pop_blocks_for_free(request_id)
 
-    def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None) -> None:
+    def cache_blocks(
+        self, request: Any, num_tokens: int, retention_interval: int | None = None,
+        replay_boundaries: Sequence[int] | None = None,
+    ) -> None:
         request_id = request.request_id
         before = self.num_cached_block.get(request_id, 0)
         if before >= num_tokens // self.block_size:
             return
-        super().cache_blocks(request, num_tokens, retention_interval=retention_interval)
+        super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
         after = self.num_cached_block.get(request_id, 0)
         if after > before:
             for block in self.req_to_blocks[request_id][before:after]:
@@ -1106,7 +1169,10 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
     def _num_external_blocks(self, num_held: int, total_computed_tokens: int, num_external: int) -> int | None:
         return None
 
-    def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None) -> None:
+    def cache_blocks(
+        self, request: Any, num_tokens: int, retention_interval: int | None = None,
+        replay_boundaries: Sequence[int] | None = None,
+    ) -> None:
         raise RuleError("hash-map-consistency", "cross-attention blocks are never cached (prefix caching must be off)")
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:

@@ -1,7 +1,7 @@
 """kvspec's block manager inside vLLM: the drop-in mode.
 
 It goes into the releases whose block-manager API it presents
-(:data:`kvspec.dropin_releases.API`: 0.25.1 to 0.29.0), each with impl
+(:data:`kvspec.dropin_releases.API`: 0.25.1 to 0.30.0), each with impl
 built as that release behaves, and refuses any other before replacing
 anything.
 
@@ -90,6 +90,7 @@ def check_release(version: str) -> str:
 
 _saved: dict[tuple[str, str], Any] = {}  # (module, name) -> vLLM's original
 _saved_events: Any = None
+_saved_deltas: frozenset[str] | None = None  # impl's default deltas before install
 
 
 def installed() -> bool:
@@ -101,7 +102,7 @@ def install() -> list[str]:
     (``module.name``).  Installing twice changes nothing more; on a release
     impl does not implement it raises :class:`DropinError`, having replaced
     nothing."""
-    global _saved_events
+    global _saved_events, _saved_deltas
     if installed():
         return sorted(f"{m}.{n}" for m, n in _saved if m in REPLACED)
     import vllm
@@ -115,10 +116,17 @@ def install() -> list[str]:
     from kvspec.impl import kv_events
 
     replacements = _replacements(API[release])  # every name checked before the first is replaced
+    from kvspec.dropin_releases import impl_deltas
+    from kvspec.impl import release as impl_release
+    from kvspec.spec import releases
+
+    deltas = impl_deltas(releases.judged(release))
     originals: dict[int, Any] = {}
     for (theirs, name), ours in replacements.items():
         originals[id(getattr(theirs, name))] = ours
         _replace(theirs, name, ours)
+    # Whatever vLLM builds itself (a connector's coordinator, a pool, a manager) follows the release too.
+    _saved_deltas = impl_release.use_default_deltas(deltas)
     # vLLM's root hash lives in its module: keep the two roots one.
     _replace(vllm_utils, "init_none_hash", _init_none_hash(vllm_utils, hashing, release))
     if getattr(vllm_utils, "NONE_HASH", None) is not None:
@@ -145,10 +153,15 @@ def install() -> list[str]:
 
 def uninstall() -> None:
     """Put vLLM's originals back."""
-    global _saved_events
+    global _saved_events, _saved_deltas
     for (module_name, name), original in _saved.items():
         setattr(sys.modules[module_name], name, original)
     _saved.clear()
+    if _saved_deltas is not None:
+        from kvspec.impl import release as impl_release
+
+        impl_release.use_default_deltas(_saved_deltas)
+        _saved_deltas = None
     if _saved_events is not None:
         from kvspec.impl import kv_events
 

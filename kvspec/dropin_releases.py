@@ -52,10 +52,19 @@ release's deltas.
   ranks (delta partial-hits-under-dcp), a ``CircularBufferSpec`` group,
   Mamba prefill checkpoint blocks.
 
+- **0.30.0**: replays a drafter moves a scheduler block lower under a
+  retention interval (release delta eagle-replay-boundaries); Mamba align
+  states retired past null gaps (delta mamba-retire-across-gaps);
+  ``session_id`` in Stored events; ``KVCacheManager(enable_mamba_fine_grained_prefix_cache=...)``
+  (always off: it needs hits inside a block); ``finalize_partial_tail_offloads``
+  (none, for the same reason); ``KVCacheBlocks.get_block_ids(group_ids=...)``;
+  the coordinator's ``get_replay_boundaries``.  The connector reaches the
+  manager through ``bind_kv_cache_manager``, vLLM's own.
+
 A release the drop-in knows is one with an entry in :data:`API`.  The later
-releases changed the calls further (0.30: block ids by group; 0.33: hash
-lookahead and a hit bound; 0.34: the pool's block fields), and some of their
-semantics (``docs/release-survey.md``), and are refused by
+releases changed the calls further (0.31: zero-token allocations; 0.33:
+hash lookahead and a hit bound; 0.34: the pool's block fields), and some of
+their semantics (``docs/release-survey.md``), and are refused by
 :func:`kvspec.dropin.check_release`, in one line.
 """
 
@@ -472,6 +481,33 @@ class KVCacheManager029(KVCacheManager028):
         return out
 
 
+class KVCacheManager030(KVCacheManager029):
+    """impl's manager with vLLM 0.30.0's API and deltas: replays that a
+    drafter moves a scheduler block lower (delta eagle-replay-boundaries),
+    Mamba align states retired past null gaps (delta
+    mamba-retire-across-gaps), ``session_id`` in Stored events (vLLM's
+    event class has the field: :mod:`kvspec.impl.kv_events`), the Mamba
+    fine-grained prefix cache flag, and the partial tails finalized for a
+    KV producer at finish."""
+
+    release = "0.30.0"
+
+    def __init__(self, kv_cache_config: Any, *args: Any,
+                 enable_mamba_fine_grained_prefix_cache: bool = False, **kwargs: Any) -> None:
+        if not isinstance(enable_mamba_fine_grained_prefix_cache, bool):
+            raise TypeError("enable_mamba_fine_grained_prefix_cache must be a bool, got "
+                            f"{enable_mamba_fine_grained_prefix_cache!r}")
+        super().__init__(kv_cache_config, *args, **kwargs)
+        # vLLM's flag takes effect only with hits inside a block, which the drop-in refuses: it is always off.
+        self.mamba_fine_grained_prefix_cache = False
+
+    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        """The partial-tail states a KV producer saves when ``request``
+        finishes, ``[(group_id, block_id, boundary_tokens)]``: none, since
+        only hits inside a block make them (refused at construction)."""
+        return []
+
+
 API: dict[str, dict[str, dict[str, Any]]] = {
     "0.25.1": {},
     "0.26.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager026}},
@@ -483,6 +519,9 @@ API: dict[str, dict[str, dict[str, Any]]] = {
                "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},  # dead code, removed in 0.28
     "0.29.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager029},
                "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.29.0")},
+               "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
+    "0.30.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager030},
+               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.30.0")},
                "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
 }
 """release -> vLLM module -> the names whose release shape differs from impl's

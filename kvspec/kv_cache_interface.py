@@ -411,6 +411,14 @@ class KVCacheConfig:
         return any(spec_is(g.kv_cache_spec, MambaSpec) for g in self.kv_cache_groups)
 
 
+def has_drafter(kv_cache_config: Any, use_eagle: bool) -> bool:
+    """Whether a drafter (EAGLE) reads this model's KV cache: ``use_eagle``,
+    or a group marked as the drafter's.  (vLLM's coordinator asks whether
+    its EAGLE groups, Mamba ones included, are any; :func:`eagle_group_ids`
+    leaves Mamba groups out, so it can be empty where this is true.)"""
+    return use_eagle or any(g.is_eagle_group for g in kv_cache_config.kv_cache_groups)
+
+
 def eagle_group_ids(kv_cache_config: Any, use_eagle: bool) -> set[int]:
     """The groups whose hits drop the EAGLE block: those marked as the
     drafter's (``is_eagle_group``), or every group when ``use_eagle`` is set

@@ -44,6 +44,24 @@ RemovalPlan = list[tuple[int, list[list[int]]]]
 """Per group (by index), the free calls a removal makes (positions, in order)."""
 
 
+def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, with_drafter: bool) -> tuple[int, ...]:
+    """Where a later request replaying a prompt of ``P`` tokens resumes: an
+    exact resend stops at ``P - 1`` (its last token is computed again, for
+    the logits).
+
+    From 0.30 (release delta ``eagle-replay-boundaries``), in a model a
+    drafter reads, a hit drops back one scheduler block ``A`` from where it
+    matched, so there are two positions, each one block lower: the resend's
+    ``max(R - A, 0)`` with ``R = (P - 1) // A * A``, and a longer
+    sibling's ``max(E - A, 0)`` with ``E = P // A * A`` (they differ on a
+    block-aligned prompt only)."""
+    if not (with_drafter and releases.current().has("eagle-replay-boundaries")):
+        return (num_prompt_tokens - 1,)
+    resend = (num_prompt_tokens - 1) // scheduler_block_size * scheduler_block_size
+    sibling = num_prompt_tokens // scheduler_block_size * scheduler_block_size
+    return tuple(sorted({max(resend - scheduler_block_size, 0), max(sibling - scheduler_block_size, 0)}))
+
+
 class Coordinator:
     """What all coordinators share: each operation visits the groups in order."""
 
@@ -55,13 +73,18 @@ class Coordinator:
         hash_block_size: int,
         eagle_groups: set[int],
         retention: int | None,
+        with_drafter: bool = False,
     ):
+        """``with_drafter``: whether a drafter reads the model
+        (:func:`~kvspec.kv_cache_interface.has_drafter`; from 0.30 it moves
+        where a prompt's replay resumes)."""
         self.pool = pool
         self.groups = groups
         self.scheduler_block_size = scheduler_block_size
         self.hash_block_size = hash_block_size
         self.eagle_groups = eagle_groups
         self.retention = retention
+        self.with_drafter = with_drafter
 
     # -- the hit ----------------------------------------------------------------------------
 
@@ -135,10 +158,17 @@ class Coordinator:
             for group in self.groups
         )
 
+    def replay(self, request: Any) -> tuple[int, ...]:
+        """Where a replay of the request's prompt resumes, the same for every
+        group (:func:`~kvspec.spec.kinds.group.replay_boundaries`): a hit is
+        the shortest over all groups, so each keeps its state there."""
+        return replay_boundaries(request.num_prompt_tokens, self.scheduler_block_size, self.with_drafter)
+
     def cache(self, request: Any, num_tokens: int) -> None:
         """Each group caches the full blocks of the first ``num_tokens`` tokens."""
+        replay = self.replay(request)
         for group in self.groups:
-            group.cache(request, num_tokens, self.retention)
+            group.cache(request, num_tokens, self.retention, replay)
 
     # -- removal, release --------------------------------------------------------------------------
 
@@ -243,11 +273,12 @@ class HybridCoordinator(Coordinator):
 
     def cache(self, request, num_tokens):
         aligned = num_tokens // self.scheduler_block_size * self.scheduler_block_size
+        replay = self.replay(request)
         for group in self.groups:
             n = aligned
             if group.use_eagle and aligned > 0:
                 n = min(num_tokens, aligned + group.block_size)
-            group.cache(request, n, self.retention)
+            group.cache(request, n, self.retention, replay)
 
     def find_longest_cache_hit(self, block_hashes, max_length):
         """The longest common hit, by a fixed point.

@@ -54,6 +54,7 @@ from kvspec.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
     eagle_group_ids,
+    has_drafter,
     spec_is,
 )
 from kvspec.request import RequestStatus
@@ -200,7 +201,8 @@ class SpecKVCacheManager:
         else:
             kind = HybridCoordinator
         self.coordinator: Coordinator = kind(
-            pool, groups, scheduler_block_size, hash_block_size, eagle, retention_interval
+            pool, groups, scheduler_block_size, hash_block_size, eagle, retention_interval,
+            has_drafter(kv_cache_config, use_eagle),
         )
 
     @staticmethod
@@ -530,8 +532,13 @@ class SpecKVCacheManager:
             if need + watermark > free:
                 return None
 
-        # 2. release what left the window -- even if step 3 refuses
-        removal = coordinator.removal_plan(rid, total, request.num_prompt_tokens)
+        # 2. release what left the window -- even if step 3 refuses; from 0.26 (release delta
+        # processed-token-windows) counting only the processed tokens: those of steps still in the
+        # forward pass (``num_in_flight_tokens``, async scheduling) are read there
+        processed = total
+        if releases.current().has("processed-token-windows"):
+            processed = max(0, total - getattr(request, "num_in_flight_tokens", 0))
+        removal = coordinator.removal_plan(rid, processed, request.num_prompt_tokens)
         if removal:
             with self._all_or_nothing():
                 self.coordinator.remove(rid, removal)

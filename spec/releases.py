@@ -116,7 +116,9 @@ DELTAS: tuple[Delta, ...] = (
         "0.26.0", "processed-token-windows",
         "Blocks leave the attention window on the processed-token basis: the scheduler passes "
         "remove_skipped_blocks the tokens computed minus those in flight, and allocate_slots frees on that "
-        "basis too.  So a Mamba group no longer holds back its num_speculative_blocks tokens (drafts that may "
+        "basis too: the request's computed tokens less its num_in_flight_tokens (the tokens of steps still in "
+        "the forward pass, which async scheduling overlaps with the next schedule and which still read the "
+        "blocks below).  So a Mamba group no longer holds back its num_speculative_blocks tokens (drafts that may "
         "still be rejected) before it frees the states behind the last one.",
         rules=("content-soundness",)),
     Delta(
@@ -176,6 +178,22 @@ DELTAS: tuple[Delta, ...] = (
         rules=("ref-conservation", "no-eviction-in-use", "content-soundness", "hit-soundness",
                "hash-map-consistency"), status=NOT_MODELLED,
         shows_on=("manager/full2+mamba-align-dcp2",)),
+    Delta(
+        "0.30.0", "eagle-replay-boundaries",
+        "In a model a drafter reads (use_eagle, or a group marked as the drafter's), the positions where a "
+        "replay of a prompt of P tokens resumes -- which sparse retention keeps in every sliding-window and "
+        "Mamba group -- are each one scheduler block A lower: max(R - A, 0) for a resend of the prompt "
+        "(R = (P - 1) // A * A) and max(E - A, 0) for a longer sibling (E = P // A * A); the two differ on a "
+        "block-aligned prompt.  The base keeps P - 1 alone.  Without a drafter, or without a retention "
+        "interval, nothing changes.",
+        rules=("hit-optimality",)),
+    Delta(
+        "0.30.0", "mamba-retire-across-gaps",
+        "A Mamba group in align mode frees every state block before the window, tail first in one free call, "
+        "past the null entries prefill leaves between states; the base stops at the first null entry, so a "
+        "state below a gap stayed held until the request ended (or until the previous-state release reached "
+        "it).",
+        rules=("ref-conservation", "free-order")),
     Delta(
         "0.30.0", "session-id",
         "Requests carry a session_id, which the pool reads into the BlockStored events it emits.  The "

@@ -124,6 +124,14 @@ LAYOUTS = {
     "full + Mamba (align)": (Layout((full(16), mamba(16, "align")), num_blocks=48, max_model_len=512), {}),
     "full attention, EAGLE": (Layout((full(16),), num_blocks=32, max_model_len=512, use_eagle=True),
                               {"num_draft_tokens": 2}),
+    "full + sliding window, EAGLE": (Layout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512,
+                                            use_eagle=True), {"num_draft_tokens": 2}),
+    # vLLM's engine with async scheduling (its default where the executor supports it): the next step is
+    # scheduled while the last is in the forward pass, so blocks leave windows on the processed tokens.
+    "full + sliding window, async scheduling": (
+        Layout((full(16), swa(16, window=32)), num_blocks=48, max_model_len=512), {"async_scheduling": True}),
+    "full + Mamba (align), async scheduling": (
+        Layout((full(16), mamba(16, "align")), num_blocks=48, max_model_len=512), {"async_scheduling": True}),
     "full + sliding window, KV connector": (Layout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512),
                                             {"connector": True}),
     "full + Mamba (align), KV connector": (Layout((full(16), mamba(16, "align")), num_blocks=48, max_model_len=512),
@@ -133,6 +141,24 @@ LAYOUTS = {
 }
 
 
+def _lockstep(layout: Layout, options: dict) -> tuple[list, list]:
+    """Three hundred steps of vLLM's scheduler on vLLM's block manager, then
+    on kvspec's: the two step records."""
+    options = {**options, "engine_retention": True}  # the KV-cache config as vLLM's engine builds it
+    overlap = options.get("async_scheduling", False)  # as vLLM's engine runs an async scheduler
+    theirs = serve(make_scheduler(layout, **options), steps=300, seed=3, max_tokens=24, overlap=overlap)
+    dropin.install()
+    try:
+        scheduler = make_scheduler(layout, **options)
+        from kvspec import impl
+
+        assert isinstance(scheduler.kv_cache_manager, impl.KVCacheManager)
+        ours = serve(scheduler, steps=300, seed=3, max_tokens=24, overlap=overlap)
+    finally:
+        dropin.uninstall()
+    return theirs, ours
+
+
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_vllms_scheduler_runs_on_kvspecs_block_manager_as_on_its_own(name):
     """Three hundred steps of vLLM's scheduler -- arrivals behind a shared system prompt, chunked
@@ -140,20 +166,36 @@ def test_vllms_scheduler_runs_on_kvspecs_block_manager_as_on_its_own(name):
     kvspec's block manager as on vLLM's; the KV-cache config carries the retention interval vLLM's
     engine sets (from 0.29 sparse retention by default, the shared prefix's end kept)."""
     layout, options = LAYOUTS[name]
-    options = {**options, "engine_retention": True}  # the KV-cache config as vLLM's engine builds it
-    theirs = serve(make_scheduler(layout, **options), steps=300, seed=3, max_tokens=24)
-    dropin.install()
-    try:
-        scheduler = make_scheduler(layout, **options)
-        from kvspec import impl
-
-        assert isinstance(scheduler.kv_cache_manager, impl.KVCacheManager)
-        ours = serve(scheduler, steps=300, seed=3, max_tokens=24)
-    finally:
-        dropin.uninstall()
+    theirs, ours = _lockstep(layout, options)
     assert ours == theirs
     assert sum(len(r.finished) for r in ours) > 20 and sum(len(r.preempted) for r in ours) > 0
     assert sum(n for r in ours for n in r.computed.values()) > 0 or not layout.enable_caching  # prefix hits
     if options.get("connector") and any(isinstance(g, MambaSpec) for g in layout.groups) \
             and version_key(vllm.__version__) >= (0, 29):
         assert sum(len(r.offers) for r in ours) > 0  # Mamba states offered to the connector, as vLLM offers them
+
+
+@pytest.mark.parametrize(("fault", "since", "layout"), [
+    ("in-flight", (0, 26), "full + sliding window, async scheduling"),
+    ("in-flight", (0, 26), "full + Mamba (align), async scheduling"),
+    ("mamba-retire-across-gaps", (0, 30), "full + Mamba (align), async scheduling"),
+    ("eagle-replay-boundaries", (0, 30), "full + sliding window, EAGLE"),
+])
+def test_the_lockstep_catches_a_release_change_the_drop_in_drops(monkeypatch, fault, since, layout):
+    """Built without one thing the release changed -- windows counted on all
+    computed tokens, not the processed ones (steps in flight under async
+    scheduling read the blocks below); a release delta impl follows -- the
+    drop-in makes vLLM's scheduler decide otherwise on the layout that
+    exercises it."""
+    if version_key(vllm.__version__) < since:
+        pytest.skip(f"vLLM {vllm.__version__} predates the change")
+    from kvspec import dropin_releases
+    from kvspec.impl.kv_cache_manager import KVCacheManager
+
+    if fault == "in-flight":
+        monkeypatch.setattr(KVCacheManager, "_processed_tokens", lambda self, request, total: total)
+    else:
+        deltas = dropin_releases.impl_deltas
+        monkeypatch.setattr(dropin_releases, "impl_deltas", lambda release: deltas(release) - {fault})
+    theirs, ours = _lockstep(*LAYOUTS[layout])
+    assert ours != theirs

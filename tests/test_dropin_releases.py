@@ -12,6 +12,7 @@ from kvspec.dropin_releases import (
     KVCacheManager027,
     KVCacheManager028,
     KVCacheManager029,
+    KVCacheManager030,
 )
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request
@@ -337,3 +338,94 @@ def test_0_29_offers_each_cached_mamba_state_to_a_connector_once():
     _compute(manager, _request("c", range(100, 109)), 8)
     manager.free(_request("c", ()))
     assert manager.take_boundary_state_offloads() == {}
+
+
+def _with_retention(cls, interval, *specs, use_eagle=False):
+    cfg = config(*specs, num_blocks=64)
+    object.__setattr__(cfg, "prefix_cache_retention_interval", interval)
+    return cls(cfg, max_model_len=256, scheduler_block_size=4, hash_block_size=4, max_in_flight_tokens=64,
+               use_eagle=use_eagle)
+
+
+def test_0_30_a_drafter_keeps_the_window_a_scheduler_block_lower_under_retention():
+    """Retention 0 keeps a sliding window's blocks only where a replay of
+    the prompt resumes.  A 16-token prompt (block-aligned, blocks of 4,
+    window 4): 0.29 keeps the window before 15's aligned boundary, 12 --
+    with EAGLE, the block past it too; 0.30 with a drafter (delta
+    eagle-replay-boundaries) keeps those before 8 and 12, each with the
+    block past it; without a drafter it keeps 0.29's."""
+    def cached_swa_blocks(cls, use_eagle):
+        manager = _with_retention(cls, 0, full(4), swa(4, 4), use_eagle=use_eagle)
+        request = _request("a", range(16))
+        _compute(manager, request, 16)
+        return [i for i, b in enumerate(manager.coordinator.single_type_managers[1].req_to_blocks["a"])
+                if b.block_hash is not None]
+
+    assert cached_swa_blocks(KVCacheManager029, use_eagle=True) == [2, 3]
+    assert cached_swa_blocks(KVCacheManager030, use_eagle=True) == [1, 2, 3]
+    assert cached_swa_blocks(KVCacheManager030, use_eagle=False) == cached_swa_blocks(KVCacheManager029, False)
+    manager = _with_retention(KVCacheManager030, 0, full(4), swa(4, 4), use_eagle=True)
+    assert manager.coordinator.get_replay_boundaries(_request("a", range(16))) == (8, 12)
+
+
+def test_0_30_api_the_fine_grained_flag_partial_tails_and_groups_by_id():
+    manager = _manager_of(KVCacheManager030, full(4), mamba(4, "align"), enable_mamba_fine_grained_prefix_cache=True)
+    assert manager.mamba_fine_grained_prefix_cache is False  # needs hits inside a block, which are refused
+    with pytest.raises(TypeError, match="enable_mamba_fine_grained_prefix_cache must be a bool, got 'yes'"):
+        _manager_of(KVCacheManager030, full(4), enable_mamba_fine_grained_prefix_cache="yes")
+    request = _request("a", range(9))
+    _compute(manager, request, 8)
+    assert manager.finalize_partial_tail_offloads(request) == []
+    blocks = manager.get_blocks("a")
+    assert blocks.get_block_ids(group_ids=(1,)) == (blocks.get_block_ids()[1],)
+    assert blocks.get_block_ids(group_ids=(1, 0)) == tuple(reversed(blocks.get_block_ids()))
+    assert manager.block_pool.null_block.block_id == 0
+
+
+def test_0_30_stored_events_name_the_session_where_the_event_class_has_the_field():
+    """vLLM 0.30's BlockStored has a session_id: the pool fills it in from the
+    request; kvspec's own event class (0.25.1's fields) has none."""
+    from dataclasses import dataclass
+
+    from kvspec.impl import kv_events
+
+    @dataclass
+    class StoredWithSession(kv_events.BlockStored):
+        session_id: str | None = None
+
+    def stored(manager):
+        request = _request("a", range(8))
+        request.session_id = "chat-7"
+        _compute(manager, request, 8)
+        return [e for e in manager.take_events() if isinstance(e, kv_events.BlockStored)]
+
+    previous = kv_events.use_event_classes(StoredWithSession, kv_events.BlockRemoved, kv_events.AllBlocksCleared)
+    try:
+        (event,) = stored(_manager_of(KVCacheManager030, full(4), enable_kv_cache_events=True))
+        assert event.session_id == "chat-7"
+    finally:
+        kv_events.use_event_classes(previous.stored, previous.removed, previous.cleared)
+    (event,) = stored(_manager_of(KVCacheManager030, full(4), enable_kv_cache_events=True))
+    assert not hasattr(event, "session_id")
+
+
+def test_the_drop_in_builds_what_vllm_builds_itself_with_the_release_s_deltas(monkeypatch):
+    """A pool, coordinator or single-type manager vLLM's own code builds (a
+    connector's CPU coordinator, a test) takes the installed release's
+    deltas; uninstall puts the base back."""
+    from kvspec.impl import release
+    from kvspec.impl.single_type_kv_cache_manager import MambaManager
+    from kvspec.kv_cache_interface import MambaSpec
+
+    previous = release.use_default_deltas({"mamba-retire-across-gaps"})
+    try:
+        pool = API["0.30.0"]["vllm.v1.core.block_pool"]["BlockPool"](8, False, 4)
+        manager = MambaManager(MambaSpec(block_size=4, mamba_cache_mode="align"), block_pool=pool,
+                               enable_caching=False, kv_cache_group_id=0, scheduler_block_size=4)
+        assert "mamba-retire-across-gaps" in manager.deltas
+    finally:
+        release.use_default_deltas(previous)
+    assert release.require_deltas(None) == previous
+    with pytest.raises(ValueError, match="does not implement release delta"):
+        release.use_default_deltas({"partial-hit-copy-on-write"})
+    assert release.require_deltas(None) == previous  # refused: nothing changed

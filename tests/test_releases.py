@@ -167,6 +167,7 @@ def _impl_without(version: str, delta: str, layout: str, examples: int = 100) ->
     ("0.27.0", "free-order-without-caching", "caching-off", "free-order|divergence from the spec"),
     ("0.28.0", "free-order-restored", "caching-off", "free-order|divergence from the spec"),
     ("0.28.0", "zeroing-every-attention-group", "full+swa+mamba", "was taken fresh but is not zeroed"),
+    ("0.30.0", "eagle-replay-boundaries", "full+swa-eagle-retention0", "divergence from the spec|hit-optimality"),
 ])
 def test_each_delta_impl_follows_is_live(version, delta, layout, says):
     """Built without one delta of the release judged, impl breaks a rule
@@ -384,3 +385,60 @@ def test_from_0_26_a_full_attention_group_registers_the_prompt_s_partial_tail():
     for version in ("0.26.0", "0.32.0"):
         partial, sizes = partial_entries(version)
         assert list(partial.values()) == [1] and sorted(sizes) == [2, 8, 8], version
+
+
+def _prefill_with_a_step_in_flight(version: str, manager_kind: str) -> list[int]:
+    """A 16-token prompt prefilled 4 tokens a step on full attention + Mamba
+    align (blocks of 2), as vLLM's engine runs it under async scheduling:
+    each step is allocated while the one before is still in the forward
+    pass (its tokens in flight).  Returns the Mamba table's held
+    (non-null) positions after each allocation."""
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.impl import KVCacheManager
+    from kvspec.request import Request
+    from kvspec.spec.manager import SpecKVCacheManager
+
+    layout = MANAGER_LAYOUTS["full+mamba-align"]
+    with releases.judging(version) as release:
+        args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
+        if manager_kind == "impl":
+            manager = KVCacheManager(*args, deltas=impl_deltas(release))
+        else:
+            manager = SpecKVCacheManager(*args)
+        request = Request("r", list(range(16)), block_hasher=get_request_block_hasher(layout.hash_block_size))
+        request.num_in_flight_tokens = 0
+        held = []
+        for _ in range(4):
+            assert manager.allocate_slots(request, 4) is not None
+            request.num_computed_tokens += 4  # the scheduler counts the step as computed ...
+            request.num_in_flight_tokens = 4  # ... and only the step before it has come back
+            held.append([i for i, b in enumerate(manager.get_block_ids("r")[1]) if b != 0])
+    return held
+
+
+def test_mamba_states_leave_on_processed_tokens_and_past_null_gaps():
+    """With a step in flight, the state two steps back cannot go yet
+    (processed-token-windows: its window still holds it), and by the time it
+    can, the next step's allocation has moved on: until 0.29 it stays held
+    below a null gap; from 0.30 (mamba-retire-across-gaps) it goes.  The
+    spec and impl agree on each release."""
+    for version in ("0.29.0", "0.30.0"):
+        held = _prefill_with_a_step_in_flight(version, "spec")
+        assert held == _prefill_with_a_step_in_flight(version, "impl"), version
+    # Until 0.29 each state below a gap stays: one more held block per step of a long prefill.
+    assert _prefill_with_a_step_in_flight("0.29.0", "spec") == [[1], [1, 3], [1, 3, 5], [1, 3, 5, 7]]
+    assert _prefill_with_a_step_in_flight("0.30.0", "spec")[-1] == [3, 5, 7]
+    # The base counts every computed token as processed: the previous state goes a step earlier.
+    assert _prefill_with_a_step_in_flight("0.25.1", "impl")[-1] == [5, 7]
+
+
+def test_a_drafter_moves_the_replay_boundaries_a_scheduler_block_lower():
+    from kvspec.spec.coordinator import replay_boundaries
+
+    for version, aligned, unaligned in (("0.29.0", (15,), (14,)), ("0.30.0", (8, 12), (8,))):
+        with releases.judging(version):
+            assert replay_boundaries(16, 4, with_drafter=True) == aligned
+            assert replay_boundaries(15, 4, with_drafter=True) == unaligned
+            assert replay_boundaries(16, 4, with_drafter=False) == (15,)
+    with releases.judging("0.30.0"):
+        assert replay_boundaries(3, 4, with_drafter=True) == (0,)

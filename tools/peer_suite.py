@@ -125,6 +125,22 @@ SUITES: dict[str, Suite] = {
             "1c5de702793d14e387160c48ceba61764abb28768e891fdf800d19a496c2e0d0",
         "tests/v1/kv_connector/unit/utils.py": "ffd740e42f5ef14c629a27c329279e6d1d9f50c13607d41e3d56e5021cb743a0",
     }),
+    "0.30.0": Suite("5f8f4e890c042ffa1c3e103f81c35e2d96f60a0a175ac43a4adbae7006bef62b", {
+        "tests/v1/core/__init__.py": _EMPTY,
+        "tests/v1/core/utils.py": "214c57addc500ed762f9b40c80163831f2a0ded5d943c05a6affc1cec78fbfcb",
+        "tests/v1/core/test_prefix_caching.py": "d58e818aaecee612df82d2cb931a77de3f2f92a6037a5b56446772fb15f0edfa",
+        "tests/v1/core/test_single_type_kv_cache_manager.py":
+            "d46acdaf3aee51f6645612dd5527f3b03c19563bd1fe945505906727491de297",
+        "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+        "tests/v1/core/test_kv_cache_utils.py": "4346fc3fa1c3cabae97a122e2770d7ea4d20083207ba38435563d29f9ea60c7d",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+            "f2db0a22184e0459edd1295c8ce281d37d384fc7cc00889bbd376bba526d74cf",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py":
+            "d2feb76a722f171412944d8a52cdee8b8af7082b6fefbc86f2f192b237fff315",
+        "tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py":
+            "1a15f0fce88694b4a628bf30fb72f2e32042f59f77a8084277a4948ad039f733",
+        "tests/v1/kv_connector/unit/utils.py": "3a79e77421bbaecc7a0b0db82cc2575895b17133ddc108a0fe4eabce036b68da",
+    }),
 }
 """The releases whose tests this runs (each also one the drop-in knows)."""
 

@@ -33,11 +33,11 @@ const FULL_KINDS = new Set(["FullAttentionSpec", "MLAAttentionSpec", "RSWASpec"]
 // Groups (spec 3 "The kinds as formulas", spec 5, spec 8)
 // ---------------------------------------------------------------------------------------------
 
-// spec 3: the positions a later request is known to hit -- a replay of the prompt, and the end of a
-// shared prefix where the caller stored one on the request (vLLM's scheduler from 0.26).
-function reachableBoundaries(request) {
-  const replay = request.num_prompt_tokens - 1;
-  return request.shared_prefix_boundary ? [replay, request.shared_prefix_boundary] : [replay];
+// spec 3: the positions a later request is known to hit -- where a replay of the prompt resumes (the
+// manager's replayBoundaries), and the end of a shared prefix where the caller stored one on the
+// request (vLLM's scheduler from 0.26).
+function reachableBoundaries(request, replay) {
+  return request.shared_prefix_boundary ? [...replay, request.shared_prefix_boundary] : replay;
 }
 
 class Group {
@@ -288,7 +288,7 @@ class SlidingWindow extends Group {
       if (need >= per) return true;
       return i >= shift && (i - shift) % per >= per - need;
     };
-    const tailEnds = reachableBoundaries(request).map((b) => fdiv(fdiv(b, this.m.A) * this.m.A, B) + shift);
+    const tailEnds = reachableBoundaries(request, this.m.replayBoundaries(request)).map((b) => fdiv(fdiv(b, this.m.A) * this.m.A, B) + shift);
     const mask = [];
     for (let i = start; i < end; i++) {
       let k = keep(i);
@@ -426,7 +426,17 @@ class Mamba extends Group {
     const table = this.table(reqId);
     if (!table) return;
     const t = Math.max(0, total - this.holdBack);
-    super.removalPlan(reqId, t);
+    if (this.align && atLeast(this.m.release, "0.30.0")) {
+      // spec 9 delta mamba-retire-across-gaps: every state before the window, past null gaps, one call.
+      const end = Math.min(fdiv(this.skippedTokens(t), this.B), table.length);
+      const removed = [];
+      for (let i = end - 1; i >= 0; i--) {
+        if (table[i] !== NULL_BLOCK) { removed.push(table[i]); table[i] = NULL_BLOCK; }
+      }
+      if (removed.length) this.pool.free_blocks({ block_ids: removed });
+    } else {
+      super.removalPlan(reqId, t);
+    }
     if (!this.align) return;
     const last = this.st.lastState.get(reqId);
     if (last !== undefined && last < cdiv(t, this.B) - 1 && table[last] !== NULL_BLOCK) {
@@ -440,7 +450,7 @@ class Mamba extends Group {
     const R = this.m.retentionInterval;
     if (R === null) return null;
     const per = fdiv(R, this.B);
-    const states = reachableBoundaries(request).map((b) => fdiv(fdiv(b, this.m.A) * this.m.A, this.B) - 1);
+    const states = reachableBoundaries(request, this.m.replayBoundaries(request)).map((b) => fdiv(fdiv(b, this.m.A) * this.m.A, this.B) - 1);
     const mask = [];
     for (let i = start; i < end; i++) {
       let k;
@@ -527,7 +537,17 @@ export class Manager {
     this.watermarkBlocks = Math.floor(watermark * num_blocks);
     this.groups = groups.map((spec, id) => new (GROUP_CLASS[spec.type])(this, id, spec, sizes[id]));
     this.markEagleGroups(use_eagle, eagle_groups);
+    this.withDrafter = use_eagle || eagle_groups.length > 0; // has_drafter (spec 9, eagle-replay-boundaries)
     this.specGroups = this.buildSpecGroups();
+  }
+
+  // spec 3 replay_boundaries: P - 1; from 0.30 (spec 9 delta eagle-replay-boundaries), with a drafter,
+  // max(R - A, 0) and max(E - A, 0) for R = (P - 1) // A * A and E = P // A * A.
+  replayBoundaries(request) {
+    const P = request.num_prompt_tokens;
+    if (!(this.withDrafter && atLeast(this.release, "0.30.0"))) return [P - 1];
+    const resend = fdiv(P - 1, this.A) * this.A, sibling = fdiv(P, this.A) * this.A;
+    return [...new Set([Math.max(resend - this.A, 0), Math.max(sibling - this.A, 0)])].sort((a, b) => a - b);
   }
 
   // spec 2 "Context parallelism": a block holds block_size * ranks tokens; only a model of one group

@@ -24,7 +24,7 @@ class CrossAttention(GroupManager):
     def allocate_external(self, rid, num_local_computed, num_external_computed):
         """External KV connectors do not load encoder states."""
 
-    def cache(self, request, num_tokens, retention):
+    def cache(self, request, num_tokens, retention, replay=None):
         raise RuleError("hash-map-consistency", "cross-attention blocks are never cached")
 
     @classmethod

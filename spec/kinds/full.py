@@ -48,14 +48,15 @@ class FullAttention(GroupManager):
             limit -= 1
         return min(limit // hbs, len(request.block_hashes)) * hbs
 
-    def cache(self, request: Any, num_tokens: int, retention: int | None) -> None:
+    def cache(self, request: Any, num_tokens: int, retention: int | None,
+              replay: tuple[int, ...] | None = None) -> None:
         """As for every group (:meth:`GroupManager.cache`); then, where
         :meth:`partial_tail` names a boundary within ``num_tokens`` that ends
         inside a block, that block becomes a hit for the prompt up to the
         boundary (:meth:`~kvspec.spec.pool.SpecBlockPool.cache_partial_block`,
         with its ``Stored`` event) -- at every call, whether or not a full
         block was cached."""
-        super().cache(request, num_tokens, retention)
+        super().cache(request, num_tokens, retention, replay)
         boundary = self.partial_tail(request)
         table = self.table(request.request_id)
         if 0 < boundary <= num_tokens and boundary % self.block_size and boundary // self.block_size < len(table):

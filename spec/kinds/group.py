@@ -28,16 +28,17 @@ a position the group does not need (the null block)."""
 
 
 
-def reachable_boundaries(request: Any) -> tuple[int, ...]:
+def reachable_boundaries(request: Any, replay: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """The token positions a later request is known to hit, which sparse
-    retention keeps: where an exact replay of the prompt stops
-    (``num_prompt_tokens - 1``), and -- where the caller stored one on the
-    request (vLLM's scheduler from 0.26, release delta
-    shared-prefix-boundary) -- where a prefix other requests share ends that
-    a sparse group had not cached (0: none)."""
+    retention keeps: where a replay of the prompt resumes (``replay``:
+    :func:`~kvspec.spec.coordinator.replay_boundaries`; by default
+    ``num_prompt_tokens - 1``), and where a prefix other requests share ends
+    that a sparse group had not cached, if the caller stored it on the
+    request (vLLM's scheduler from 0.26, delta shared-prefix-boundary)."""
     shared = getattr(request, "shared_prefix_boundary", 0)
-    replay = request.num_prompt_tokens - 1
-    return (replay, shared) if shared else (replay,)
+    positions = replay if replay is not None else (request.num_prompt_tokens - 1,)
+    return (*positions, shared) if shared else positions
+
 
 class OutOfBlocks(RuleError):
     """An allocation step needs more free blocks than the pool has.  The
@@ -228,9 +229,10 @@ class GroupManager:
 
     # -- caching ----------------------------------------------------------------------------------------
 
-    def cache(self, request: Any, num_tokens: int, retention: int | None) -> None:
+    def cache(self, request: Any, num_tokens: int, retention: int | None, replay: tuple[int, ...] | None = None):
         """Make the full blocks of the first ``num_tokens`` tokens cache hits
-        (those not cached yet, and only those :meth:`cache_mask` keeps).
+        (those not cached yet, and only those :meth:`cache_mask` keeps, given
+        ``replay``: see :func:`reachable_boundaries`).
 
         Requires the table to hold those blocks and the request's hashes to
         name them (else the pool refuses).  Guarantees: ``num_cached``
@@ -241,7 +243,7 @@ class GroupManager:
         end = num_tokens // self.block_size
         if start >= end:
             return
-        mask = self.cache_mask(start, end, retention, reachable_boundaries(request))
+        mask = self.cache_mask(start, end, retention, reachable_boundaries(request, replay))
         self.pool.cache_full_blocks(request, self.table(rid), start, end, self.block_size, self.group_id, mask)
         self.num_cached[rid] = end
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.kv_cache_interface import AttentionKind, MambaSpec, cdiv
+from kvspec.spec import releases
 from kvspec.spec.kinds.group import (
     NULL,
     GroupManager,
@@ -160,9 +161,17 @@ class Mamba(GroupManager):
         computed: ``s`` in the base, none from 0.26
         (:func:`~kvspec.spec.layout.mamba_hold_back`).  Besides the skipped
         prefix, align mode also frees the previous running state once it
-        lies before the current state position (a separate free call)."""
+        lies before the current state position (a separate free call).
+
+        From 0.30 (release delta ``mamba-retire-across-gaps``) align mode
+        frees every state before the window, past the null entries prefill
+        leaves between states (the base stops at the first null, as every
+        kind does)."""
         computed = max(0, total_computed_tokens - self.hold_back)
-        plan = super().removal_plan(rid, computed)
+        if self.mode == "align" and releases.current().has("mamba-retire-across-gaps"):
+            plan = self._states_before(rid, max(0, self.skipped_tokens(computed)) // self.block_size)
+        else:
+            plan = super().removal_plan(rid, computed)
         if self.mode == "align":
             last = self.last_state_position.get(rid)
             if last is not None and last < cdiv(computed, self.block_size) - 1:
@@ -171,12 +180,19 @@ class Mamba(GroupManager):
                     plan.append([last])
         return plan
 
-    def cache(self, request, num_tokens, retention):
+    def _states_before(self, rid: str, last: int) -> list[list[int]]:
+        """Every position before ``last`` that holds a block, ``last-1``
+        down, as one free call (or none): null entries do not stop it."""
+        table = self.table(rid)
+        positions = [i for i in range(min(last, len(table)) - 1, -1, -1) if table[i] != NULL]
+        return [positions] if positions else []
+
+    def cache(self, request, num_tokens, retention, replay=None):
         """As for attention; the newly cached states are remembered until the
         next step (their hits are refused until then)."""
         rid = request.request_id
         before = self.num_cached.get(rid, 0)
-        super().cache(request, num_tokens, retention)
+        super().cache(request, num_tokens, retention, replay)
         after = self.num_cached.get(rid, 0)
         if after > before:
             keys = self.pool.snapshot().key_of

@@ -66,6 +66,9 @@ MANAGER_LAYOUTS: dict[str, Layout] = {
     "full4+mamba2-all": Layout((full(4), mamba(2, "all"))),
     # Retention 0: Mamba keeps only the state a replay of the prompt hits.
     "full+mamba-align-retention0": Layout((full(2), mamba(2, "align")), retention_interval=0),
+    # Retention 0 with a drafter: the window keeps only the blocks a replay of the prompt resumes at, which
+    # a drafter moves a scheduler block lower from 0.30 (delta eagle-replay-boundaries).
+    "full+swa-eagle-retention0": Layout((full(2), swa(2, window=4)), use_eagle=True, retention_interval=0),
 }
 
 LATER_LAYOUTS: dict[str, Layout] = {

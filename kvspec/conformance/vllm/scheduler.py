@@ -16,11 +16,11 @@ be compared decision by decision.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kvspec.spec.layout import Layout
@@ -58,7 +58,6 @@ def eagle_config(k: int) -> Any:
     the draft model's config -- not run.  What the scheduler asks of it
     (``use_eagle()``, the block-drop switches of later releases) is then
     the installed release's own code, not a stand-in's answer."""
-    import dataclasses
 
     from vllm.config import SpeculativeConfig
 
@@ -157,7 +156,7 @@ def request_factory(hash_block_size: int) -> Callable[[str, list[int], int], Any
     return new
 
 
-@dataclass
+@dataclasses.dataclass
 class StepRecord:
     """What one ``schedule()`` decided."""
 
@@ -167,18 +166,28 @@ class StepRecord:
     preempted: list[str]
     finished: list[str]
     offers: dict[str, list[tuple[int, int, int]]]  # Mamba states handed to a KV connector (0.29 on; else none)
+    # running requests -> the block ids they got this step, per group
+    grown: dict[str, list[list[int]]] = dataclasses.field(default_factory=dict)
 
 
 def serve(scheduler: Any, *, steps: int, seed: int = 0, hash_block_size: int = 16,
-          prompt_len: tuple[int, int] = (8, 120), max_tokens: int = 6) -> list[StepRecord]:
+          prompt_len: tuple[int, int] = (8, 120), max_tokens: int = 6, overlap: bool = False) -> list[StepRecord]:
     """Drive ``scheduler`` for ``steps`` steps; a request arrives on most
     steps (a shared system prompt on half of them), every scheduled request
-    whose prompt is done samples one token, and stops after ``max_tokens``."""
+    whose prompt is done samples one token, and stops after ``max_tokens``.
+
+    ``overlap``: as vLLM's engine runs a scheduler with async scheduling
+    (``EngineCore.step_with_batch_queue``, two batches in the queue): step
+    ``n + 1`` is scheduled while step ``n`` is still in the forward pass, and
+    ``n``'s output comes back after, so the scheduler allocates with tokens
+    in flight.  Without it, each step's output comes back before the next
+    is scheduled."""
 
     rng = random.Random(seed)
     new_request = request_factory(hash_block_size)
     system = [rng.randrange(1000) for _ in range(48)]
     records: list[StepRecord] = []
+    in_forward: list[tuple[Any, Any]] = []  # (scheduler output, its model output), oldest first
     for step in range(steps):
         if rng.random() < 0.7:
             prompt = (system if rng.random() < 0.5 else []) + [rng.randrange(1000)
@@ -186,11 +195,10 @@ def serve(scheduler: Any, *, steps: int, seed: int = 0, hash_block_size: int = 1
             scheduler.add_request(new_request(f"req-{step}", prompt, max_tokens))
         out = scheduler.schedule()
         ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in ids:
-            request = scheduler.requests[rid]
-            done = request.num_computed_tokens + out.num_scheduled_tokens[rid] >= request.num_tokens
-            sampled.append([rng.randrange(1000)] if done else [])
+        # A step samples a token for a request whose prompt it completes (a model runner returns nothing
+        # for a partial prefill chunk); schedule() has counted the step's tokens as computed already.
+        sampled = [[] if scheduler.requests[rid].is_prefill_chunk else [rng.randrange(1000)] for rid in ids]
+        cached = out.scheduled_cached_reqs
         records.append(StepRecord(
             scheduled=dict(out.num_scheduled_tokens),
             new_blocks={r.req_id: [list(b) for b in r.block_ids] for r in out.scheduled_new_reqs},
@@ -198,8 +206,14 @@ def serve(scheduler: Any, *, steps: int, seed: int = 0, hash_block_size: int = 1
             preempted=sorted(getattr(out, "preempted_req_ids", None) or []),
             finished=sorted(out.finished_req_ids),
             offers=getattr(scheduler.connector, "offers", {}),
+            grown={rid: [list(b) for b in new_ids] for rid, new_ids in zip(cached.req_ids, cached.new_block_ids,
+                                                                            strict=True) if new_ids},
         ))
-        scheduler.update_from_output(out, runner_output(ids, sampled))
+        in_forward.append((out, runner_output(ids, sampled)))
+        if len(in_forward) > int(overlap):
+            scheduler.update_from_output(*in_forward.pop(0))
+    for out, output in in_forward:
+        scheduler.update_from_output(out, output)
     return records
 
 
