@@ -160,7 +160,7 @@ class Coordinator:
 
     def replay(self, request: Any) -> tuple[int, ...]:
         """Where a replay of the request's prompt resumes, the same for every
-        group (:func:`~kvspec.spec.kinds.group.replay_boundaries`): a hit is
+        group (:func:`replay_boundaries`, above): a hit is
         the shortest over all groups, so each keeps its state there."""
         return replay_boundaries(request.num_prompt_tokens, self.scheduler_block_size, self.with_drafter)
 
