@@ -244,6 +244,8 @@ class KVCacheManager:
         # From 0.26 (release delta processed-token-windows) blocks leave the window on the processed-token basis:
         # a step still in the forward pass (async scheduling) reads blocks below its request's computed tokens.
         self._windows_exclude_in_flight = "processed-token-windows" in self.deltas
+        # From 0.31 (release delta zero-token-hit-adoption) a call with no new or external tokens may adopt a hit.
+        self._adopts_zero_token_hits = "zero-token-hit-adoption" in self.deltas
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.block_pool: BlockPool = self.coordinator.block_pool
@@ -370,7 +372,8 @@ class KVCacheManager:
             _counts_ok(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_external_computed_tokens,
                        num_encoder_tokens, reserved_blocks)
             and type(delay_cache_blocks) is type(full_sequence_must_fit) is type(has_scheduled_reqs) is bool
-            and (num_new_tokens or num_external_computed_tokens)
+            and (num_new_tokens or num_external_computed_tokens
+                 or (self._adopts_zero_token_hits and num_new_computed_tokens))
             and (hits is no_hits or len(hits) == self.num_kv_cache_groups)
         ):
             self._explain_refusal(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
@@ -532,10 +535,12 @@ class KVCacheManager:
         for name, value in zip(_FLAG_NAMES, flags, strict=True):
             if type(value) is not bool:
                 raise RuleTypeError("allocation-accounting", f"{name} must be a bool, got {value!r}")
-        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+        if num_new_tokens == 0 and num_external_computed_tokens == 0 and not (
+                self._adopts_zero_token_hits and num_new_computed_tokens):
             raise RuleError(
                 "allocation-accounting",
-                f"request {request.request_id!r}: num_new_tokens must be > 0 when there are no external tokens",
+                f"request {request.request_id!r}: num_new_tokens must be > 0 when there are no external tokens"
+                + (" and no hit to adopt" if self._adopts_zero_token_hits else ""),
             )
         raise RuleError(
             "hit-soundness",

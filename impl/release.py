@@ -32,6 +32,8 @@ IMPLEMENTED: frozenset[str] = frozenset({
     "mamba-retire-across-gaps",  # 0.30: Mamba align frees every state before the window, past null gaps
     "partial-tail-resend-boundary",  # 0.32: the partial tail ends before the prompt's last token (not EAGLE)
     "eagle-lookahead-hashes",  # 0.32: a hybrid's EAGLE group peeks up to the request's last full hash block
+    "zero-token-hit-adoption",  # 0.31: allocate_slots with no new or external tokens may adopt a local hit
+    "mm-keys-on-resume",  # 0.31: a resuming hasher keys every image of the block (in kvspec.hashing, as tagged keys)
     "tagged-extra-keys",  # 0.31: extra keys lead with their kind (in the requests' hashes: impl hashes nothing)
 })
 """The deltas impl follows (each key is one of ``spec/releases.py``'s)."""

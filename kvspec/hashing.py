@@ -33,6 +33,7 @@ This module is the single home of hashing for both ``kvspec.spec`` and
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import io
@@ -342,6 +343,32 @@ def use_extra_key_format(fmt: str) -> None:
     _extra_key_format = fmt
 
 
+MM_RESUME_SCANS = ("last", "overlapping")
+_mm_resume_scan = "last"
+
+
+def use_mm_resume_scan(scan: str) -> None:
+    """Where the request block hasher, resuming inside a request, starts
+    looking for multimodal inputs, from now on, in this process: ``last``
+    (the reference's: the request's last input only) or ``overlapping``
+    (release delta ``mm-keys-on-resume``: the first input overlapping the
+    next block, so every one it holds is keyed)."""
+    global _mm_resume_scan
+    if scan not in MM_RESUME_SCANS:
+        raise ValueError(f"multimodal resume scan must be one of {MM_RESUME_SCANS}, not {scan!r}")
+    _mm_resume_scan = scan
+
+
+def _resume_mm_index(request: Any, start: int) -> int:
+    """The multimodal input a hasher resuming at token ``start`` (> 0)
+    scans from: the last input (``-1``), or from delta
+    ``mm-keys-on-resume`` on the first whose tokens end after ``start``."""
+    features = getattr(request, "mm_features", None)
+    if _mm_resume_scan == "last" or not features:
+        return -1
+    return bisect.bisect_right(features, start, key=lambda f: f.mm_position.offset + f.mm_position.length)
+
+
 def lora_path(lora: Any) -> str:
     """The adapter path a LoRA request names (the tagged format hashes it);
     a request without one is named by a placeholder under ``/kvspec/lora``."""
@@ -419,7 +446,7 @@ def get_request_block_hasher(
             hashes = _plain_chain(parent or NONE_HASH, tokens[start:end], hash_block_size)
             if hashes is not None:
                 return hashes
-        mm_idx = -1 if start > 0 else 0
+        mm_idx = _resume_mm_index(request, start) if start > 0 else 0
         hashes = []
         while start + hash_block_size <= num_tokens:
             end = start + hash_block_size

@@ -484,7 +484,8 @@ class SpecKVCacheManager:
            (never unverified draft tokens).
 
         Requires (else a ``RuleError``, nothing changed): counts that are
-        ints, ``num_new_tokens`` or external tokens, hits the request may take,
+        ints, ``num_new_tokens`` or external tokens (from 0.31, release delta
+        ``zero-token-hit-adoption``, or a local hit to adopt), hits the request may take,
         and no token computed past ``max_model_len`` (computed + external +
         new; lookahead slots are capped instead).
 
@@ -508,8 +509,10 @@ class SpecKVCacheManager:
                             ("full_sequence_must_fit", full_sequence_must_fit),
                             ("has_scheduled_reqs", has_scheduled_reqs)):
             _require_bool(value, name)
-        if num_new_tokens == 0 and num_external_computed_tokens == 0:
-            raise RuleError("allocation-accounting", "num_new_tokens must be > 0 when there are no external tokens")
+        if num_new_tokens == 0 and num_external_computed_tokens == 0 and not (
+                num_new_computed_tokens > 0 and releases.current().has("zero-token-hit-adoption")):
+            raise RuleError("allocation-accounting", "num_new_tokens must be > 0 when there are no external tokens"
+                            + (" and no hit to adopt" if releases.current().has("zero-token-hit-adoption") else ""))
         hits = self._require_hits(new_computed_blocks)
         self._require_hits_allowed(request, hits, num_external_computed_tokens)
 

@@ -208,6 +208,22 @@ DELTAS: tuple[Delta, ...] = (
         "base release's untagged keys.",
         rules=("hash-map-consistency", "tenant-isolation")),
     Delta(
+        "0.31.0", "zero-token-hit-adoption",
+        "allocate_slots with no new tokens and no external tokens is accepted when it adopts a local hit "
+        "(num_new_computed_tokens > 0): the hit's blocks join the request, the window is released and the "
+        "blocks the computed tokens need are allocated, as for any call -- a step that needs no slots of its "
+        "own (vLLM's scheduler makes it for a chunk ending inside a hit's replayed range).  The base refuses "
+        "every call without new or external tokens, and both still refuse one that adopts nothing.",
+        rules=("allocation-accounting",)),
+    Delta(
+        "0.31.0", "mm-keys-on-resume",
+        "The request block hasher, resuming inside a request (the blocks before already hashed), keys every "
+        "multimodal input overlapping the next block, from the first that does; the base keys from the last "
+        "input only, so a block holding two inputs and completed by generated tokens was keyed by the last "
+        "alone -- and two requests differing only in the first input shared the block.  Only such blocks' "
+        "hashes change.",
+        rules=("content-soundness", "tenant-isolation")),
+    Delta(
         "0.32.0", "eagle-lookahead-hashes",
         "In a hybrid model, an EAGLE group's search past the candidate hit may reach the end of the request's "
         "last full hash block, not only num_tokens - 1: on a block-aligned prompt the last block, whose hash "
@@ -280,6 +296,12 @@ class Release:
         return "tagged" if self.has("tagged-extra-keys") else "bare"
 
     @property
+    def mm_resume_scan(self) -> str:
+        """``last`` (the base) or ``overlapping`` (delta ``mm-keys-on-resume``):
+        where a hasher resuming inside a request looks for multimodal inputs."""
+        return "overlapping" if self.has("mm-keys-on-resume") else "last"
+
+    @property
     def fixed_root_seed(self) -> str | None:
         """The seed an unseeded process roots its hash chains at (delta
         fixed-root-hash), or ``None``: random bytes, as in the base."""
@@ -334,12 +356,14 @@ _current = REFERENCE
 def use(version: str) -> Release:
     """Judge by ``version``'s rules from now on, in this process (the
     conformance runner sets the release under test; the default is the
-    base).  Block hashes follow: their extra keys take the release's format."""
+    base).  Block hashes follow: their extra keys take the release's format,
+    and a resuming hasher the release's multimodal scan."""
     global _current
     from kvspec import hashing
 
     release = judged(version)
     hashing.use_extra_key_format(release.extra_key_format)
+    hashing.use_mm_resume_scan(release.mm_resume_scan)
     _current = release
     return release
 

@@ -442,3 +442,86 @@ def test_a_drafter_moves_the_replay_boundaries_a_scheduler_block_lower():
             assert replay_boundaries(16, 4, with_drafter=False) == (15,)
     with releases.judging("0.30.0"):
         assert replay_boundaries(3, 4, with_drafter=True) == (0,)
+
+
+def _adopt_a_hit_with_no_new_tokens(version: str, manager_kind: str) -> object:
+    """A second request hits the first's two cached blocks and adopts them
+    with no new tokens of its own: its block ids, or the refusal's rule."""
+    from kvspec.errors import RuleError
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.impl import KVCacheManager
+    from kvspec.request import Request
+    from kvspec.spec.manager import SpecKVCacheManager
+
+    layout = MANAGER_LAYOUTS["full"]
+    with releases.judging(version) as release:
+        args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
+        manager = KVCacheManager(*args, deltas=impl_deltas(release)) if manager_kind == "impl" \
+            else SpecKVCacheManager(*args)
+        hasher = get_request_block_hasher(layout.hash_block_size)
+        size = layout.hash_block_size
+        first = Request("a", list(range(2 * size + 1)), block_hasher=hasher)
+        assert manager.allocate_slots(first, first.num_tokens) is not None
+        second = Request("b", list(range(2 * size + 1)), block_hasher=hasher)
+        blocks, hit = manager.get_computed_blocks(second)[:2]
+        assert hit == 2 * size
+        try:
+            out = manager.allocate_slots(second, 0, hit, blocks)
+        except RuleError as error:
+            return error.rule
+        assert out is not None
+        return manager.get_block_ids("b")
+
+
+def test_from_0_31_a_call_with_no_new_tokens_may_adopt_a_hit():
+    """Delta zero-token-hit-adoption: until 0.30 allocate_slots refuses a
+    call with no new and no external tokens; from 0.31 it adopts a local hit
+    (vLLM 0.31 itself accepts it: docs/release-survey/zero_new_tokens_with_a_hit.py).
+    The spec and impl agree; a call that adopts nothing stays refused."""
+    for version in ("0.30.0", "0.31.0"):
+        assert _adopt_a_hit_with_no_new_tokens(version, "spec") == _adopt_a_hit_with_no_new_tokens(version, "impl")
+    assert _adopt_a_hit_with_no_new_tokens("0.30.0", "impl") == "allocation-accounting"
+    adopted = _adopt_a_hit_with_no_new_tokens("0.31.0", "impl")
+    assert [len(ids) for ids in adopted] == [2]  # the two hit blocks, nothing allocated
+    from kvspec.errors import RuleError
+    from kvspec.impl import KVCacheManager
+    from kvspec.request import Request
+
+    layout = MANAGER_LAYOUTS["full"]
+    manager = KVCacheManager(layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size,
+                             layout.hash_block_size, deltas=impl_deltas(releases.judged("0.31.0")))
+    with pytest.raises(RuleError, match="no hit to adopt"):
+        manager.allocate_slots(Request("c", [1, 2, 3]), 0)
+
+
+def _two_images_then_a_generated_token(version: str, first_image: str) -> tuple[list, list]:
+    """Block hashes of a 7-token prompt whose second hash block holds two
+    images (tokens 4-5 and 6), completed by one generated token (the hasher
+    resumes inside the request), and of a fresh 8-token request with the
+    same tokens and images (vLLM 0.31's own
+    test_request_block_hasher_incremental_append_with_multiple_mm_features)."""
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.request import MultiModalFeatureSpec, PlaceholderRange, Request
+
+    features = [MultiModalFeatureSpec(first_image, PlaceholderRange(4, 2)),
+                MultiModalFeatureSpec("B", PlaceholderRange(6, 1))]
+    with releases.judging(version):
+        hasher = get_request_block_hasher(4)
+        resumed = Request("r", list(range(7)), mm_features=features, block_hasher=hasher)
+        resumed.append_output_token_ids(7)
+        fresh = Request("f", list(range(8)), mm_features=features, block_hasher=hasher)
+    return list(resumed.block_hashes), list(fresh.block_hashes)
+
+
+def test_from_0_31_a_resumed_block_keys_every_image_it_holds():
+    """Delta mm-keys-on-resume: until 0.30 a block completed by generated
+    tokens is keyed by the request's last image only, so two requests
+    differing only in the block's first image share the block's hash (and
+    the second would hit KV computed for the first's image); from 0.31
+    both images key it, as a fresh request's hash of the same tokens does."""
+    (old_a, fresh_a), (old_c, _) = (_two_images_then_a_generated_token("0.30.0", image) for image in ("A", "C"))
+    assert len(old_a) == 2 and old_a[1] == old_c[1]  # the collision: the first image is not in the key
+    assert old_a[1] != fresh_a[1]  # and a resumed chain is not a fresh one
+    (new_a, fresh_a), (new_c, _) = (_two_images_then_a_generated_token("0.31.0", image) for image in ("A", "C"))
+    assert new_a[1] != new_c[1] and new_a == fresh_a
+    assert releases.current().mm_resume_scan == "last"  # judging() restored the base

@@ -748,7 +748,9 @@ export class Manager {
       hitBlocks: new_computed_blocks ?? this.groups.map(() => []),
       running: this.groups.some((g) => g.st.numCached.has(request.id)),
     };
-    if (c.newTokens === 0 && c.external === 0) refuse("ValueError", "nothing to allocate (allocation-accounting)");
+    // From 0.31 (spec 9 delta zero-token-hit-adoption) a call that adopts a local hit needs no new tokens.
+    const adoptsHit = c.hits > 0 && atLeast(this.release, "0.31.0");
+    if (c.newTokens === 0 && c.external === 0 && !adoptsHit) refuse("ValueError", "nothing to allocate (allocation-accounting)");
     if (c.computed + c.hits + c.external + c.newTokens > c.M) refuse("ValueError", "past max_model_len (allocation-accounting)");
     const anyHit = c.hits > 0 || c.hitBlocks.some((h) => h.length);
     if (anyHit && c.running) refuse("ValueError", "hits for a running request (hit-soundness)");

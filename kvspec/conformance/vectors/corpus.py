@@ -500,6 +500,24 @@ def _allocation_refusals(m, req):
     m.free(b)
 
 
+def _zero_token_adoption(m, req):
+    """A call with no new tokens that adopts a local hit: refused in the base release (chapter 2 step 0),
+    valid from 0.31 (release delta zero-token-hit-adoption), after which the request computes its last
+    token as usual; a call that adopts nothing stays refused."""
+    a = req("a", [0, 1] * 4 + [1])
+    _prefill(m, a)
+    b = req("b", [0, 1] * 4 + [1])
+    _refused(m.allocate_slots, b, 0)  # nothing to adopt: refused in every release
+    blocks, hit = m.get_computed_blocks(b)
+    try:
+        _compute(m, b, 0, hit, blocks)
+        _compute(m, b, b.num_tokens - b.num_computed_tokens)
+    except ValueError:
+        _compute(m, b, b.num_tokens - hit, hit, blocks)  # the base: the hit and the rest in one call
+    m.free(b)
+    m.free(a)
+
+
 def _trusted_arguments(m, req):
     """allocate_slots' arguments a scheduler never gets wrong, checked all the same (vLLM: F15)."""
     a = req("a", [0, 1] * 4)
@@ -563,6 +581,8 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("allocation-refusals", "allocate_slots refuses a count of the wrong type and changes nothing; "
                 "the same request is then admitted with its hit", "full",
                 _allocation_refusals),
+    ManagerCase("zero-token-adoption", "allocate_slots with no new tokens is refused, but from 0.31 accepted "
+                "when it adopts a local hit (delta zero-token-hit-adoption)", "full", _zero_token_adoption),
     ManagerCase("trusted-arguments", "allocate_slots refuses a count past max_model_len, a flag that is not a "
                 "bool and hits for a running request, and changes nothing", "full", _trusted_arguments, ("F15",)),
     ManagerCase("watermark", "a watermark keeps a share of the pool free from a waiting request's admission "
