@@ -226,11 +226,12 @@ class KVCacheCoordinator(ABC):
         validate_retention_interval(retention_interval, scheduler_block_size, kv_cache_config, self.deltas)
         if "pcp-outside-the-block" in self.deltas:
             pcp_world_size = 1  # the engine hands the manager no prefill ranks: a block holds block_size x dcp
+        split_over = 1  # decode ranks an attention group's blocks were widened over (hybrid models)
         if len(kv_cache_config.kv_cache_groups) > 1 and dcp_world_size > 1:
             # dcp-on-hybrid-models (validated): each attention block holds every rank's slice and a Mamba
             # state is replicated, so the managers count the config's blocks over the ranks with no ranks left
             kv_cache_config = blocks_over_ranks(kv_cache_config, dcp_world_size)
-            dcp_world_size = 1
+            dcp_world_size, split_over = 1, dcp_world_size
         self.dcp_world_size = dcp_world_size
         self.pcp_world_size = pcp_world_size
         self.kv_cache_config = kv_cache_config
@@ -266,6 +267,10 @@ class KVCacheCoordinator(ABC):
             )
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
         )
+        if split_over > 1:  # each manager says over how many ranks its blocks spread, as vLLM's do
+            for manager in self.single_type_managers:
+                if not isinstance(manager, MambaManager):
+                    manager.dcp_world_size = split_over
         # (manager, whether it is sized by encoder tokens): cross attention is.
         self._managers_with_kind = tuple((m, isinstance(m, CrossAttentionManager)) for m in self.single_type_managers)
         # Groups that release blocks as the request advances (others keep all).
@@ -325,6 +330,7 @@ class KVCacheCoordinator(ABC):
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
         num_local_computed_tokens: int | None = None,
+        prefill_end: int = 0,
     ) -> int:
         """Free blocks the request needs, over all groups (cross attention
         is sized once by ``num_encoder_tokens``).
@@ -332,12 +338,17 @@ class KVCacheCoordinator(ABC):
         ``num_local_computed_tokens`` (vLLM's keyword from 0.26): the part of
         ``total_computed_tokens`` hit in this cache.  vLLM reads it only to
         size the copy a hit ending inside a block needs; impl's hits end on
-        block boundaries, so it is checked and changes nothing."""
+        block boundaries, so it is checked and changes nothing.
+        ``prefill_end`` (from 0.31): the token the request's prefill ends at,
+        which vLLM reads only to reserve Mamba prefill checkpoint blocks;
+        impl keeps none, so it too is checked and changes nothing."""
         if num_local_computed_tokens is not None and (
             type(num_local_computed_tokens) is not int or not 0 <= num_local_computed_tokens <= total_computed_tokens
         ):
             raise RuleError("allocation-accounting", f"num_local_computed_tokens {num_local_computed_tokens!r} must "
                             f"be an int within 0..total_computed_tokens ({total_computed_tokens!r})")
+        if type(prefill_end) is not int or prefill_end < 0:
+            raise RuleError("allocation-accounting", f"prefill_end must be an int >= 0, got {prefill_end!r}")
         return sum(self.blocks_to_allocate_per_group(
             request_id, num_tokens, new_computed_blocks, num_encoder_tokens, total_computed_tokens,
             num_tokens_main_model, apply_admission_cap,

@@ -1,7 +1,7 @@
 """kvspec's block manager inside vLLM: the drop-in mode.
 
 It goes into the releases whose block-manager API it presents
-(:data:`kvspec.dropin_releases.API`: 0.25.1 to 0.30.0), each with impl
+(:data:`kvspec.dropin_releases.API`: 0.25.1 to 0.31.0), each with impl
 built as that release behaves, and refuses any other before replacing
 anything.
 
@@ -91,6 +91,7 @@ def check_release(version: str) -> str:
 _saved: dict[tuple[str, str], Any] = {}  # (module, name) -> vLLM's original
 _saved_events: Any = None
 _saved_deltas: frozenset[str] | None = None  # impl's default deltas before install
+_saved_release: str | None = None  # the release the process judged by (and hashed as) before install
 
 
 def installed() -> bool:
@@ -102,7 +103,7 @@ def install() -> list[str]:
     (``module.name``).  Installing twice changes nothing more; on a release
     impl does not implement it raises :class:`DropinError`, having replaced
     nothing."""
-    global _saved_events, _saved_deltas
+    global _saved_events, _saved_deltas, _saved_release
     if installed():
         return sorted(f"{m}.{n}" for m, n in _saved if m in REPLACED)
     import vllm
@@ -127,6 +128,9 @@ def install() -> list[str]:
         _replace(theirs, name, ours)
     # Whatever vLLM builds itself (a connector's coordinator, a pool, a manager) follows the release too.
     _saved_deltas = impl_release.use_default_deltas(deltas)
+    # Block hashes as the release makes them (its extra-key format, its multimodal scan on resume).
+    _saved_release = releases.current().version
+    releases.use(release)
     # vLLM's root hash lives in its module: keep the two roots one.
     _replace(vllm_utils, "init_none_hash", _init_none_hash(vllm_utils, hashing, release))
     if getattr(vllm_utils, "NONE_HASH", None) is not None:
@@ -153,7 +157,7 @@ def install() -> list[str]:
 
 def uninstall() -> None:
     """Put vLLM's originals back."""
-    global _saved_events, _saved_deltas
+    global _saved_events, _saved_deltas, _saved_release
     for (module_name, name), original in _saved.items():
         setattr(sys.modules[module_name], name, original)
     _saved.clear()
@@ -162,6 +166,11 @@ def uninstall() -> None:
 
         impl_release.use_default_deltas(_saved_deltas)
         _saved_deltas = None
+    if _saved_release is not None:
+        from kvspec.spec import releases
+
+        releases.use(_saved_release)
+        _saved_release = None
     if _saved_events is not None:
         from kvspec.impl import kv_events
 

@@ -61,8 +61,19 @@ release's deltas.
   the coordinator's ``get_replay_boundaries``.  The connector reaches the
   manager through ``bind_kv_cache_manager``, vLLM's own.
 
+- **0.31.0**: a call with no new tokens that adopts a local hit (release
+  delta zero-token-hit-adoption); every image a resumed block holds keyed
+  (delta mm-keys-on-resume) and the extra keys tagged by kind (delta
+  tagged-extra-keys, events kept bare), both in :mod:`kvspec.hashing`, set
+  by :mod:`kvspec.dropin`; ``KVCacheManager(enable_mamba_shared_prefix_checkpoint=...)``
+  (0.30's flag renamed, always off); the coordinator's
+  ``get_num_blocks_to_allocate(..., prefill_end=...)``.  Refused: a group
+  whose ``dcp_sharded`` differs from impl's split under decode ranks (a
+  replicated drafter group), bounded replay
+  (``SlidingWindowMLASpec(bounded_replay=True)``).
+
 A release the drop-in knows is one with an entry in :data:`API`.  The later
-releases changed the calls further (0.31: zero-token allocations; 0.33:
+releases changed the calls further (0.32: zeroing skipped per group; 0.33:
 hash lookahead and a hit bound; 0.34: the pool's block fields), and some of
 their semantics (``docs/release-survey.md``), and are refused by
 :func:`kvspec.dropin.check_release`, in one line.
@@ -198,7 +209,7 @@ class KVCacheManager026(KVCacheManager):
         metrics_collector: Any = None,
         watermark: float = 0.0,
     ) -> None:
-        refuse_partial_hash_hits(kv_cache_config, hash_block_size, dcp_world_size, self.release)
+        self.refuse_model(kv_cache_config, hash_block_size, dcp_world_size)
         super().__init__(
             kv_cache_config, max_model_len, scheduler_block_size, hash_block_size, max_in_flight_tokens,
             enable_caching, use_eagle, log_stats, enable_kv_cache_events, dcp_world_size, pcp_world_size,
@@ -206,6 +217,11 @@ class KVCacheManager026(KVCacheManager):
             deltas=impl_deltas(releases.judged(self.release)),
         )
         self.enable_kv_cache_events = enable_kv_cache_events
+
+    def refuse_model(self, kv_cache_config: Any, hash_block_size: int, dcp_world_size: int) -> None:
+        """Refuse, before anything is built, a model whose release semantics
+        impl does not implement (each later release adds its own)."""
+        refuse_partial_hash_hits(kv_cache_config, hash_block_size, dcp_world_size, self.release)
 
     @staticmethod
     def retention_interval_of(kv_cache_config: Any) -> Any:
@@ -403,6 +419,11 @@ def refuse_new_state_029(kv_cache_config: Any, release: str) -> None:
     Such a model is refused, not served without them."""
     for i, group in enumerate(kv_cache_config.kv_cache_groups):
         spec = group.kv_cache_spec
+        if getattr(spec, "bounded_replay", False):
+            raise NotImplementedError(
+                f"kvspec's drop-in for vLLM {release} does not implement group {i}'s bounded replay "
+                f"({type(spec).__name__}(bounded_replay=True)): vLLM keeps such a group out of the prefix cache and "
+                "recomputes a hit's last window")
         if not getattr(spec, "prefix_cacheable", True):
             raise NotImplementedError(
                 f"kvspec's drop-in for vLLM {release} does not implement group {i}'s {type(spec).__name__}, a "
@@ -508,6 +529,52 @@ class KVCacheManager030(KVCacheManager029):
         return []
 
 
+def refuse_replicated_groups_under_dcp(kv_cache_config: Any, dcp_world_size: Any, release: str) -> None:
+    """From 0.31 vLLM splits a group over the decode ranks when its spec
+    says so (``KVCacheSpec.dcp_sharded``: every attention spec unless
+    marked replicated, as a drafter's group may be), where impl splits full
+    attention and keeps every other kind whole.  A model under decode ranks
+    with a full-attention group marked replicated, or another kind marked
+    sharded, would get other block sizes from impl: refused."""
+    if type(dcp_world_size) is not int or dcp_world_size <= 1:
+        return
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        sharded = getattr(spec, "dcp_sharded", None)
+        if sharded is not None and sharded != spec_is(spec, FullAttentionSpec):
+            raise NotImplementedError(
+                f"kvspec's drop-in for vLLM {release} splits only full attention over decode ranks; group {i}'s "
+                f"{type(spec).__name__} has dcp_sharded={sharded} under {dcp_world_size} decode ranks")
+
+
+class KVCacheManager031(KVCacheManager030):
+    """impl's manager with vLLM 0.31.0's API and deltas: a call with no
+    new tokens that adopts a hit (delta zero-token-hit-adoption), every
+    image of a resumed block keyed (delta mm-keys-on-resume, in the
+    hasher), the tagged extra keys (delta tagged-extra-keys, events kept
+    bare), the Mamba flag renamed ``enable_mamba_shared_prefix_checkpoint``,
+    and the coordinator's ``prefill_end``."""
+
+    release = "0.31.0"
+
+    def __init__(self, kv_cache_config: Any, *args: Any,
+                 enable_mamba_shared_prefix_checkpoint: bool = False, **kwargs: Any) -> None:
+        if "enable_mamba_fine_grained_prefix_cache" in kwargs:
+            raise TypeError("enable_mamba_fine_grained_prefix_cache is vLLM 0.30's name; vLLM 0.31 calls it "
+                            "enable_mamba_shared_prefix_checkpoint")
+        if not isinstance(enable_mamba_shared_prefix_checkpoint, bool):
+            raise TypeError("enable_mamba_shared_prefix_checkpoint must be a bool, got "
+                            f"{enable_mamba_shared_prefix_checkpoint!r}")
+        super().__init__(kv_cache_config, *args, **kwargs)
+        del self.mamba_fine_grained_prefix_cache  # 0.30's name
+        # Like 0.30's flag, it takes effect only with Mamba prefill checkpoint blocks (refused): always off.
+        self.mamba_shared_prefix_checkpoint = False
+
+    def refuse_model(self, kv_cache_config: Any, hash_block_size: int, dcp_world_size: int) -> None:
+        super().refuse_model(kv_cache_config, hash_block_size, dcp_world_size)
+        refuse_replicated_groups_under_dcp(kv_cache_config, dcp_world_size, self.release)
+
+
 API: dict[str, dict[str, dict[str, Any]]] = {
     "0.25.1": {},
     "0.26.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager026}},
@@ -522,6 +589,9 @@ API: dict[str, dict[str, dict[str, Any]]] = {
                "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
     "0.30.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager030},
                "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.30.0")},
+               "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
+    "0.31.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager031},
+               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.31.0")},
                "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
 }
 """release -> vLLM module -> the names whose release shape differs from impl's

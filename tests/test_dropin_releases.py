@@ -2,6 +2,8 @@
 API each release's scheduler calls, on impl built with that release's
 deltas.  vLLM's own tests run on them by tools/peer_suite.py --release."""
 
+import dataclasses
+
 import pytest
 
 from kvspec import dropin
@@ -13,10 +15,11 @@ from kvspec.dropin_releases import (
     KVCacheManager028,
     KVCacheManager029,
     KVCacheManager030,
+    KVCacheManager031,
 )
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request
-from kvspec.testing import config, full, mamba, swa
+from kvspec.testing import config, full, mamba, mla, swa
 
 
 def _manager_of(cls, *specs, num_blocks=32, scheduler_block_size=4, **options):
@@ -380,6 +383,55 @@ def test_0_30_api_the_fine_grained_flag_partial_tails_and_groups_by_id():
     assert blocks.get_block_ids(group_ids=(1,)) == (blocks.get_block_ids()[1],)
     assert blocks.get_block_ids(group_ids=(1, 0)) == tuple(reversed(blocks.get_block_ids()))
     assert manager.block_pool.null_block.block_id == 0
+
+
+def test_0_31_api_the_renamed_flag_and_prefill_end():
+    manager = _manager_of(KVCacheManager031, full(4), mamba(4, "align"), enable_mamba_shared_prefix_checkpoint=True)
+    assert manager.mamba_shared_prefix_checkpoint is False  # needs Mamba prefill checkpoint blocks (refused)
+    assert not hasattr(manager, "mamba_fine_grained_prefix_cache")
+    with pytest.raises(TypeError, match="0.30's name; vLLM 0.31 calls it enable_mamba_shared_prefix_checkpoint"):
+        _manager_of(KVCacheManager031, full(4), enable_mamba_fine_grained_prefix_cache=True)
+    with pytest.raises(TypeError, match="enable_mamba_shared_prefix_checkpoint must be a bool, got 1"):
+        _manager_of(KVCacheManager031, full(4), enable_mamba_shared_prefix_checkpoint=1)
+    asked = dict(request_id="a", num_tokens=9, new_computed_blocks=manager.empty_kv_cache_blocks.blocks,
+                 num_encoder_tokens=0, total_computed_tokens=0, num_local_computed_tokens=0, num_tokens_main_model=9,
+                 apply_admission_cap=True)
+    need = manager.coordinator.get_num_blocks_to_allocate(**asked)
+    assert manager.coordinator.get_num_blocks_to_allocate(**asked, prefill_end=8) == need  # no checkpoint blocks
+    with pytest.raises(ValueError, match="prefill_end must be an int >= 0, got -1"):
+        manager.coordinator.get_num_blocks_to_allocate(**asked, prefill_end=-1)
+
+
+def test_0_31_a_call_with_no_new_tokens_adopts_a_hit():
+    manager = _manager_of(KVCacheManager031, full(4))
+    _compute(manager, _request("a", range(9)), 9)
+    second = _request("b", range(9))
+    blocks, hit, _ = manager.get_computed_blocks(second)
+    assert hit == 8 and manager.allocate_slots(second, 0, hit, blocks) is not None
+    assert manager.get_block_ids("b") == ([1, 2],) and manager.get_block_ids("a") == ([1, 2, 3],)  # shared, no new
+    older = _manager_of(KVCacheManager030, full(4))
+    _compute(older, _request("a", range(9)), 9)
+    blocks, hit, _ = older.get_computed_blocks(second)
+    with pytest.raises(ValueError, match="num_new_tokens must be > 0"):
+        older.allocate_slots(second, 0, hit, blocks)
+
+
+def test_0_31_refuses_a_group_decode_ranks_split_otherwise_than_impl():
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class MLAAttentionSpec(type(mla(4))):  # vLLM 0.31's shape: the spec says whether decode ranks split it
+        dcp_sharded: bool = True
+
+    draft = MLAAttentionSpec(dcp_sharded=False, **{f.name: getattr(mla(4), f.name) for f in dataclasses.fields(mla(4))})
+    with pytest.raises(NotImplementedError, match="group 1's MLAAttentionSpec has dcp_sharded=False under 2 decode"):
+        _manager_of(KVCacheManager031, full(4), draft, scheduler_block_size=8, dcp_world_size=2)
+    _manager_of(KVCacheManager031, full(4), draft)  # no decode ranks: nothing to split
+
+
+def test_0_31_refuses_bounded_replay():
+    bounded = type("SlidingWindowMLASpec", (type(swa(4, 8)),), {"bounded_replay": True, "prefix_cacheable": False})
+    spec = bounded(**{f.name: getattr(swa(4, 8), f.name) for f in dataclasses.fields(swa(4, 8))})
+    with pytest.raises(NotImplementedError, match="group 1's bounded replay .SlidingWindowMLASpec.bounded_replay=True"):
+        _manager_of(KVCacheManager031, full(4), spec)
 
 
 def test_0_30_stored_events_name_the_session_where_the_event_class_has_the_field():

@@ -141,6 +141,22 @@ SUITES: dict[str, Suite] = {
             "1a15f0fce88694b4a628bf30fb72f2e32042f59f77a8084277a4948ad039f733",
         "tests/v1/kv_connector/unit/utils.py": "3a79e77421bbaecc7a0b0db82cc2575895b17133ddc108a0fe4eabce036b68da",
     }),
+    "0.31.0": Suite("dde46f1efbe846e5bd0c5c4ec6ec71842c42254c7ff3d9bebb2a57028715d380", {
+        "tests/v1/core/__init__.py": _EMPTY,
+        "tests/v1/core/utils.py": "2e7071e98e83c685ed230982ba46dfccb95191f725578bb915a57ab239032694",
+        "tests/v1/core/test_prefix_caching.py": "bf10471a1fa44ff38a7cb733c83ed77571ca8982ae933cc80e3bf26b25f20348",
+        "tests/v1/core/test_single_type_kv_cache_manager.py":
+            "6728ec798f9a47eb5a63af8f74d3981362a87de9690580141e57ee67027a93c4",
+        "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+        "tests/v1/core/test_kv_cache_utils.py": "56254f83b4088809a9b5abe9888c66886cf6d18b91407024baaca80ad410bf49",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+            "4690f15c17e09b3c4b0f78a3a6f131189db336b58229c99100b10c5dfe6e7e22",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py":
+            "610ed4c1b80b3e3c193ef52119da4dd1db3bbc3cad5b63f77a552bd76901cf71",
+        "tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py":
+            "00dd142a96ebff8626e1b58d61b6494ea56606ed07c71ff2a9d99db1eca52fd5",
+        "tests/v1/kv_connector/unit/utils.py": "f77a3a8989976f812b066c19ce23ca6fab7486dd7ff21d647f4ffdfb4f039ff0",
+    }),
 }
 """The releases whose tests this runs (each also one the drop-in knows)."""
 
