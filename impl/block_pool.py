@@ -196,6 +196,8 @@ class BlockPool:
         keys = require_deltas(deltas)
         self._freed_to_tail = not enable_caching and "free-order-without-caching" in keys \
             and "free-order-restored" not in keys
+        # From 0.32 a partial entry may sit at a block boundary, or in a block of one hash block.
+        self._entries_at_boundaries = "partial-entries-at-boundaries" in keys
 
     # --- lookup ---------------------------------------------------------------
 
@@ -505,7 +507,8 @@ class BlockPool:
     ) -> BlockHashWithGroupId | None:
         """Make ``block`` a hit for the prefix of ``num_tokens`` tokens, a
         ``hash_block_size`` boundary inside the block (vLLM 0.25.1's
-        partial-block prefix caching): the key is the request's hash at that
+        partial-block prefix caching; from 0.32, release delta
+        partial-entries-at-boundaries, at its end too): the key is the request's hash at that
         boundary.  A block without a hash takes it as its own; one with a
         shorter prefix's hash gives that up first; otherwise the key is an
         extra entry the block owns (dropped with it on eviction, reset or
@@ -515,10 +518,10 @@ class BlockPool:
         if not self.enable_caching:
             raise RuleError("hash-map-consistency", "prefix caching is disabled on this pool")
         hbs = self.hash_block_size
-        if not (block_size > hbs and block_size % hbs == 0):
+        if block_size % hbs or (block_size <= hbs and not self._entries_at_boundaries):
             raise RuleError("block-size-coherence",
                             f"partial entries need a block_size that is a larger multiple of {hbs}, got {block_size}")
-        if num_tokens <= 0 or num_tokens % hbs or num_tokens % block_size == 0:
+        if num_tokens <= 0 or num_tokens % hbs or (num_tokens % block_size == 0 and not self._entries_at_boundaries):
             raise RuleError("hash-map-consistency", f"{num_tokens} tokens is not a partial block boundary "
                             f"(a multiple of {hbs} inside a block of {block_size})")
         num_hashes = num_tokens // hbs

@@ -810,12 +810,18 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     def find_longest_cache_hit_per_group(
         self, block_hashes: list[bytes], max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
-        """Each spec group's own longest hit, not reconciled (for KV connectors)."""
+        """Each spec group's own longest hit, not reconciled (for KV connectors).
+        An EAGLE group searches one block past the bound, and drops it; from
+        0.32 (release delta eagle-lookahead-hashes) up to the request's last
+        full hash block, as the reconciled lookup does."""
         num_groups = len(self.kv_cache_config.kv_cache_groups)
         blocks_by_group: list[list[KVCacheBlock]] = [[] for _ in range(num_groups)]
         lengths: list[int] = [0] * num_groups
         for group in self.attention_groups:
-            hits = self._lookup(group, block_hashes, max_cache_hit_length, group.use_eagle)
+            limit = max_cache_hit_length
+            if group.use_eagle and self._lookahead_hashes:
+                limit = min(limit + group.spec.block_size, len(block_hashes) * self.hash_block_size)
+            hits = self._lookup(group, block_hashes, limit, group.use_eagle)
             length = len(hits[0]) * group.spec.block_size
             for gid, blocks in zip(group.group_ids, hits, strict=True):
                 blocks_by_group[gid] = blocks

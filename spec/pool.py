@@ -408,8 +408,10 @@ class SpecBlockPool:
         Requires: the pool caches at all; ``block_size`` a multiple of
         ``hash_block_size`` larger than it; ``num_tokens`` a positive
         multiple of ``hash_block_size`` that is not a multiple of
-        ``block_size``; the request has ``num_tokens // hash_block_size``
-        hashes; the block is held.
+        ``block_size`` (from 0.32, release delta partial-entries-at-boundaries:
+        any ``block_size`` that is a multiple of ``hash_block_size``, and any
+        positive multiple of it -- a block boundary included); the request has
+        ``num_tokens // hash_block_size`` hashes; the block is held.
 
         Guarantees: the key is (the request's hash at that boundary,
         ``group_id``).  If the block is already listed under it, nothing
@@ -430,10 +432,11 @@ class SpecBlockPool:
         if not s.enable_caching:
             raise RuleError("hash-map-consistency", "prefix caching is disabled on this pool")
         hbs = s.hash_block_size
-        if block_size <= hbs or block_size % hbs:
+        at_boundaries = releases.current().has("partial-entries-at-boundaries")
+        if block_size % hbs or (block_size <= hbs and not at_boundaries):
             raise RuleError("block-size-coherence",
                             f"partial entries need a block_size that is a larger multiple of {hbs}, got {block_size}")
-        if num_tokens == 0 or num_tokens % hbs or num_tokens % block_size == 0:
+        if num_tokens == 0 or num_tokens % hbs or (num_tokens % block_size == 0 and not at_boundaries):
             raise RuleError("hash-map-consistency", f"{num_tokens} tokens is not a partial block boundary "
                             f"(a multiple of {hbs} inside a block of {block_size})")
         n = num_tokens // hbs

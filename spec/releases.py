@@ -236,6 +236,14 @@ DELTAS: tuple[Delta, ...] = (
         "whole prompt; a block-aligned prompt's tail may thus be registered one hash block earlier.",
         rules=("hash-map-consistency",)),
     Delta(
+        "0.32.0", "partial-entries-at-boundaries",
+        "BlockPool.cache_partial_block accepts any positive multiple of the hash block size, in a block whose "
+        "size is a multiple of it: an entry at a block boundary, or in a block of one hash block, is keyed by the "
+        "request's hash there as any entry is (nothing changes when the block already holds that key, as its own "
+        "key or a further one).  The base refuses everything but a boundary strictly inside a block larger than "
+        "the hash block.",
+        rules=("hash-map-consistency",)),
+    Delta(
         "0.33.0", "mamba-all-removed",
         "Mamba's `all` cache mode is gone: a Mamba group with prefix caching must use `align`, and a model "
         "configured with `all` is refused.  Layouts with an `all` Mamba group do not exist in this release.",

@@ -525,3 +525,57 @@ def test_from_0_31_a_resumed_block_keys_every_image_it_holds():
     (new_a, fresh_a), (new_c, _) = (_two_images_then_a_generated_token("0.31.0", image) for image in ("A", "C"))
     assert new_a[1] != new_c[1] and new_a == fresh_a
     assert releases.current().mm_resume_scan == "last"  # judging() restored the base
+
+
+def test_from_0_32_the_pool_keys_a_partial_entry_at_a_block_boundary():
+    """Delta partial-entries-at-boundaries: until 0.31 cache_partial_block
+    refuses an entry at a block boundary or in a block of one hash block
+    (vLLM asserted: docs/release-survey/partial_entry_at_a_block_boundary.py);
+    from 0.32 it keys it, and the spec's pool and impl's agree on the state.
+    A boundary that is no whole hash block stays refused."""
+    from kvspec.conformance.targets.pool import ImplPoolTarget
+    from kvspec.errors import RuleError
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.request import Request
+    from kvspec.spec.pool import SpecBlockPool
+
+    for version, accepted in (("0.31.0", False), ("0.32.0", True)):
+        with releases.judging(version):
+            states = []
+            for pool in (SpecBlockPool(6, True, 2), ImplPoolTarget(6, True, 2)):
+                request = Request("a", [0, 1, 0, 1], block_hasher=get_request_block_hasher(2))
+                (block,) = pool.get_new_blocks(1)
+                block = getattr(block, "block_id", block)
+                for num_tokens, block_size in ((2, 2), (4, 4)):
+                    if accepted:
+                        pool.cache_partial_block(request, block, num_tokens, 0, block_size)
+                    else:
+                        with pytest.raises(RuleError):
+                            pool.cache_partial_block(request, block, num_tokens, 0, block_size)
+                with pytest.raises(RuleError, match="not a partial block boundary"):
+                    pool.cache_partial_block(request, block, 3, 0, 4)
+                states.append(pool.snapshot())
+            assert states[0] == states[1], version
+            assert bool(states[0].table) == accepted
+
+
+def test_from_0_32_a_connector_s_per_group_lookup_peeks_as_the_reconciled_one_does():
+    """Delta eagle-lookahead-hashes reaches the per-group lookup a KV
+    connector asks (vLLM 0.32's find_longest_cache_hit_per_group): on a
+    block-aligned prompt an EAGLE full-attention group searches up to the
+    last full hash block, so it keeps one block more than on 0.31."""
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.impl import KVCacheManager
+    from kvspec.request import Request
+    from kvspec.testing import config, full, mamba
+
+    hits = {}
+    for version in ("0.31.0", "0.32.0"):
+        manager = KVCacheManager(config(full(4), mamba(4, "align"), num_blocks=32), 64, 4, 4, use_eagle=True,
+                                 deltas=impl_deltas(releases.judged(version)))
+        first = Request("a", list(range(16)), block_hasher=get_request_block_hasher(4))
+        assert manager.allocate_slots(first, 16) is not None
+        second = Request("b", list(range(16)), block_hasher=get_request_block_hasher(4))
+        _, lengths = manager.coordinator.find_longest_cache_hit_per_group(second.block_hashes, 15)
+        hits[version] = lengths[0]
+    assert hits == {"0.31.0": 8, "0.32.0": 12}

@@ -204,8 +204,10 @@ export class Pool {
     requireCount(num_tokens, "num_tokens");
     if (!this.caching) throw new Refusal("ValueError", "prefix caching is disabled on this pool");
     const hbs = this.hashBlockSize;
-    if (block_size <= hbs || block_size % hbs) throw new Refusal("ValueError", "block size incoherent");
-    if (num_tokens === 0 || num_tokens % hbs || num_tokens % block_size === 0) {
+    // From 0.32 (spec 9 delta partial-entries-at-boundaries) an entry may sit at a block boundary too.
+    const atBoundaries = atLeast(this.release, "0.32.0");
+    if ((block_size <= hbs && !atBoundaries) || block_size % hbs) throw new Refusal("ValueError", "block size incoherent");
+    if (num_tokens === 0 || num_tokens % hbs || (num_tokens % block_size === 0 && !atBoundaries)) {
       throw new Refusal("ValueError", `${num_tokens} tokens is not a partial block boundary`);
     }
     const n = num_tokens / hbs;
