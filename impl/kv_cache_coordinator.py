@@ -267,6 +267,9 @@ class KVCacheCoordinator(ABC):
             )
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
         )
+        for manager in self.single_type_managers:
+            if isinstance(manager, MambaManager):
+                manager.use_eagle_checkpoint = use_eagle
         if split_over > 1:  # each manager says over how many ranks its blocks spread, as vLLM's do
             for manager in self.single_type_managers:
                 if not isinstance(manager, MambaManager):
@@ -455,6 +458,11 @@ class KVCacheCoordinator(ABC):
         replay = self._replay_boundaries_to_keep(request)
         for manager in self.single_type_managers:
             manager.cache_blocks(request, num_computed_tokens, self.retention_interval, replay)
+
+    def num_cacheable_tokens(self, num_computed_tokens: int, group_id: int) -> int:
+        """How many computed tokens group ``group_id`` caches: all of them
+        (a hybrid stops at the scheduler's block boundary)."""
+        return num_computed_tokens
 
     def free(self, request_id: str) -> None:
         for manager in self.single_type_managers:
@@ -722,17 +730,21 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         )
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        """Cache up to the last scheduler-block boundary (hits never end
-        elsewhere); EAGLE groups also cache the block past it, which their
-        lookups read and drop."""
+        replay = self._replay_boundaries_to_keep(request)
+        for group_id, manager in enumerate(self.single_type_managers):
+            manager.cache_blocks(request, self.num_cacheable_tokens(num_computed_tokens, group_id),
+                                 self.retention_interval, replay)
+
+    def num_cacheable_tokens(self, num_computed_tokens: int, group_id: int) -> int:
+        """How many computed tokens group ``group_id`` caches: up to the last
+        scheduler-block boundary (hits never end elsewhere); an EAGLE group
+        also the block past it, which its lookups read and drop."""
         sbs = self.scheduler_block_size
         aligned = num_computed_tokens // sbs * sbs
-        replay = self._replay_boundaries_to_keep(request)
-        for manager in self.single_type_managers:
-            num_tokens = aligned
-            if manager.use_eagle and aligned > 0:
-                num_tokens = min(num_computed_tokens, aligned + manager.block_size)
-            manager.cache_blocks(request, num_tokens, self.retention_interval, replay)
+        manager = self.single_type_managers[group_id]
+        if manager.use_eagle and aligned > 0:
+            return min(num_computed_tokens, aligned + manager.block_size)
+        return aligned
 
     def _hashes_for(self, block_hashes: list[bytes], spec: KVCacheSpec) -> Sequence[bytes]:
         return block_hashes_for_size(block_hashes, self.hash_block_size, spec.block_size)

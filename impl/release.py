@@ -30,6 +30,8 @@ IMPLEMENTED: frozenset[str] = frozenset({
     "retention-zero-anywhere",  # 0.29: a retention interval of 0 is accepted on any model
     "eagle-replay-boundaries",  # 0.30: with a drafter, a prompt's replay resumes a scheduler block lower
     "mamba-retire-across-gaps",  # 0.30: Mamba align frees every state before the window, past null gaps
+    "mamba-boundary-remarked",  # 0.32: Mamba align counts the prompt's boundary state cached this step, again
+    "mamba-boundary-remark-fixed",  # 0.33: undoes mamba-boundary-remarked
     "partial-entries-at-boundaries",  # 0.32: the pool keys a partial entry at a block boundary too
     "partial-tail-resend-boundary",  # 0.32: the partial tail ends before the prompt's last token (not EAGLE)
     "eagle-lookahead-hashes",  # 0.32: a hybrid's EAGLE group peeks up to the request's last full hash block

@@ -880,6 +880,10 @@ class MambaManager(SingleTypeKVCacheManager):
         # null gaps or not; request id -> how many leading table slots are known to be null (a null slot
         # never holds a block again, so the scan for states to retire starts there).
         self._retires_across_gaps = mode == "align" and "mamba-retire-across-gaps" in self.deltas
+        # 0.32 only: the prompt's boundary state is counted cached this step on every call that reaches it.
+        self._remarks_prompt_boundary = mode == "align" and "mamba-boundary-remarked" in self.deltas \
+            and "mamba-boundary-remark-fixed" not in self.deltas
+        self.use_eagle_checkpoint = False  # set by the coordinator: the manager runs an EAGLE drafter
         self._null_prefix: dict[str, int] = {}
 
     @classmethod
@@ -1127,14 +1131,30 @@ class MambaManager(SingleTypeKVCacheManager):
     ) -> None:
         request_id = request.request_id
         before = self.num_cached_block.get(request_id, 0)
-        if before >= num_tokens // self.block_size:
-            return
-        super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
-        after = self.num_cached_block.get(request_id, 0)
-        if after > before:
+        if before < num_tokens // self.block_size:
+            super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
+            after = self.num_cached_block.get(request_id, 0)
             for block in self.req_to_blocks[request_id][before:after]:
                 if block.block_hash is not None:
                     self.cached_blocks_this_step.add(block.block_hash)
+        if self._remarks_prompt_boundary:
+            self._remark_prompt_boundary(request, num_tokens)
+
+    def _remark_prompt_boundary(self, request: Any, num_tokens: int) -> None:
+        """vLLM 0.32 only (release delta mamba-boundary-remarked): at the
+        prompt's last reusable state boundary, key the state block there and
+        count it cached this step, again on every call that reaches it."""
+        hbs = self.block_pool.hash_block_size
+        prompt = request.num_prompt_tokens
+        boundary = prompt // hbs * hbs - hbs if self.use_eagle_checkpoint else (prompt - 1) // hbs * hbs
+        if num_tokens <= 0 or num_tokens % hbs or num_tokens != max(boundary, 0):
+            return
+        blocks = self.req_to_blocks.get(request.request_id, ())
+        index = -(-num_tokens // self.block_size) - 1
+        if index < len(blocks) and not blocks[index].is_null:
+            key = self.block_pool.cache_partial_block(request, blocks[index], num_tokens, self.kv_cache_group_id,
+                                                      self.block_size)
+            self.cached_blocks_this_step.add(key)
 
     def new_step_starts(self) -> None:
         self.cached_blocks_this_step.clear()

@@ -67,7 +67,7 @@ from kvspec.spec.coordinator import (
     UnitaryCoordinator,
 )
 from kvspec.spec.interface import Event, ManagerSnapshot, annotated
-from kvspec.spec.kinds import NULL, CrossAttention, OutOfBlocks, group_class
+from kvspec.spec.kinds import NULL, CrossAttention, Mamba, OutOfBlocks, group_class
 from kvspec.spec.layout import block_ranks, managed_spec
 from kvspec.spec.pool import SpecBlockPool, TrialPool
 
@@ -204,6 +204,9 @@ class SpecKVCacheManager:
             pool, groups, scheduler_block_size, hash_block_size, eagle, retention_interval,
             has_drafter(kv_cache_config, use_eagle),
         )
+        for group in groups:
+            if isinstance(group, Mamba):
+                group.use_eagle_checkpoint = use_eagle
 
     @staticmethod
     def _managed_specs(kv_cache_config: KVCacheConfig, dcp_world_size: int, pcp_world_size: int) -> list:

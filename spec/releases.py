@@ -244,10 +244,27 @@ DELTAS: tuple[Delta, ...] = (
         "the hash block.",
         rules=("hash-map-consistency",)),
     Delta(
+        "0.32.0", "mamba-boundary-remarked",
+        "A Mamba group in align mode, asked to cache a request's first n tokens where n is the prompt's last "
+        "reusable state boundary -- (P - 1) // H * H, or with use_eagle P // H * H - H (at least 0), for a "
+        "prompt of P tokens and hash blocks of H -- keys the block holding that state at n (a partial entry, "
+        "delta partial-entries-at-boundaries; the key it already holds, in the layouts served) and counts it "
+        "cached this step, whether or not it was cached before.  So while the request computes the tokens past "
+        "that boundary, every step marks the state again, and a sibling whose hit ends on it is refused a slot "
+        "in that step (chapter 5: a hit on a state cached this step waits).  vLLM's scheduler reaches it: with "
+        "requests behind a shared prompt it admits the first and stops at the second.",
+        rules=("hit-optimality",)),
+    Delta(
         "0.33.0", "mamba-all-removed",
         "Mamba's `all` cache mode is gone: a Mamba group with prefix caching must use `align`, and a model "
         "configured with `all` is refused.  Layouts with an `all` Mamba group do not exist in this release.",
         status=OUTSIDE),
+    Delta(
+        "0.33.0", "mamba-boundary-remark-fixed",
+        "Delta mamba-boundary-remarked is undone: the boundary's block is keyed and counted cached this step "
+        "only where it does not hold that key yet -- never, where retention keeps the boundary, as it does in "
+        "every layout served -- so a running request's state no longer stalls a sibling's hit.",
+        rules=("hit-optimality",)),
     Delta(
         "0.34.0", "common-prefix-blocks-removed",
         "KVCacheManager.get_num_common_prefix_blocks, cascade attention's question, is gone; the machines no "

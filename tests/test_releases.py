@@ -579,3 +579,43 @@ def test_from_0_32_a_connector_s_per_group_lookup_peeks_as_the_reconciled_one_do
         _, lengths = manager.coordinator.find_longest_cache_hit_per_group(second.block_hashes, 15)
         hits[version] = lengths[0]
     assert hits == {"0.31.0": 8, "0.32.0": 12}
+
+
+def _sibling_in_the_step_the_owner_passes_its_boundary(version: str, manager_kind: str) -> bool:
+    """A prompt of 5 tokens (blocks and hash blocks of 2: its last reusable
+    state boundary is 4) computed as vLLM's scheduler splits it for Mamba
+    align -- 4 tokens, then in the next step the fifth -- and, in that next
+    step, a sibling with the same prompt hitting the state at 4: admitted?
+    (docs/release-survey/mamba_boundary_remarked.py shows it on vLLM.)"""
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.impl import KVCacheManager
+    from kvspec.request import Request
+    from kvspec.spec.manager import SpecKVCacheManager
+
+    layout = MANAGER_LAYOUTS["full+mamba-align"]
+    with releases.judging(version) as release:
+        args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
+        manager = KVCacheManager(*args, deltas=impl_deltas(release)) if manager_kind == "impl" \
+            else SpecKVCacheManager(*args)
+        hasher = get_request_block_hasher(layout.hash_block_size)
+        owner = Request("a", [1, 2, 3, 4, 5], block_hasher=hasher)
+        assert manager.allocate_slots(owner, 4) is not None
+        owner.num_computed_tokens = 4
+        manager.new_step_starts()
+        assert manager.allocate_slots(owner, 1) is not None
+        sibling = Request("b", [1, 2, 3, 4, 5], block_hasher=hasher)
+        blocks, hit = manager.get_computed_blocks(sibling)[:2]
+        assert hit == 4
+        return manager.allocate_slots(sibling, 1, hit, blocks) is not None
+
+
+def test_in_0_32_only_a_sibling_waits_while_the_owner_passes_its_prompt_boundary():
+    """Deltas mamba-boundary-remarked (0.32.0) and mamba-boundary-remark-fixed
+    (0.33.0): on 0.32 Mamba align counts the state at the prompt's last
+    reusable boundary cached again in the step the owner computes past it,
+    so the sibling's hit on it waits a step; 0.31 and 0.33 admit it.  The
+    spec and impl agree on each release (vLLM 0.31 admits, 0.32 refuses,
+    0.34 admits: the standalone script)."""
+    for version, admitted in (("0.31.0", True), ("0.32.0", False), ("0.33.0", True)):
+        assert _sibling_in_the_step_the_owner_passes_its_boundary(version, "spec") is admitted, version
+        assert _sibling_in_the_step_the_owner_passes_its_boundary(version, "impl") is admitted, version

@@ -464,6 +464,28 @@ class Mamba extends Group {
 
   onCached(keys) { for (const k of keys) this.st.cachedThisStep.add(k); } // formula 3: noted until new_step_starts
 
+  // spec 9 delta mamba-boundary-remarked (0.32 only): the state at the prompt's last reusable boundary is
+  // keyed and noted as cached this step again whenever caching reaches exactly that boundary.
+  cacheBlocks(request, numTokens) {
+    super.cacheBlocks(request, numTokens);
+    if (this.align && atLeast(this.m.release, "0.32.0") && !atLeast(this.m.release, "0.33.0")) {
+      this.remarkPromptBoundary(request, numTokens);
+    }
+  }
+
+  remarkPromptBoundary(request, numTokens) {
+    const H = this.m.hashBlockSize;
+    const P = request.num_prompt_tokens;
+    const boundary = Math.max(this.m.useEagle ? fdiv(P, H) * H - H : fdiv(P - 1, H) * H, 0);
+    if (numTokens <= 0 || numTokens % H || numTokens !== boundary) return;
+    const table = this.table(request.id);
+    const pos = Math.ceil(numTokens / this.B) - 1;
+    if (!table || pos >= table.length || table[pos] === NULL_BLOCK) return;
+    const key = this.pool.cache_partial_block({ request, block_id: table[pos], num_tokens: numTokens, group_id: this.id,
+                                                block_size: this.B });
+    this.st.cachedThisStep.add(key.bytes);
+  }
+
   newStepStarts() { this.st.cachedThisStep.clear(); }
 
   free(reqId) {
@@ -536,6 +558,7 @@ export class Manager {
     if (typeof watermark !== "number" || watermark < 0) refuse("ValueError", "watermark must be a number >= 0 (allocation-accounting)");
     this.watermarkBlocks = Math.floor(watermark * num_blocks);
     this.groups = groups.map((spec, id) => new (GROUP_CLASS[spec.type])(this, id, spec, sizes[id]));
+    this.useEagle = use_eagle; // spec 9 mamba-boundary-remarked: the boundary with a drafter
     this.markEagleGroups(use_eagle, eagle_groups);
     this.withDrafter = use_eagle || eagle_groups.length > 0; // has_drafter (spec 9, eagle-replay-boundaries)
     this.specGroups = this.buildSpecGroups();

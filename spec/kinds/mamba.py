@@ -46,6 +46,8 @@ class Mamba(GroupManager):
         # align mode only: who has allocated, and where the previous state sits
         self.allocated: set[str] = set()
         self.last_state_position: dict[str, int] = {}
+        # whether the manager runs an EAGLE drafter (use_eagle): its prompt boundary is a hash block lower
+        self.use_eagle_checkpoint = False
 
     def skipped_tokens(self, num_computed_tokens: int) -> int:
         """Only the state after the last computed token is needed."""
@@ -189,7 +191,10 @@ class Mamba(GroupManager):
 
     def cache(self, request, num_tokens, retention, replay=None):
         """As for attention; the newly cached states are remembered until the
-        next step (their hits are refused until then)."""
+        next step (their hits are refused until then).  In 0.32 only (release
+        delta mamba-boundary-remarked) the state at the prompt's last
+        reusable boundary is remembered again whenever ``num_tokens`` is that
+        boundary."""
         rid = request.request_id
         before = self.num_cached.get(rid, 0)
         super().cache(request, num_tokens, retention, replay)
@@ -199,6 +204,25 @@ class Mamba(GroupManager):
             for b in self.table(rid)[before:after]:
                 if b != NULL and b in keys:
                     self.cached_this_step.add(keys[b])
+        release = releases.current()
+        if self.mode == "align" and release.has("mamba-boundary-remarked") \
+                and not release.has("mamba-boundary-remark-fixed"):
+            self._remark_prompt_boundary(request, num_tokens)
+
+    def _remark_prompt_boundary(self, request, num_tokens):
+        """Key the state block at the prompt's last reusable boundary, if
+        ``num_tokens`` is it, and remember it as cached this step."""
+        hbs = self.pool.state.hash_block_size
+        prompt = request.num_prompt_tokens
+        boundary = prompt // hbs * hbs - hbs if self.use_eagle_checkpoint else (prompt - 1) // hbs * hbs
+        if num_tokens <= 0 or num_tokens % hbs or num_tokens != max(boundary, 0):
+            return
+        table = self.table(request.request_id)
+        position = cdiv(num_tokens, self.block_size) - 1
+        if position < len(table) and table[position] != NULL:
+            key = self.pool.cache_partial_block(request, table[position], num_tokens, self.group_id,
+                                                self.block_size)
+            self.cached_this_step.add(key)
 
     def free(self, rid):
         self.allocated.discard(rid)
