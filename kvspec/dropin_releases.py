@@ -72,9 +72,19 @@ release's deltas.
   replicated drafter group), bounded replay
   (``SlidingWindowMLASpec(bounded_replay=True)``).
 
+- **0.32.0**: ``allocate_slots(skip_zeroing_group_ids=...)`` (a KV
+  connector's loaded groups' external blocks are not zeroed);
+  ``get_num_common_prefix_blocks`` answers zeros and
+  ``get_zeroing_block_ids_in_range`` is gone; the coordinator's
+  ``get_num_cacheable_tokens``; a partial entry at a block boundary (release
+  delta partial-entries-at-boundaries); Mamba align's prompt-boundary state
+  counted cached again in the step its owner computes past it (delta
+  mamba-boundary-remarked, which 0.33 undid); the EAGLE peek in a
+  connector's per-group lookup (delta eagle-lookahead-hashes).
+
 A release the drop-in knows is one with an entry in :data:`API`.  The later
-releases changed the calls further (0.32: zeroing skipped per group; 0.33:
-hash lookahead and a hit bound; 0.34: the pool's block fields), and some of
+releases changed the calls further (0.33: hash lookahead and a hit bound;
+0.34: the pool's block fields), and some of
 their semantics (``docs/release-survey.md``), and are refused by
 :func:`kvspec.dropin.check_release`, in one line.
 """
@@ -575,6 +585,68 @@ class KVCacheManager031(KVCacheManager030):
         refuse_replicated_groups_under_dcp(kv_cache_config, dcp_world_size, self.release)
 
 
+class Removed:
+    """A method a release removed from a class: the drop-in's class lacks it
+    too (``hasattr`` answers False, a call is vLLM's ``AttributeError``)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        raise AttributeError(f"{self.name} is gone from vLLM's KVCacheManager since 0.32")
+
+
+class KVCacheManager032(KVCacheManager031):
+    """impl's manager with vLLM 0.32.0's API and deltas: a connector's
+    loaded groups' external blocks left out of zeroing
+    (``allocate_slots(skip_zeroing_group_ids=...)``), no common-prefix
+    question (zeros), the coordinator's cacheable-token count."""
+
+    release = "0.32.0"
+    get_zeroing_block_ids_in_range = Removed()
+
+    def __init__(self, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(kv_cache_config, *args, **kwargs)
+        # vLLM 0.32's name for what a group caches of a request's computed tokens (a CPU-offload connector asks).
+        self.coordinator.get_num_cacheable_tokens = self.coordinator.num_cacheable_tokens
+
+    def allocate_slots(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Any = None, num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+                       num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
+                       has_scheduled_reqs: bool = True, skip_zeroing_group_ids: Any = ()) -> Any:
+        """As impl's, and the blocks taken for the connector's external
+        tokens in ``skip_zeroing_group_ids`` (the groups it loads) are not
+        named for zeroing: their KV arrives whole."""
+        if not isinstance(skip_zeroing_group_ids, tuple | list) or any(
+                type(g) is not int or not 0 <= g < self.num_kv_cache_groups for g in skip_zeroing_group_ids):
+            raise TypeError(f"skip_zeroing_group_ids must be a tuple of group ids below {self.num_kv_cache_groups}, "
+                            f"got {skip_zeroing_group_ids!r}")
+        managers = self.coordinator.single_type_managers
+        skipped = [g for g in skip_zeroing_group_ids if managers[g].records_new_block_ids] \
+            if num_external_computed_tokens and request.request_id not in managers[0].num_cached_block else []
+        recorded = {g: len(managers[g].new_block_ids) for g in skipped}
+        new = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                                     num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
+                                     num_encoder_tokens, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+        if new is not None:
+            local = request.num_computed_tokens + num_new_computed_tokens
+            for g in skipped:
+                manager = managers[g]
+                table = manager.req_to_blocks.get(request.request_id, [])
+                first = len(new_computed_blocks.blocks[g]) if new_computed_blocks is not None else 0
+                end = -(-(local + num_external_computed_tokens) // manager.block_size)
+                external = {block.block_id for block in table[first:end]}
+                ids = manager.new_block_ids
+                ids[recorded[g]:] = [i for i in ids[recorded[g]:] if i not in external]
+        return new
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Cascade attention's question, which 0.32's scheduler no longer
+        asks: zeros, for any request."""
+        return [0] * self.num_kv_cache_groups
+
+
 API: dict[str, dict[str, dict[str, Any]]] = {
     "0.25.1": {},
     "0.26.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager026}},
@@ -592,6 +664,9 @@ API: dict[str, dict[str, dict[str, Any]]] = {
                "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
     "0.31.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager031},
                "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.31.0")},
+               "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
+    "0.32.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager032},
+               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.32.0")},
                "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
 }
 """release -> vLLM module -> the names whose release shape differs from impl's

@@ -16,6 +16,7 @@ from kvspec.dropin_releases import (
     KVCacheManager029,
     KVCacheManager030,
     KVCacheManager031,
+    KVCacheManager032,
 )
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request
@@ -432,6 +433,22 @@ def test_0_31_refuses_bounded_replay():
     spec = bounded(**{f.name: getattr(swa(4, 8), f.name) for f in dataclasses.fields(swa(4, 8))})
     with pytest.raises(NotImplementedError, match="group 1's bounded replay .SlidingWindowMLASpec.bounded_replay=True"):
         _manager_of(KVCacheManager031, full(4), spec)
+
+
+def test_0_32_api_zeroing_skips_common_prefix_zeros_and_the_cacheable_count():
+    manager = _manager_of(KVCacheManager032, full(4), mamba(4, "align"))
+    assert not hasattr(manager, "get_zeroing_block_ids_in_range")  # gone in 0.32
+    loaded = _request("a", range(13))
+    assert manager.allocate_slots(loaded, 4, num_external_computed_tokens=8, skip_zeroing_group_ids=(0,)) is not None
+    table = manager.get_block_ids("a")[0]
+    assert manager.take_new_block_ids() == table[2:]  # the two blocks the connector loads are not zeroed
+    computed = _request("b", range(13))
+    assert manager.allocate_slots(computed, 4, num_external_computed_tokens=8) is not None
+    assert manager.take_new_block_ids() == manager.get_block_ids("b")[0]
+    assert manager.get_num_common_prefix_blocks("a") == [0, 0] == manager.get_num_common_prefix_blocks("nobody")
+    assert manager.coordinator.get_num_cacheable_tokens(11, 0) == 8  # the last scheduler-block boundary
+    with pytest.raises(TypeError, match="skip_zeroing_group_ids must be a tuple of group ids below 2, got \\(2,\\)"):
+        manager.allocate_slots(_request("c", range(9)), 1, skip_zeroing_group_ids=(2,))
 
 
 def test_0_30_stored_events_name_the_session_where_the_event_class_has_the_field():

@@ -157,6 +157,22 @@ SUITES: dict[str, Suite] = {
             "00dd142a96ebff8626e1b58d61b6494ea56606ed07c71ff2a9d99db1eca52fd5",
         "tests/v1/kv_connector/unit/utils.py": "f77a3a8989976f812b066c19ce23ca6fab7486dd7ff21d647f4ffdfb4f039ff0",
     }),
+    "0.32.0": Suite("d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad", {
+        "tests/v1/core/__init__.py": _EMPTY,
+        "tests/v1/core/utils.py": "19313b305ce016a2b1763154e41208a7066b2268ec0d0e1db858b15f71cdcc19",
+        "tests/v1/core/test_prefix_caching.py": "72e355a87950d2d7e13645103b8e83d714c78c9281180aea85b4d7586b7de32f",
+        "tests/v1/core/test_single_type_kv_cache_manager.py":
+            "2dc9daac02f2fbc09e2787f4dfa3c7c556f2c3f7fcfcef9ffade8efaa595c13f",
+        "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+        "tests/v1/core/test_kv_cache_utils.py": "36ce15c73ef8b79486ffa48a6d214e7a4fe5107bed0bd178c056d9f4161c1651",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+            "4690f15c17e09b3c4b0f78a3a6f131189db336b58229c99100b10c5dfe6e7e22",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py":
+            "f716fb719c291adc0eedf81bd963e62f549a251f6bf65c0f45714eb531ac76f0",
+        "tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py":
+            "00dd142a96ebff8626e1b58d61b6494ea56606ed07c71ff2a9d99db1eca52fd5",
+        "tests/v1/kv_connector/unit/utils.py": "7ec9051f3b04868c6f1c5a8052b85f9b7b51e6ddb3eaa25dbfdc1350ce664a82",
+    }),
 }
 """The releases whose tests this runs (each also one the drop-in knows)."""
 
