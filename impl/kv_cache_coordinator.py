@@ -270,10 +270,8 @@ class KVCacheCoordinator(ABC):
         for manager in self.single_type_managers:
             if isinstance(manager, MambaManager):
                 manager.use_eagle_checkpoint = use_eagle
-        if split_over > 1:  # each manager says over how many ranks its blocks spread, as vLLM's do
-            for manager in self.single_type_managers:
-                if not isinstance(manager, MambaManager):
-                    manager.dcp_world_size = split_over
+            elif split_over > 1:  # each manager says over how many ranks its blocks spread, as vLLM's do
+                manager.dcp_world_size = split_over
         # (manager, whether it is sized by encoder tokens): cross attention is.
         self._managers_with_kind = tuple((m, isinstance(m, CrossAttentionManager)) for m in self.single_type_managers)
         # Groups that release blocks as the request advances (others keep all).

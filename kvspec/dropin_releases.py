@@ -624,7 +624,7 @@ class KVCacheManager032(KVCacheManager031):
                             f"got {skip_zeroing_group_ids!r}")
         managers = self.coordinator.single_type_managers
         skipped = [g for g in skip_zeroing_group_ids if managers[g].records_new_block_ids] \
-            if num_external_computed_tokens and request.request_id not in managers[0].num_cached_block else []
+            if num_external_computed_tokens and not self.coordinator.is_running(request.request_id) else []
         recorded = {g: len(managers[g].new_block_ids) for g in skipped}
         new = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                                      num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
@@ -647,27 +647,22 @@ class KVCacheManager032(KVCacheManager031):
         return [0] * self.num_kv_cache_groups
 
 
+def shapes_from_028(manager: type[KVCacheManager], release: str) -> dict[str, dict[str, Any]]:
+    """The names a release from 0.28 on presents differently: its manager,
+    its pool, and ``need_extra_keys`` gone (dead code, removed in 0.28)."""
+    return {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": manager},
+            "vllm.v1.core.block_pool": {"BlockPool": pool_for(release)},
+            "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}}
+
+
 API: dict[str, dict[str, dict[str, Any]]] = {
     "0.25.1": {},
     "0.26.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager026}},
     "0.27.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager027},
                "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.27.0")}},
     "0.27.1": {},  # below: a patch release whose vllm/v1/core and tests/v1/core are 0.27.0's, byte for byte
-    "0.28.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager028},
-               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.28.0")},
-               "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},  # dead code, removed in 0.28
-    "0.29.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager029},
-               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.29.0")},
-               "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
-    "0.30.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager030},
-               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.30.0")},
-               "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
-    "0.31.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager031},
-               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.31.0")},
-               "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
-    "0.32.0": {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": KVCacheManager032},
-               "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.32.0")},
-               "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}},
+    **{manager.release: shapes_from_028(manager, manager.release)
+       for manager in (KVCacheManager028, KVCacheManager029, KVCacheManager030, KVCacheManager031, KVCacheManager032)},
 }
 """release -> vLLM module -> the names whose release shape differs from impl's
 (:data:`GONE`: a name the release removed)."""

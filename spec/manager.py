@@ -512,10 +512,10 @@ class SpecKVCacheManager:
                             ("full_sequence_must_fit", full_sequence_must_fit),
                             ("has_scheduled_reqs", has_scheduled_reqs)):
             _require_bool(value, name)
-        if num_new_tokens == 0 and num_external_computed_tokens == 0 and not (
-                num_new_computed_tokens > 0 and releases.current().has("zero-token-hit-adoption")):
+        adopts_hits = releases.current().has("zero-token-hit-adoption")
+        if num_new_tokens == num_external_computed_tokens == 0 and not (num_new_computed_tokens > 0 and adopts_hits):
             raise RuleError("allocation-accounting", "num_new_tokens must be > 0 when there are no external tokens"
-                            + (" and no hit to adopt" if releases.current().has("zero-token-hit-adoption") else ""))
+                            + (" and no hit to adopt" if adopts_hits else ""))
         hits = self._require_hits(new_computed_blocks)
         self._require_hits_allowed(request, hits, num_external_computed_tokens)
 

@@ -387,6 +387,17 @@ def test_from_0_26_a_full_attention_group_registers_the_prompt_s_partial_tail():
         assert list(partial.values()) == [1] and sorted(sizes) == [2, 8, 8], version
 
 
+def _manager(layout_name: str, release: releases.Release, manager_kind: str) -> object:
+    """The spec's manager or impl's (built with ``release``'s deltas) on a
+    conformance layout; call inside ``releases.judging`` of that release."""
+    from kvspec.impl import KVCacheManager
+    from kvspec.spec.manager import SpecKVCacheManager
+
+    layout = MANAGER_LAYOUTS[layout_name]
+    args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
+    return KVCacheManager(*args, deltas=impl_deltas(release)) if manager_kind == "impl" else SpecKVCacheManager(*args)
+
+
 def _prefill_with_a_step_in_flight(version: str, manager_kind: str) -> list[int]:
     """A 16-token prompt prefilled 4 tokens a step on full attention + Mamba
     align (blocks of 2), as vLLM's engine runs it under async scheduling:
@@ -394,17 +405,11 @@ def _prefill_with_a_step_in_flight(version: str, manager_kind: str) -> list[int]
     pass (its tokens in flight).  Returns the Mamba table's held
     (non-null) positions after each allocation."""
     from kvspec.hashing import get_request_block_hasher
-    from kvspec.impl import KVCacheManager
     from kvspec.request import Request
-    from kvspec.spec.manager import SpecKVCacheManager
 
     layout = MANAGER_LAYOUTS["full+mamba-align"]
     with releases.judging(version) as release:
-        args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
-        if manager_kind == "impl":
-            manager = KVCacheManager(*args, deltas=impl_deltas(release))
-        else:
-            manager = SpecKVCacheManager(*args)
+        manager = _manager("full+mamba-align", release, manager_kind)
         request = Request("r", list(range(16)), block_hasher=get_request_block_hasher(layout.hash_block_size))
         request.num_in_flight_tokens = 0
         held = []
@@ -449,15 +454,11 @@ def _adopt_a_hit_with_no_new_tokens(version: str, manager_kind: str) -> object:
     with no new tokens of its own: its block ids, or the refusal's rule."""
     from kvspec.errors import RuleError
     from kvspec.hashing import get_request_block_hasher
-    from kvspec.impl import KVCacheManager
     from kvspec.request import Request
-    from kvspec.spec.manager import SpecKVCacheManager
 
     layout = MANAGER_LAYOUTS["full"]
     with releases.judging(version) as release:
-        args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
-        manager = KVCacheManager(*args, deltas=impl_deltas(release)) if manager_kind == "impl" \
-            else SpecKVCacheManager(*args)
+        manager = _manager("full", release, manager_kind)
         hasher = get_request_block_hasher(layout.hash_block_size)
         size = layout.hash_block_size
         first = Request("a", list(range(2 * size + 1)), block_hasher=hasher)
@@ -588,15 +589,11 @@ def _sibling_in_the_step_the_owner_passes_its_boundary(version: str, manager_kin
     step, a sibling with the same prompt hitting the state at 4: admitted?
     (docs/release-survey/mamba_boundary_remarked.py shows it on vLLM.)"""
     from kvspec.hashing import get_request_block_hasher
-    from kvspec.impl import KVCacheManager
     from kvspec.request import Request
-    from kvspec.spec.manager import SpecKVCacheManager
 
     layout = MANAGER_LAYOUTS["full+mamba-align"]
     with releases.judging(version) as release:
-        args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
-        manager = KVCacheManager(*args, deltas=impl_deltas(release)) if manager_kind == "impl" \
-            else SpecKVCacheManager(*args)
+        manager = _manager("full+mamba-align", release, manager_kind)
         hasher = get_request_block_hasher(layout.hash_block_size)
         owner = Request("a", [1, 2, 3, 4, 5], block_hasher=hasher)
         assert manager.allocate_slots(owner, 4) is not None
