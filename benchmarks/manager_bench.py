@@ -21,10 +21,13 @@ block size 16, caching on, events off):
 ``serve full+swa``
     The same with a second group, a 128-token sliding window.
 ``serve full+mamba``
-    The same with a Mamba group (prefix caching mode "all").
+    The same with a Mamba group (prefix caching mode "all"; "align" from
+    0.33, which removed "all").
 ``serve eagle``
     Full attention with EAGLE: each decode step carries 2 draft tokens and
-    2 lookahead slots; 0-2 drafts are accepted.
+    2 lookahead slots; 0-2 drafts are accepted.  From 0.33 as its engine
+    runs EAGLE: block hashes cover the drafter's lookahead token
+    (``num_hash_lookahead_tokens=1``) and no hit drops a block.
 ``hash 32k``
     The block hashes of a 32,768-token prompt (2,048 blocks), from scratch.
 ``request 32k``
@@ -61,6 +64,8 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from kvspec.spec.releases import version_key
 
 SYSTEM_PROMPT = 1024
 BLOCK = 16
@@ -229,16 +234,22 @@ def make_sides(groups: str, num_blocks: int, release: str) -> tuple[Side, Side]:
     specs = [v.FullAttentionSpec(**attention)]
     if groups == "full+swa":
         specs.append(v.SlidingWindowSpec(sliding_window=128, **attention))
-    elif groups == "full+mamba":
-        specs.append(v.MambaSpec(block_size=BLOCK, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="all"))
+    elif groups == "full+mamba":  # Mamba's "all" mode is gone from 0.33: "align" there
+        mode = "align" if version_key(release) >= (0, 33) else "all"
+        specs.append(v.MambaSpec(block_size=BLOCK, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode=mode))
     config = v.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
         v.KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)])
     eagle = groups == "eagle"
     args = (config, 8192, BLOCK, BLOCK)
-    vllm_side = Side("vLLM", VllmManager(*args, enable_caching=True, use_eagle=eagle),
-                     kv_cache_utils.get_request_block_hasher(BLOCK, sha256_cbor), eagle)
-    ours = Side("kvspec", KVCacheManager(*args, enable_caching=True, use_eagle=eagle),
-                hashing.get_request_block_hasher(BLOCK, hashing.sha256_cbor), eagle)
+    options: dict[str, Any] = {"use_eagle": eagle}
+    lookahead: tuple[int, ...] = ()
+    if eagle and version_key(release) >= (0, 33):
+        # As 0.33's engine runs EAGLE: hashes cover its lookahead token, and no hit drops a block.
+        options, lookahead = {"use_eagle": False, "num_hash_lookahead_tokens": 1}, (1,)
+    vllm_side = Side("vLLM", VllmManager(*args, enable_caching=True, **options),
+                     kv_cache_utils.get_request_block_hasher(BLOCK, sha256_cbor, *lookahead), eagle)
+    ours = Side("kvspec", KVCacheManager(*args, enable_caching=True, **options),
+                hashing.get_request_block_hasher(BLOCK, hashing.sha256_cbor, *lookahead), eagle)
     return ours, vllm_side
 
 

@@ -33,6 +33,7 @@ from kvspec.hashing import (
     block_hashes_for_size,
     event_extra_keys,
     generate_block_hash_extra_keys,
+    generate_lookahead_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
     make_block_hash_with_group_id,
@@ -41,7 +42,7 @@ from kvspec.hashing import (
 from kvspec.impl import kv_events
 from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 from kvspec.impl.kv_events import MEDIUM_GPU, BlockStored, KVCacheEvent
-from kvspec.impl.release import require_deltas
+from kvspec.impl.release import require_deltas, require_lookahead
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +170,8 @@ class BlockPool:
         enable_kv_cache_events: bool = False,
         metrics_collector: Any = None,
         deltas: Iterable[str] | None = None,
+        *,
+        num_hash_lookahead_tokens: int = 0,
     ):
         if type(num_gpu_blocks) is not int or num_gpu_blocks < 1:
             raise RuleError(
@@ -198,6 +201,7 @@ class BlockPool:
             and "free-order-restored" not in keys
         # From 0.32 a partial entry may sit at a block boundary, or in a block of one hash block.
         self._entries_at_boundaries = "partial-entries-at-boundaries" in keys
+        self.num_hash_lookahead_tokens = require_lookahead(num_hash_lookahead_tokens, keys)
 
     # --- lookup ---------------------------------------------------------------
 
@@ -482,13 +486,24 @@ class BlockPool:
         extra_keys: list[Any] = []
         mm_idx = 0
         chosen_set = set(chosen)
+        lookahead = self.num_hash_lookahead_tokens
+        tokens = request.all_token_ids
+        lookahead_tokens: list[list[int]] = []
         for i in range(num_cached, num_full):
             if i in chosen_set:
-                keys, mm_idx = generate_block_hash_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
+                start, end = i * block_size, (i + 1) * block_size
+                if lookahead:  # the keys of the window the hash covers, and the tokens past the block
+                    keys, mm_idx = generate_lookahead_block_hash_extra_keys(request, start, end, end + lookahead,
+                                                                            mm_idx)
+                    lookahead_tokens.append(list(tokens[end:end + lookahead]))
+                else:
+                    keys, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
                 extra_keys.append(event_extra_keys(keys))
         lora = getattr(request, "lora_request", None)
         events = kv_events.EVENTS
         session = {"session_id": getattr(request, "session_id", None)} if events.stored_session else {}
+        if lookahead:
+            session["lookahead_token_ids"] = lookahead_tokens
         return events.stored(
             **session,
             block_hashes=[maybe_convert_block_hash(hashes[i]) for i in chosen],

@@ -217,6 +217,7 @@ class KVCacheCoordinator(ABC):
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
         deltas: Iterable[str] | None = None,
+        num_hash_lookahead_tokens: int = 0,
     ):
         if retention_interval is RETENTION_FROM_ENV:
             retention_interval = retention_interval_from_env()
@@ -246,8 +247,9 @@ class KVCacheCoordinator(ABC):
             enable_kv_cache_events=enable_kv_cache_events,
             metrics_collector=metrics_collector,
             deltas=self.deltas,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
-        self.eagle_group_ids = eagle_group_ids(kv_cache_config, use_eagle)
+        self.eagle_group_ids = self._eagle_groups(kv_cache_config, use_eagle)
         # From 0.30 (release delta eagle-replay-boundaries) a drafter moves where a prompt's replay resumes.
         self._replay_before_drafts = "eagle-replay-boundaries" in self.deltas and has_drafter(kv_cache_config,
                                                                                                use_eagle)
@@ -281,6 +283,11 @@ class KVCacheCoordinator(ABC):
             g for g, m in enumerate(self.single_type_managers)
             if isinstance(m, MambaManager) and m.mamba_cache_mode == "align"
         )
+
+    def _eagle_groups(self, kv_cache_config: KVCacheConfig, use_eagle: bool) -> set[int]:
+        """The groups whose hits drop the EAGLE block, as this manager's release derives them."""
+        return eagle_group_ids(kv_cache_config, use_eagle,
+                               drop_needs_use_eagle="eagle-drop-needs-use-eagle" in self.deltas)
 
     def _validate(
         self,
@@ -551,11 +558,13 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
         deltas: Iterable[str] | None = None,
+        num_hash_lookahead_tokens: int = 0,
     ):
         super().__init__(
             kv_cache_config, max_model_len, max_num_batched_tokens, use_eagle, False, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, scheduler_block_size, hash_block_size, metrics_collector,
             retention_interval=retention_interval, deltas=deltas,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
         self.num_single_type_manager = len(self.single_type_managers)
 
@@ -587,11 +596,13 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
         deltas: Iterable[str] | None = None,
+        num_hash_lookahead_tokens: int = 0,
     ):
         super().__init__(
             kv_cache_config, max_model_len, max_num_batched_tokens, use_eagle, enable_caching,
             enable_kv_cache_events, dcp_world_size, pcp_world_size, scheduler_block_size, hash_block_size,
             metrics_collector, retention_interval=retention_interval, deltas=deltas,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self.block_size = self.single_type_managers[0].block_size  # over every context-parallel rank
@@ -615,7 +626,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
                 f"with one group, hash_block_size ({hash_block_size}) must equal its block_size ({block_size})",
             )
         if enable_caching:
-            _refuse_eagle_chunked(kv_cache_config, use_eagle, eagle_group_ids(kv_cache_config, use_eagle))
+            _refuse_eagle_chunked(kv_cache_config, use_eagle, self._eagle_groups(kv_cache_config, use_eagle))
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_cache_hit_length: int
@@ -672,11 +683,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
         deltas: Iterable[str] | None = None,
+        num_hash_lookahead_tokens: int = 0,
     ):
         super().__init__(
             kv_cache_config, max_model_len, max_num_batched_tokens, use_eagle, enable_caching,
             enable_kv_cache_events, dcp_world_size, pcp_world_size, scheduler_block_size, hash_block_size,
             metrics_collector, retention_interval=retention_interval, deltas=deltas,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
         self.hash_block_size = hash_block_size
         # From 0.32 (release delta eagle-lookahead-hashes) an EAGLE group may peek up to the request's last full
@@ -689,7 +702,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         super()._validate(kv_cache_config, use_eagle, enable_caching, dcp_world_size, pcp_world_size,
                           scheduler_block_size, hash_block_size)
         groups = kv_cache_config.kv_cache_groups
-        spec_groups = _split_by_spec(kv_cache_config, eagle_group_ids(kv_cache_config, use_eagle))
+        spec_groups = _split_by_spec(kv_cache_config, self._eagle_groups(kv_cache_config, use_eagle))
         if len(spec_groups) < 2:
             raise RuleError(
                 "block-size-coherence",
@@ -871,6 +884,7 @@ def get_kv_cache_coordinator(
     *,
     retention_interval: int | None = RETENTION_FROM_ENV,
     deltas: Iterable[str] | None = None,
+    num_hash_lookahead_tokens: int = 0,
 ) -> KVCacheCoordinator:
     """No prefix cache when caching is off; one group: unitary; else hybrid."""
     _require_config(kv_cache_config)
@@ -882,6 +896,7 @@ def get_kv_cache_coordinator(
         metrics_collector=metrics_collector,
         retention_interval=retention_interval,
         deltas=deltas,
+        num_hash_lookahead_tokens=num_hash_lookahead_tokens,
     )
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(

@@ -184,6 +184,10 @@ class KVCacheManager:
     ``retention_interval`` (keyword-only, kvspec's addition): sparse
     checkpoint interval for sliding-window and Mamba groups; default: read
     ``$VLLM_PREFIX_CACHE_RETENTION_INTERVAL`` like vLLM.
+    ``num_hash_lookahead_tokens`` (keyword-only; vLLM 0.33's argument,
+    release delta ``lookahead-block-hashes``): the tokens past each block
+    its hash covers -- only blocks the request has hashes for are cached,
+    and Stored events carry those tokens.
     """
 
     def __init__(
@@ -204,6 +208,7 @@ class KVCacheManager:
         *,
         retention_interval: int | None = RETENTION_FROM_ENV,
         deltas: Iterable[str] | None = None,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         if type(max_model_len) is not int or max_model_len <= 0:
             raise RuleError("block-size-coherence", f"max_model_len must be a positive int, got {max_model_len!r}")
@@ -237,6 +242,7 @@ class KVCacheManager:
             metrics_collector=metrics_collector,
             retention_interval=retention_interval,
             deltas=deltas,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
         self.deltas = self.coordinator.deltas
         # From 0.27 (release delta stats-at-admission) a lookup counts nothing: the scheduler records an admission.
@@ -246,6 +252,8 @@ class KVCacheManager:
         self._windows_exclude_in_flight = "processed-token-windows" in self.deltas
         # From 0.31 (release delta zero-token-hit-adoption) a call with no new or external tokens may adopt a hit.
         self._adopts_zero_token_hits = "zero-token-hit-adoption" in self.deltas
+        # From 0.33 (release delta lookahead-block-hashes) a block is cached once the request has its hash.
+        self._caches_hashed_blocks_only = "lookahead-block-hashes" in self.deltas
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.block_pool: BlockPool = self.coordinator.block_pool
@@ -277,14 +285,28 @@ class KVCacheManager:
 
         At most ``num_tokens - 1`` tokens: the last token is always
         recomputed for its logits (which may cost a whole block)."""
-        if not self.enable_caching or request.skip_reading_prefix_cache:
+        return self._computed_blocks(request)
+
+    def _computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[KVCacheBlocks, int]:
+        """:meth:`get_computed_blocks` with the hit bounded by
+        ``max_cache_hit_length`` tokens (default ``num_tokens - 1``; vLLM
+        0.33's callers may bound it lower: the drop-in presents that argument)."""
+        if not self._reads_prefix_cache(request):
             return self.empty_kv_cache_blocks, 0
-        blocks, num_hit = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        blocks, num_hit = self.coordinator.find_longest_cache_hit(request.block_hashes, max_cache_hit_length)
         if self.prefix_cache_stats is not None and not self._stats_at_admission:
             self.prefix_cache_stats.record(
                 num_tokens=request.num_tokens, num_hits=num_hit, preempted=request.num_preemptions > 0
             )
         return self.create_kv_cache_blocks(blocks), num_hit
+
+    def _reads_prefix_cache(self, request: Any) -> bool:
+        """Whether a lookup for ``request`` reads the prefix cache: caching
+        is on and the request does not skip it (the drop-in for vLLM 0.34
+        asks the request's hit limit instead)."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
 
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
         """Count an admitted request's lookup: its tokens as queries,
@@ -296,7 +318,7 @@ class KVCacheManager:
             raise TypeError("record_prefix_cache_stats is the scheduler's call from vLLM 0.27 (release delta "
                             "stats-at-admission), which this manager was not built to follow")
         _require_count("num_hits", num_hits)
-        if self.prefix_cache_stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
+        if self.prefix_cache_stats is None or not self._reads_prefix_cache(request):
             return
         self.prefix_cache_stats.record(
             num_tokens=request.num_tokens, num_hits=num_hits, preempted=request.num_preemptions > 0
@@ -651,8 +673,12 @@ class KVCacheManager:
             self.coordinator.cache_blocks(request, num_computed_tokens)
 
     def _check_cacheable(self, request: Any, num_tokens: int) -> None:
-        """Every group must hold the blocks and have the hashes to cache."""
+        """Every group must hold the blocks and have the hashes to cache
+        (from 0.33, release delta lookahead-block-hashes, blocks without
+        hashes yet are not cached: the hashes need not reach)."""
         hashed_tokens = len(request.block_hashes) * self.block_pool.hash_block_size
+        if self._caches_hashed_blocks_only:
+            hashed_tokens = num_tokens
         for i, manager in enumerate(self.coordinator.single_type_managers):
             num_full = num_tokens // manager.block_size
             held = len(manager.req_to_blocks.get(request.request_id, ()))

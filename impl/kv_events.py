@@ -34,6 +34,9 @@ class BlockStored(KVCacheEvent):
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    lookahead_token_ids: list[list[int]] | None = None
+    """Per block, the tokens past it that its hash covers (vLLM 0.33's field,
+    release delta lookahead-block-hashes); ``None`` where hashes look nowhere."""
 
 
 @dataclass(slots=True)

@@ -38,6 +38,9 @@ IMPLEMENTED: frozenset[str] = frozenset({
     "zero-token-hit-adoption",  # 0.31: allocate_slots with no new or external tokens may adopt a local hit
     "mm-keys-on-resume",  # 0.31: a resuming hasher keys every image of the block (in kvspec.hashing, as tagged keys)
     "tagged-extra-keys",  # 0.31: extra keys lead with their kind (in the requests' hashes: impl hashes nothing)
+    "lookahead-block-hashes",  # 0.33: hashes cover L tokens past their block; only hashed blocks are cached
+    "eagle-drop-needs-use-eagle",  # 0.33: a group marked as the drafter's drops its last hit block only with use_eagle
+    "eagle-junction-peek",  # 0.33: an EAGLE group keeps the tail a block below a shared-prefix junction (retention)
 })
 """The deltas impl follows (each key is one of ``spec/releases.py``'s)."""
 
@@ -71,3 +74,20 @@ def require_deltas(deltas: Iterable[str] | None) -> frozenset[str]:
         raise ValueError(f"impl does not implement release delta(s) {', '.join(missing)} "
                          f"(it implements {', '.join(sorted(IMPLEMENTED))})")
     return keys
+
+
+def require_lookahead(num_hash_lookahead_tokens: object, deltas: frozenset[str]) -> int:
+    """``num_hash_lookahead_tokens`` as a count a manager built with
+    ``deltas`` accepts: 0, or any count under release delta
+    ``lookahead-block-hashes`` (vLLM 0.33's); anything else is refused by
+    name (a ``TypeError`` for no int, a ``ValueError`` otherwise)."""
+    if not isinstance(num_hash_lookahead_tokens, int):  # a bool counts 0 or 1, as vLLM's callers pass it
+        raise TypeError(f"num_hash_lookahead_tokens must be an int, got {num_hash_lookahead_tokens!r}")
+    num_hash_lookahead_tokens = int(num_hash_lookahead_tokens)
+    if num_hash_lookahead_tokens < 0:
+        raise ValueError(f"num_hash_lookahead_tokens must be >= 0, got {num_hash_lookahead_tokens}")
+    if num_hash_lookahead_tokens and "lookahead-block-hashes" not in deltas:
+        raise ValueError(f"num_hash_lookahead_tokens={num_hash_lookahead_tokens}: hashes that cover tokens past "
+                         "their block are release delta lookahead-block-hashes (vLLM 0.33), not in this manager's "
+                         "deltas")
+    return num_hash_lookahead_tokens

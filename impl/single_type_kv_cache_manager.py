@@ -93,7 +93,8 @@ def _count_evictable(blocks: Sequence[KVCacheBlock]) -> int:
 
 
 def reachable_boundaries(
-    num_prompt_tokens: int | None, shared_prefix_boundary: int = 0, replay_boundaries: Sequence[int] | None = None
+    num_prompt_tokens: int | None, shared_prefix_boundary: int = 0, replay_boundaries: Sequence[int] | None = None,
+    junction_peek: int = 0,
 ) -> tuple[int, ...]:
     """The positions a later request is known to hit, whose tail sparse
     retention keeps: where a replay of the prompt resumes
@@ -101,12 +102,19 @@ def reachable_boundaries(
     replay stops, ``num_prompt_tokens - 1``), and where a prefix other
     requests share ends that this request's sparse groups had not cached
     (the boundary ``get_computed_blocks`` answers from 0.26, which the
-    scheduler stores on the request; 0: none)."""
+    scheduler stores on the request; 0: none).  ``junction_peek`` (from
+    0.33, release delta eagle-junction-peek: an EAGLE group's block size):
+    a sibling diverging right after the junction cannot peek at the block
+    past it, so its hit ends that much lower, which is kept too."""
     if replay_boundaries is not None:
         positions = tuple(replay_boundaries)
     else:
         positions = () if num_prompt_tokens is None else (num_prompt_tokens - 1,)
-    return (*positions, shared_prefix_boundary) if shared_prefix_boundary else positions
+    if not shared_prefix_boundary:
+        return positions
+    if junction_peek:
+        return (*positions, shared_prefix_boundary, shared_prefix_boundary - junction_peek)
+    return (*positions, shared_prefix_boundary)
 
 
 def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, with_drafter: bool) -> tuple[int, ...]:
@@ -180,6 +188,10 @@ class SingleTypeKVCacheManager(ABC):
         self._records_new_blocks = type(kv_cache_spec).__name__ in self._ZEROED_SPEC_TYPES \
             if records_new_blocks is None else records_new_blocks
         self._releases = self.releases_skipped_blocks
+        # From 0.33 (release delta lookahead-block-hashes) a block is cached only once the request has its hash.
+        self._hashed_blocks_only = "lookahead-block-hashes" in self.deltas
+        # From 0.33 (delta eagle-junction-peek) an EAGLE group keeps the tail a block below a shared-prefix junction.
+        self._junction_peek = "eagle-junction-peek" in self.deltas
         # No mask to compute: every full block is worth caching (see reachable_block_mask).
         base_mask = SingleTypeKVCacheManager.reachable_block_mask.__func__  # type: ignore[attr-defined]
         self._caches_every_block = type(self).reachable_block_mask.__func__ is base_mask  # type: ignore[attr-defined]
@@ -349,6 +361,8 @@ class SingleTypeKVCacheManager(ABC):
         exact replay of the prompt stops)."""
         request_id = request.request_id
         num_cached = self.num_cached_block.get(request_id, 0)
+        if self._hashed_blocks_only:  # 0.33: a block waits for its hash (which covers lookahead tokens)
+            num_tokens = min(num_tokens, len(request.block_hashes) * self.block_pool.hash_block_size)
         num_full = num_tokens // self.block_size
         if num_cached >= num_full:
             return
@@ -363,6 +377,7 @@ class SingleTypeKVCacheManager(ABC):
             # From 0.26 the scheduler stores where a prefix other requests share ends (0: none).
             shared_prefix_boundary=getattr(request, "shared_prefix_boundary", 0),
             replay_boundaries=replay_boundaries,
+            junction_peek=self.block_size if self._junction_peek and self.use_eagle else 0,
         )
         self.block_pool.cache_full_blocks(
             request=request,
@@ -387,6 +402,7 @@ class SingleTypeKVCacheManager(ABC):
         num_prompt_tokens: int | None = None,
         shared_prefix_boundary: int = 0,
         replay_boundaries: Sequence[int] | None = None,
+        junction_peek: int = 0,
     ) -> list[bool] | None:
         """Which of blocks ``[start_block, end_block)`` any future hit can
         use; ``None``: all of them (every kind of attention but sliding
@@ -750,6 +766,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         num_prompt_tokens: int | None = None,
         shared_prefix_boundary: int = 0,
         replay_boundaries: Sequence[int] | None = None,
+        junction_peek: int = 0,
     ) -> list[bool] | None:
         """A hit ends on an aligned boundary and reads only the window's
         blocks before it, so only those blocks are worth caching: the tail of
@@ -773,7 +790,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                 if (i - shift) % per_segment >= first_tail:
                     mask[i - start_block] = True
         if retention_interval is not None:
-            for position in reachable_boundaries(num_prompt_tokens, shared_prefix_boundary, replay_boundaries):
+            for position in reachable_boundaries(num_prompt_tokens, shared_prefix_boundary, replay_boundaries,
+                                                 junction_peek):
                 boundary = position // alignment_tokens * alignment_tokens
                 tail_end = boundary // block_size + shift
                 for i in range(max(start_block, tail_end - needed), min(end_block, tail_end)):
@@ -924,6 +942,7 @@ class MambaManager(SingleTypeKVCacheManager):
         num_prompt_tokens: int | None = None,
         shared_prefix_boundary: int = 0,
         replay_boundaries: Sequence[int] | None = None,
+        junction_peek: int = 0,
     ) -> list[bool] | None:
         """With a retention interval, cache one state per interval (the last
         block of each) and the state at each boundary a later request is
@@ -940,7 +959,8 @@ class MambaManager(SingleTypeKVCacheManager):
             first = (start_block // per_segment + 1) * per_segment - 1
             for i in range(first - start_block, len(mask), per_segment):
                 mask[i] = True
-        for position in reachable_boundaries(num_prompt_tokens, shared_prefix_boundary, replay_boundaries):
+        for position in reachable_boundaries(num_prompt_tokens, shared_prefix_boundary, replay_boundaries,
+                                                 junction_peek):
             boundary = position // alignment_tokens * alignment_tokens
             state_block = boundary // block_size - 1
             if start_block <= state_block < end_block:

@@ -82,10 +82,22 @@ release's deltas.
   mamba-boundary-remarked, which 0.33 undid); the EAGLE peek in a
   connector's per-group lookup (delta eagle-lookahead-hashes).
 
+- **0.33.0**: ``KVCacheManager(num_hash_lookahead_tokens=...)`` -- with an
+  EAGLE drafter, block hashes cover its lookahead tokens (kvspec's hasher,
+  which the engine builds with the same count, gives vLLM's hashes), only
+  hashed blocks are cached and Stored events carry the lookahead tokens
+  (delta lookahead-block-hashes); ``get_computed_blocks(request,
+  max_cache_hit_length)`` and the connector's lookup take a bound; a group
+  marked as the drafter's drops nothing without ``use_eagle`` (delta
+  eagle-drop-needs-use-eagle); under retention an EAGLE group keeps the
+  tail a block below a shared-prefix junction (delta eagle-junction-peek,
+  outside what the spec judges); Mamba's boundary state is no longer
+  re-marked (delta mamba-boundary-remark-fixed).
+
 A release the drop-in knows is one with an entry in :data:`API`.  The later
-releases changed the calls further (0.33: hash lookahead and a hit bound;
-0.34: the pool's block fields), and some of
-their semantics (``docs/release-survey.md``), and are refused by
+releases changed the calls further (0.34: the pool's block fields, the
+common-prefix question gone), and some of their semantics
+(``docs/release-survey.md``), and are refused by
 :func:`kvspec.dropin.check_release`, in one line.
 """
 
@@ -112,11 +124,12 @@ PREFIX_CACHED_NOT = ("CrossAttentionSpec", "EncoderOnlyAttentionSpec")  # groups
 
 def impl_deltas(release: releases.Release) -> frozenset[str]:
     """The deltas kvspec's impl is built with to behave as ``release``: its
-    modelled ones (those outside what the spec judges change no answer the
-    interface reads).  A ``ValueError`` names the ones impl does not
+    modelled ones, and those outside what the spec judges that impl follows
+    for the drop-in (the others change no answer vLLM's callers read).  A ``ValueError`` names the ones impl does not
     implement yet, so that a run never judges impl by a release it does not
     follow."""
-    wanted = frozenset(d.key for d in release.deltas if d.status == releases.MODELLED)
+    wanted = frozenset(d.key for d in release.deltas if d.status == releases.MODELLED
+                       or (d.status == releases.OUTSIDE and d.key in IMPLEMENTED))
     if missing := sorted(wanted - IMPLEMENTED):
         raise ValueError(f"kvspec's impl does not follow vLLM {release.version} yet: it lacks release delta(s) "
                          f"{', '.join(missing)} (spec/README.md, chapter Releases)")
@@ -141,9 +154,9 @@ def pool_for(release: str) -> type[BlockPool]:
 
         def __init__(self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int,
                      enable_kv_cache_events: bool = False, metrics_collector: Any = None,
-                     deltas: Any = deltas) -> None:
+                     num_hash_lookahead_tokens: int = 0, deltas: Any = deltas) -> None:
             super().__init__(num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
-                             metrics_collector, deltas)
+                             metrics_collector, deltas, num_hash_lookahead_tokens=num_hash_lookahead_tokens)
 
     if releases.version_key(release) >= (0, 29):
         ReleaseBlockPool.is_block_writable = is_block_writable  # type: ignore[attr-defined]
@@ -218,13 +231,15 @@ class KVCacheManager026(KVCacheManager):
         pcp_world_size: int = 1,
         metrics_collector: Any = None,
         watermark: float = 0.0,
+        *,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         self.refuse_model(kv_cache_config, hash_block_size, dcp_world_size)
         super().__init__(
             kv_cache_config, max_model_len, scheduler_block_size, hash_block_size, max_in_flight_tokens,
             enable_caching, use_eagle, log_stats, enable_kv_cache_events, dcp_world_size, pcp_world_size,
             metrics_collector, watermark, retention_interval=self.retention_interval_of(kv_cache_config),
-            deltas=impl_deltas(releases.judged(self.release)),
+            deltas=impl_deltas(releases.judged(self.release)), num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
         self.enable_kv_cache_events = enable_kv_cache_events
 
@@ -244,8 +259,13 @@ class KVCacheManager026(KVCacheManager):
         longest single group's hit ends when a group that keeps few blocks
         (Mamba, sliding window) has not cached the prefix all others share,
         else 0.  The scheduler pins that position against retention."""
-        blocks, num_hit = super().get_computed_blocks(request)
-        if not self.enable_caching or request.skip_reading_prefix_cache:
+        return self._bounded_computed_blocks(request)
+
+    def _bounded_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int]:
+        """:meth:`get_computed_blocks` with the hit at most ``max_cache_hit_length`` tokens (default: all
+        but the last)."""
+        blocks, num_hit = self._computed_blocks(request, max_cache_hit_length)
+        if not self._reads_prefix_cache(request):
             return blocks, num_hit, 0
         uncached = getattr(self.coordinator, "num_uncached_common_prefix_tokens", 0)
         if num_hit and self.enable_kv_cache_events and getattr(request, "kv_cache_report_mode", None) == "full":
@@ -313,7 +333,7 @@ class KVCacheManager027(KVCacheManager026):
 
     def prefix_cache_lookup_enabled(self, request: Any) -> bool:
         """Whether the request may look its prefix up in the cache."""
-        return self.enable_caching and not request.skip_reading_prefix_cache
+        return self._reads_prefix_cache(request)
 
     def get_computed_blocks_for_connector(self, request: Any) -> tuple[Any, int, int, bool]:
         """The lookup a scheduler with a KV connector makes: the four
@@ -323,17 +343,24 @@ class KVCacheManager027(KVCacheManager026):
         says that a group's own hit is shorter; when a group's own hit is
         longer than full attention's, or on any other model, the ordinary
         lookup with ``diverged`` False."""
+        return self._bounded_connector_lookup(request)
+
+    def _bounded_connector_lookup(self, request: Any, limit: int | None = None) -> tuple[Any, int, int, bool]:
+        """:meth:`get_computed_blocks_for_connector` with every hit at most ``limit`` tokens (default: all
+        but the last)."""
         coordinator = self.coordinator
         first = getattr(coordinator, "attention_groups", [None])[0]  # full attention first, where a hybrid has it
         full_id = first.group_ids[0] if first is not None and spec_is(first.spec, FullAttentionSpec) else None
         has_mamba = any(spec_is(g.kv_cache_spec, MambaSpec) for g in self.kv_cache_config.kv_cache_groups)
         if not has_mamba or full_id is None:
-            return *self.get_computed_blocks(request), False
+            return *self._bounded_computed_blocks(request, limit), False
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0, False
-        blocks, hits = coordinator.find_longest_cache_hit_per_group(request.block_hashes, request.num_tokens - 1)
+        if limit is None:
+            limit = request.num_tokens - 1
+        blocks, hits = coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)
         if max(hits) > hits[full_id]:
-            return *self.get_computed_blocks(request), False
+            return *self._bounded_computed_blocks(request, limit), False
         return self.create_kv_cache_blocks(blocks), hits[full_id], 0, min(hits) < hits[full_id]
 
     mamba_hit_may_end_early = False  # from 0.28
@@ -409,12 +436,14 @@ class KVCacheManager028(KVCacheManager027):
         pcp_world_size: int = 1,
         metrics_collector: Any = None,
         watermark: float = 0.0,
+        *,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         refuse_prefill_lookahead(kv_cache_config, num_prefill_lookahead, enable_caching, self.release)
         super().__init__(
             kv_cache_config, max_model_len, scheduler_block_size, hash_block_size, max_in_flight_tokens,
             enable_caching, use_eagle, log_stats, enable_kv_cache_events, dcp_world_size, pcp_world_size,
-            metrics_collector, watermark,
+            metrics_collector, watermark, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
 
     # An external hit may supply a Mamba group's final state: its own hit may end before the truncation point.
@@ -647,6 +676,69 @@ class KVCacheManager032(KVCacheManager031):
         return [0] * self.num_kv_cache_groups
 
 
+class KVCacheManager033(KVCacheManager032):
+    """impl's manager with vLLM 0.33.0's API and deltas: hashes that cover
+    the drafter's lookahead tokens (``num_hash_lookahead_tokens``, delta
+    lookahead-block-hashes: only hashed blocks cached, Stored events with
+    the lookahead tokens), a bound on the hit (``max_cache_hit_length``),
+    marked drafter groups dropping nothing without ``use_eagle`` (delta
+    eagle-drop-needs-use-eagle), the junction's peek under retention
+    (delta eagle-junction-peek), and Mamba's boundary state no longer
+    re-marked (delta mamba-boundary-remark-fixed)."""
+
+    release = "0.33.0"
+
+    def __init__(
+        self,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+    ) -> None:
+        super().__init__(
+            kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+            max_in_flight_tokens=max_in_flight_tokens, enable_caching=enable_caching, use_eagle=use_eagle,
+            num_prefill_lookahead=num_prefill_lookahead, log_stats=log_stats,
+            enable_kv_cache_events=enable_kv_cache_events, dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size, metrics_collector=metrics_collector, watermark=watermark,
+            enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+        )
+
+    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int]:
+        """The hit, at most ``max_cache_hit_length`` tokens (default: all
+        but the last token, which is computed for its logits)."""
+        return self._bounded_computed_blocks(request, self._hit_bound(request, max_cache_hit_length))
+
+    def get_computed_blocks_for_connector(self, request: Any,
+                                          max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
+        """The connector's lookup, its hits at most ``max_cache_hit_length`` tokens."""
+        return self._bounded_connector_lookup(request, self._hit_bound(request, max_cache_hit_length))
+
+    @staticmethod
+    def _hit_bound(request: Any, max_cache_hit_length: Any) -> int:
+        """The bound a lookup takes: ``num_tokens - 1`` unless a lower one is given."""
+        most = request.num_tokens - 1
+        if max_cache_hit_length is None:
+            return most
+        if type(max_cache_hit_length) is not int or not 0 <= max_cache_hit_length <= most:
+            raise ValueError(f"max_cache_hit_length must be an int in [0, {most}] (the request's tokens less the "
+                             f"one computed for its logits), got {max_cache_hit_length!r} (rule hit-soundness)")
+        return max_cache_hit_length
+
+
 def shapes_from_028(manager: type[KVCacheManager], release: str) -> dict[str, dict[str, Any]]:
     """The names a release from 0.28 on presents differently: its manager,
     its pool, and ``need_extra_keys`` gone (dead code, removed in 0.28)."""
@@ -662,7 +754,8 @@ API: dict[str, dict[str, dict[str, Any]]] = {
                "vllm.v1.core.block_pool": {"BlockPool": pool_for("0.27.0")}},
     "0.27.1": {},  # below: a patch release whose vllm/v1/core and tests/v1/core are 0.27.0's, byte for byte
     **{manager.release: shapes_from_028(manager, manager.release)
-       for manager in (KVCacheManager028, KVCacheManager029, KVCacheManager030, KVCacheManager031, KVCacheManager032)},
+       for manager in (KVCacheManager028, KVCacheManager029, KVCacheManager030, KVCacheManager031, KVCacheManager032,
+                       KVCacheManager033)},
 }
 """release -> vLLM module -> the names whose release shape differs from impl's
 (:data:`GONE`: a name the release removed)."""

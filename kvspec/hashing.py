@@ -82,11 +82,14 @@ _PLAIN_HEAD = b"\x83\x58\x20"
 _NULL = b"\xf6"
 
 
-def _plain_chain(parent: bytes, tokens: Sequence[int], block_size: int) -> list[BlockHash] | None:
+def _plain_chain(parent: bytes, tokens: Sequence[int], block_size: int, lookahead: int = 0) -> list[BlockHash] | None:
     """The hashes of the plain full blocks of ``tokens`` chained from
     ``parent`` -- each SHA-256 of the canonical CBOR of ``(parent,
-    tuple(block), None)`` -- or ``None`` when the fast form does not apply
-    (a parent that is not 32 bytes)."""
+    tuple(block), None)``, or with ``lookahead`` tokens past each block
+    (release delta lookahead-block-hashes) of ``(parent, tuple(block),
+    (None, *lookahead_tokens))``, a block hashed only when its lookahead
+    tokens are in ``tokens`` -- or ``None`` when the fast form does not
+    apply (a parent that is not 32 bytes)."""
     if parent.__class__ is not bytes or len(parent) != 32:
         return None
     # One encoder writes every block's token array into one buffer (cbor2.dumps would set up an encoder per
@@ -94,15 +97,18 @@ def _plain_chain(parent: bytes, tokens: Sequence[int], block_size: int) -> list[
     out = io.BytesIO()
     encode, tell = cbor2.CBOREncoder(out, canonical=True).encode, out.tell
     ends = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        encode(tokens[start:start + block_size])
+    for start in range(0, len(tokens) - block_size - lookahead + 1, block_size):
+        end = start + block_size
+        encode(tokens[start:end])
+        if lookahead:  # the extra keys: no keys of their own, then the tokens the hash looks ahead to
+            encode((None, *tokens[end:end + lookahead]))
         ends.append(tell())
     encoded = out.getbuffer()
-    head, null, sha256 = _PLAIN_HEAD, _NULL, hashlib.sha256
+    head, tail, sha256 = _PLAIN_HEAD, b"" if lookahead else _NULL, hashlib.sha256
     hashes = []
     begin = 0
     for end in ends:
-        parent = sha256(head + parent + encoded[begin:end] + null).digest()
+        parent = sha256(head + parent + encoded[begin:end] + tail).digest()
         hashes.append(parent)
         begin = end
     return hashes
@@ -419,18 +425,50 @@ _BARE: dict[str, Callable[[tuple[Any, ...]], Any]] = {
 # --- a request's hash chain -------------------------------------------------
 
 
+def generate_lookahead_block_hash_extra_keys(
+    request: Any, start_token_idx: int, end_token_idx: int, hash_end_token_idx: int, start_mm_idx: int
+) -> tuple[tuple[Any, ...] | None, int]:
+    """Extra keys of the block ``[start, end)`` whose hash also covers the
+    lookahead tokens up to ``hash_end`` (release delta
+    ``lookahead-block-hashes``): the keys of every input overlapping the
+    whole window, and the multimodal index rewound to the first input that
+    reaches past the block, so the next block keys it too."""
+    keys, mm_idx = generate_block_hash_extra_keys(request, start_token_idx, hash_end_token_idx, start_mm_idx)
+    features = getattr(request, "mm_features", None)
+    while mm_idx > 0:
+        position = features[mm_idx - 1].mm_position
+        if position.offset + position.length <= end_token_idx:
+            break
+        mm_idx -= 1
+    return keys, mm_idx
+
+
 def get_request_block_hasher(
-    hash_block_size: int, caching_hash_fn: Callable[[Any], bytes] = sha256_cbor
+    hash_block_size: int,
+    caching_hash_fn: Callable[[Any], bytes] = sha256_cbor,
+    num_hash_lookahead_tokens: int = 0,
 ) -> Callable[[Any], list[BlockHash]]:
     """A function returning the hashes of a request's not-yet-hashed full blocks.
 
     The request must offer ``block_hashes`` (the hashes so far),
     ``all_token_ids`` and ``num_tokens``; the returned list continues the chain.
+
+    ``num_hash_lookahead_tokens`` (L, release delta ``lookahead-block-hashes``,
+    from vLLM 0.33 with an EAGLE-style drafter): each block's hash also covers
+    the L tokens after it -- the drafter's KV at the block's last position
+    read them -- so a block is hashed only once those tokens exist, and its
+    extra keys are ``(E, *lookahead_tokens)``, ``E`` the keys of the block and
+    its lookahead window (see :func:`generate_lookahead_block_hash_extra_keys`).
     """
     if not isinstance(hash_block_size, int) or hash_block_size <= 0:
         raise ValueError(
             f"hash_block_size must be a positive int, got {hash_block_size!r}"
         )
+    if not isinstance(num_hash_lookahead_tokens, int) or num_hash_lookahead_tokens < 0:  # a bool counts 0 or 1
+        raise ValueError(f"num_hash_lookahead_tokens must be an int >= 0, got {num_hash_lookahead_tokens!r}")
+    num_hash_lookahead_tokens = int(num_hash_lookahead_tokens)
+    if num_hash_lookahead_tokens:
+        return _lookahead_hasher(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
 
     fast_cbor = is_sha256_cbor(caching_hash_fn)
 
@@ -451,6 +489,39 @@ def get_request_block_hasher(
         while start + hash_block_size <= num_tokens:
             end = start + hash_block_size
             extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
+            parent = hash_block_tokens(caching_hash_fn, parent, tokens[start:end], extra)
+            hashes.append(parent)
+            start = end
+        return hashes
+
+    return request_block_hasher
+
+
+def _lookahead_hasher(
+    hash_block_size: int, caching_hash_fn: Callable[[Any], bytes], lookahead: int
+) -> Callable[[Any], list[BlockHash]]:
+    """The request block hasher whose hashes each cover ``lookahead`` tokens past their block."""
+
+    fast_cbor = is_sha256_cbor(caching_hash_fn)
+
+    def request_block_hasher(request: Any) -> list[BlockHash]:
+        start = len(request.block_hashes) * hash_block_size
+        num_tokens = request.num_tokens - lookahead  # a block's hash waits for its lookahead tokens
+        if start + hash_block_size > num_tokens:
+            return []
+        parent = request.block_hashes[-1] if request.block_hashes else None
+        tokens = request.all_token_ids
+        if fast_cbor and not need_extra_keys(request) and getattr(request, "prompt_embeds", None) is None:
+            end = start + (num_tokens - start) // hash_block_size * hash_block_size
+            hashes = _plain_chain(parent or NONE_HASH, tokens[start:end + lookahead], hash_block_size, lookahead)
+            if hashes is not None:
+                return hashes
+        mm_idx = _resume_mm_index(request, start) if start > 0 else 0
+        hashes = []
+        while start + hash_block_size <= num_tokens:
+            end = start + hash_block_size
+            window, mm_idx = generate_lookahead_block_hash_extra_keys(request, start, end, end + lookahead, mm_idx)
+            extra = (window, *tokens[end:end + lookahead])
             parent = hash_block_tokens(caching_hash_fn, parent, tokens[start:end], extra)
             hashes.append(parent)
             start = end

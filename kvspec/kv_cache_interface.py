@@ -419,7 +419,7 @@ def has_drafter(kv_cache_config: Any, use_eagle: bool) -> bool:
     return use_eagle or any(g.is_eagle_group for g in kv_cache_config.kv_cache_groups)
 
 
-def eagle_group_ids(kv_cache_config: Any, use_eagle: bool) -> set[int]:
+def eagle_group_ids(kv_cache_config: Any, use_eagle: bool, *, drop_needs_use_eagle: bool = False) -> set[int]:
     """The groups whose hits drop the EAGLE block: those marked as the
     drafter's (``is_eagle_group``), or every group when ``use_eagle`` is set
     and none is marked -- never a Mamba group -- and, in a model of several
@@ -433,7 +433,14 @@ def eagle_group_ids(kv_cache_config: Any, use_eagle: bool) -> set[int]:
     outrun the candidate and the full-attention blocks (rule hit-soundness,
     finding F7).  Excluding them keeps every other layout exactly as vLLM's.
     This is the one place the set is derived: the spec, impl and the rules
-    all ask here."""
+    all ask here.
+
+    ``drop_needs_use_eagle`` (release delta eagle-drop-needs-use-eagle, vLLM
+    0.33): the marks alone drop nothing -- without ``use_eagle`` (which 0.33's
+    scheduler clears when block hashes cover the drafter's lookahead) no
+    group drops; the base drops for marked groups whatever ``use_eagle`` says."""
+    if drop_needs_use_eagle and not use_eagle:
+        return set()
     groups = kv_cache_config.kv_cache_groups
     marked = {i for i, g in enumerate(groups) if g.is_eagle_group}
     if use_eagle and not marked:

@@ -239,7 +239,8 @@ class Layout:
     @per_release
     def views(self) -> tuple[GroupView, ...]:
         """Each group's kind and numbers, with its EAGLE flag."""
-        eagle = eagle_group_ids(self.kv_cache_config(), self.use_eagle)
+        eagle = eagle_group_ids(self.kv_cache_config(), self.use_eagle,
+                                drop_needs_use_eagle=releases.current().has("eagle-drop-needs-use-eagle"))
         return tuple(view_of(spec, i in eagle) for i, spec in enumerate(self.managed_groups))
 
     def target_args(self, enable_kv_cache_events: bool = True) -> tuple:

@@ -103,6 +103,7 @@ class SpecKVCacheManager:
         retention_interval: int | None = None,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
+        num_hash_lookahead_tokens: int = 0,
     ):
         """Build the pool, one group manager per group, and the coordinator.
 
@@ -138,6 +139,12 @@ class SpecKVCacheManager:
           and Mamba groups also takes decode context parallelism (no
           prefill ranks): attention blocks are split over the ranks, Mamba
           states replicated on each.
+        - [content-soundness] ``num_hash_lookahead_tokens`` (L) an int
+          ``>= 0``, and 0 unless release delta ``lookahead-block-hashes``
+          (vLLM 0.33) is in force: then each block hash also covers the L
+          tokens after its block (the request block hasher's, in
+          :mod:`kvspec.hashing`), so a request's hashes lag its tokens by L
+          and only hashed blocks are cached.
 
         Guarantees: every block but the null block is free; no request.
         """
@@ -182,8 +189,10 @@ class SpecKVCacheManager:
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.num_hash_lookahead_tokens = self._require_lookahead(num_hash_lookahead_tokens)
 
-        eagle = eagle_group_ids(kv_cache_config, use_eagle)
+        eagle = eagle_group_ids(kv_cache_config, use_eagle,
+                                drop_needs_use_eagle=releases.current().has("eagle-drop-needs-use-eagle"))
         if enable_caching:
             self._check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size)
 
@@ -301,8 +310,20 @@ class SpecKVCacheManager:
             raise RuleTypeError("allocation-accounting", f"request id must be a str, got {request_id!r}")
         return request_id
 
+    @staticmethod
+    def _require_lookahead(lookahead: Any) -> int:
+        _require_int(lookahead, "num_hash_lookahead_tokens", "content-soundness")
+        if lookahead and not releases.current().has("lookahead-block-hashes"):
+            raise RuleError("content-soundness",
+                            f"num_hash_lookahead_tokens={lookahead}: hashes covering tokens past their block are "
+                            f"release delta lookahead-block-hashes (0.33.0), not in vLLM {releases.current().version}")
+        return lookahead
+
     def _require_hashes(self, request: Any, num_tokens: int) -> None:
-        """A request's hashes must cover its full hash blocks: they name its content."""
+        """A request's hashes must cover its full hash blocks: they name its
+        content.  Under lookahead hashes a block is hashed only once the L
+        tokens past it exist, so the last L tokens' blocks may lack theirs."""
+        num_tokens = max(0, num_tokens - self.num_hash_lookahead_tokens)
         have, need = len(request.block_hashes), num_tokens // self.hash_block_size
         if have < need:
             raise RuleError("block-size-coherence",
@@ -566,7 +587,7 @@ class SpecKVCacheManager:
                     coordinator, rid, hits, local, num_external_computed_tokens, need_slot, main, num_encoder_tokens
                 )
                 if self.enable_caching and not delay_cache_blocks:  # 6.
-                    coordinator.cache(request, min(total + num_new_tokens, request.num_tokens))
+                    coordinator.cache(request, self._hashed(request, min(total + num_new_tokens, request.num_tokens)))
         except OutOfBlocks:
             return None  # the estimate fell short (Mamba align + external tokens): refused after step 2
         return tuple(list(blocks) for blocks in new)
@@ -594,7 +615,16 @@ class SpecKVCacheManager:
             raise RuleError("content-soundness",
                             f"cannot cache {num_computed_tokens} tokens of a request with {request.num_tokens}")
         with self._all_or_nothing():
-            self.coordinator.cache(request, num_computed_tokens)
+            self.coordinator.cache(request, self._hashed(request, num_computed_tokens))
+
+    def _hashed(self, request: Any, num_tokens: int) -> int:
+        """Of a request's first ``num_tokens`` tokens, those whose blocks are
+        cached: all of them (the base requires their hashes); from release
+        delta lookahead-block-hashes, those its hashes name -- a block whose
+        lookahead tokens do not exist yet has no hash and waits."""
+        if not releases.current().has("lookahead-block-hashes"):
+            return num_tokens  # the base requires the hashes (hash-map-consistency)
+        return min(num_tokens, len(request.block_hashes) * self.hash_block_size)
 
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None

@@ -260,6 +260,31 @@ DELTAS: tuple[Delta, ...] = (
         "configured with `all` is refused.  Layouts with an `all` Mamba group do not exist in this release.",
         status=OUTSIDE),
     Delta(
+        "0.33.0", "lookahead-block-hashes",
+        "With an EAGLE-style drafter, prefix caching on and no KV connector, vLLM hashes each block together "
+        "with the L tokens after it (L = num_hash_lookahead_tokens: the drafter's KV at a block's last position "
+        "read them).  The request block hasher emits a block's hash only once those tokens exist, and hashes "
+        "(parent, block tokens, (E, *lookahead tokens)), E the extra keys of the block and its lookahead window "
+        "(a multimodal input reaching past the block is keyed again by the next).  The manager takes L "
+        "(num_hash_lookahead_tokens; the base has no such argument) and, whatever L, caches only the blocks the "
+        "request has hashes for; a Stored event carries each block's lookahead tokens.  Because a hash proves "
+        "the token past its block, the scheduler then turns the EAGLE block drop off (use_eagle False).",
+        rules=("content-soundness", "hash-map-consistency")),
+    Delta(
+        "0.33.0", "eagle-drop-needs-use-eagle",
+        "Groups marked as the drafter's (is_eagle_group) drop the last block of a hit only when the manager is "
+        "built with use_eagle; the base drops it for marked groups whatever use_eagle says (and for every group "
+        "when use_eagle is set and none is marked, as before).",
+        rules=("hit-optimality",)),
+    Delta(
+        "0.33.0", "eagle-junction-peek",
+        "Under a retention interval, an EAGLE group also keeps the tail before the block below a shared-prefix "
+        "junction (the boundary of delta shared-prefix-boundary, less the group's block size): a sibling "
+        "diverging right after the junction cannot peek at the block past it, so its hit ends a block lower.  "
+        "The machines' requests carry no junction (delta shared-prefix-boundary); impl follows it for the "
+        "drop-in.",
+        status=OUTSIDE),
+    Delta(
         "0.33.0", "mamba-boundary-remark-fixed",
         "Delta mamba-boundary-remarked is undone: the boundary's block is keyed and counted cached this step "
         "only where it does not hold that key yet -- never, where retention keeps the boundary, as it does in "

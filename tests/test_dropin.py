@@ -15,6 +15,7 @@ vllm = pytest.importorskip("vllm")
 from kvspec import dropin  # noqa: E402
 from kvspec.conformance.vllm.scheduler import make_scheduler, serve  # noqa: E402
 from kvspec.kv_cache_interface import MambaSpec  # noqa: E402
+from kvspec.spec import releases  # noqa: E402
 from kvspec.spec.layout import Layout  # noqa: E402
 from kvspec.spec.releases import version_key  # noqa: E402
 from kvspec.testing import full, mamba, swa  # noqa: E402
@@ -95,6 +96,38 @@ def test_a_release_impl_does_not_implement_is_refused_with_nothing_replaced(monk
     dropin.check_release(vllm.__version__)
 
 
+@pytest.mark.parametrize("salt", [None, "tenant-7"])
+def test_kvspecs_lookahead_hasher_hashes_as_vllms(salt):
+    """From 0.33 an EAGLE drafter's block hashes cover the token past each
+    block: kvspec's hasher (what the drop-in puts in vLLM's engine) gives
+    vLLM's own hashes, block for block, as the request grows."""
+    if version_key(vllm.__version__) < (0, 33):
+        pytest.skip(f"vLLM {vllm.__version__} has no lookahead block hashes")
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.request import Request
+
+    from kvspec import hashing
+
+    kv_cache_utils.init_none_hash(sha256_cbor)
+    hashing.NONE_HASH = kv_cache_utils.NONE_HASH
+
+    def grown(hasher):
+        request = Request("r", list(range(21)), SamplingParams(max_tokens=8), None, block_hasher=hasher,
+                          cache_salt=salt)
+        sizes = [len(request.block_hashes)]
+        for token in range(100, 108):
+            request.append_output_token_ids(token)
+            sizes.append(len(request.block_hashes))
+        return list(request.block_hashes), sizes
+
+    theirs = grown(kv_cache_utils.get_request_block_hasher(4, sha256_cbor, 1))
+    with releases.judging(vllm.__version__):  # the release's extra-key format, as the drop-in sets it
+        ours = grown(hashing.get_request_block_hasher(4, sha256_cbor, 1))
+    assert ours == theirs and theirs[1][0] == 5  # 21 tokens: block 5's lookahead token is the 22nd
+
+
 def test_plugin_installs_only_when_asked(monkeypatch):
     monkeypatch.delenv("KVSPEC_DROPIN", raising=False)
     dropin.plugin()
@@ -126,6 +159,15 @@ LAYOUTS = {
                               {"num_draft_tokens": 2}),
     "full + sliding window, EAGLE": (Layout((full(16), swa(16, window=64)), num_blocks=48, max_model_len=512,
                                             use_eagle=True), {"num_draft_tokens": 2}),
+    # vLLM's engine marks the drafter's layers' group (is_eagle_group); from 0.33 the mark alone drops nothing.
+    "full attention, EAGLE, drafter's group marked": (
+        Layout((full(16),), num_blocks=32, max_model_len=512, use_eagle=True, eagle_groups=(0,)),
+        {"num_draft_tokens": 2}),
+    # From 0.33 EAGLE's hashes cover its lookahead token and no hit drops a block; the legacy hashes and the
+    # block drop stay one flag away (before 0.33 this layout is the one above).
+    "full + sliding window, EAGLE, block drop": (Layout((full(16), swa(16, window=64)), num_blocks=48,
+                                                        max_model_len=512, use_eagle=True),
+                                                 {"num_draft_tokens": 2, "lookahead_hashes": False}),
     # vLLM's engine with async scheduling (its default where the executor supports it): the next step is
     # scheduled while the last is in the forward pass, so blocks leave windows on the processed tokens.
     "full + sliding window, async scheduling": (
@@ -166,6 +208,8 @@ def test_vllms_scheduler_runs_on_kvspecs_block_manager_as_on_its_own(name):
     kvspec's block manager as on vLLM's; the KV-cache config carries the retention interval vLLM's
     engine sets (from 0.29 sparse retention by default, the shared prefix's end kept)."""
     layout, options = LAYOUTS[name]
+    if why := releases.judged(vllm.__version__).unsupported(layout.mamba_cache_modes):
+        pytest.skip(why)
     theirs, ours = _lockstep(layout, options)
     assert ours == theirs
     assert sum(len(r.finished) for r in ours) > 20 and sum(len(r.preempted) for r in ours) > 0
@@ -179,15 +223,17 @@ def test_vllms_scheduler_runs_on_kvspecs_block_manager_as_on_its_own(name):
     ("in-flight", (0, 26), "full + sliding window, async scheduling"),
     ("in-flight", (0, 26), "full + Mamba (align), async scheduling"),
     ("mamba-retire-across-gaps", (0, 30), "full + Mamba (align), async scheduling"),
-    ("eagle-replay-boundaries", (0, 30), "full + sliding window, EAGLE"),
+    ("eagle-replay-boundaries", (0, 30), "full + sliding window, EAGLE, block drop"),
     ("mamba-boundary-remarked", (0, 32), "full + Mamba (align), async scheduling"),
+    ("lookahead-hasher", (0, 33), "full + sliding window, EAGLE"),
+    ("eagle-drop-needs-use-eagle", (0, 33), "full attention, EAGLE, drafter's group marked"),
 ])
 def test_the_lockstep_catches_a_release_change_the_drop_in_drops(monkeypatch, fault, since, layout):
     """Built without one thing the release changed -- windows counted on all
     computed tokens, not the processed ones (steps in flight under async
-    scheduling read the blocks below); a release delta impl follows -- the
-    drop-in makes vLLM's scheduler decide otherwise on the layout that
-    exercises it."""
+    scheduling read the blocks below); a release delta impl follows; block
+    hashes blind to EAGLE's lookahead token -- the drop-in makes vLLM's
+    scheduler decide otherwise on the layout that exercises it."""
     if version_key(vllm.__version__) < since:
         pytest.skip(f"vLLM {vllm.__version__} predates the change")
     if fault == "mamba-boundary-remarked" and version_key(vllm.__version__) >= (0, 33):
@@ -197,6 +243,11 @@ def test_the_lockstep_catches_a_release_change_the_drop_in_drops(monkeypatch, fa
 
     if fault == "in-flight":
         monkeypatch.setattr(KVCacheManager, "_processed_tokens", lambda self, request, total: total)
+    elif fault == "lookahead-hasher":  # kvspec's hasher ignoring the drafter's lookahead tokens
+        from kvspec import hashing
+
+        monkeypatch.setattr(hashing, "_lookahead_hasher",
+                            lambda size, hash_fn, lookahead: hashing.get_request_block_hasher(size, hash_fn))
     else:
         deltas = dropin_releases.impl_deltas
         monkeypatch.setattr(dropin_releases, "impl_deltas", lambda release: deltas(release) - {fault})

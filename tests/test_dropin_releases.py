@@ -17,6 +17,7 @@ from kvspec.dropin_releases import (
     KVCacheManager030,
     KVCacheManager031,
     KVCacheManager032,
+    KVCacheManager033,
 )
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request
@@ -449,6 +450,80 @@ def test_0_32_api_zeroing_skips_common_prefix_zeros_and_the_cacheable_count():
     assert manager.coordinator.get_num_cacheable_tokens(11, 0) == 8  # the last scheduler-block boundary
     with pytest.raises(TypeError, match="skip_zeroing_group_ids must be a tuple of group ids below 2, got \\(2,\\)"):
         manager.allocate_slots(_request("c", range(9)), 1, skip_zeroing_group_ids=(2,))
+
+
+def test_0_33_hashes_cover_the_lookahead_tokens_and_only_hashed_blocks_are_cached():
+    """With EAGLE's lookahead token (L = 1) a block is hashed once the token
+    past it exists, its hash covers that token, and a manager built for 0.33
+    caches only the blocks the request has hashes for; its Stored events
+    name each block's lookahead tokens."""
+    from kvspec import hashing
+    from kvspec.impl import kv_events
+
+    hasher = get_request_block_hasher(4, hashing.sha256_cbor, 1)
+    request = Request("a", list(range(12)), block_hasher=hasher)
+    assert len(request.block_hashes) == 2  # 12 tokens: block 3's lookahead token does not exist yet
+    assert request.block_hashes[0] == hashing.hash_block_tokens(hashing.sha256_cbor, None, [0, 1, 2, 3], (None, 4))
+    other = Request("b", [0, 1, 2, 3, 9, 5, 6, 7, 8], block_hasher=hasher)
+    assert other.block_hashes[0] != request.block_hashes[0]  # the same block, another token past it
+    manager = _manager_of(KVCacheManager033, full(4), num_hash_lookahead_tokens=1, enable_kv_cache_events=True)
+    _compute(manager, request, 12)
+    assert [b.block_hash is not None for b in manager.get_blocks("a").blocks[0]] == [True, True, False]
+    (event,) = [e for e in manager.take_events() if isinstance(e, kv_events.BlockStored)]
+    assert event.lookahead_token_ids == [[4], [8]]
+    request.append_output_token_ids(12)  # block 3's lookahead token arrives: hashed, then cached
+    assert len(request.block_hashes) == 3
+    manager.cache_blocks(request, 12)
+    assert all(b.block_hash is not None for b in manager.get_blocks("a").blocks[0])
+
+
+def test_0_33_bounds_a_hit_and_refuses_what_earlier_releases_lack():
+    manager = _manager_of(KVCacheManager033, full(4))
+    _compute(manager, _request("a", range(13)), 13)
+    resend = _request("b", range(13))
+    assert manager.get_computed_blocks(resend)[1] == 12
+    assert manager.get_computed_blocks(resend, max_cache_hit_length=9)[1] == 8
+    assert manager.get_computed_blocks_for_connector(resend, 5)[1] == 4
+    with pytest.raises(ValueError, match=r"max_cache_hit_length must be an int in \[0, 12\].*got 13"):
+        manager.get_computed_blocks(resend, max_cache_hit_length=13)
+    with pytest.raises(TypeError):
+        KVCacheManager032(config(full(4)), 256, 4, 4).get_computed_blocks(resend, 9)  # no such argument before 0.33
+    with pytest.raises(ValueError, match="release delta lookahead-block-hashes"):
+        _manager_of(KVCacheManager032, full(4), num_hash_lookahead_tokens=1)
+    with pytest.raises(ValueError, match="num_hash_lookahead_tokens must be >= 0, got -1"):
+        _manager_of(KVCacheManager033, full(4), num_hash_lookahead_tokens=-1)
+    with pytest.raises(ValueError, match="num_hash_lookahead_tokens must be an int >= 0"):
+        get_request_block_hasher(4, num_hash_lookahead_tokens="1")
+
+
+def test_0_33_a_marked_drafter_group_drops_nothing_without_use_eagle():
+    """The drafter's group is marked; the scheduler builds the manager with
+    use_eagle off (lookahead hashes).  0.32 drops the hit's last block for
+    the marked group all the same; 0.33 does not."""
+    def hit(cls):
+        manager = cls(config(full(4), num_blocks=32, eagle_groups=(0,)), max_model_len=256, scheduler_block_size=4,
+                      hash_block_size=4, max_in_flight_tokens=64)
+        _compute(manager, _request("a", range(16)), 16)
+        return manager.get_computed_blocks(_request("b", range(17)))[1]
+
+    assert (hit(KVCacheManager032), hit(KVCacheManager033)) == (12, 16)
+
+
+def test_0_33_an_eagle_group_keeps_the_block_below_a_shared_prefix_junction_under_retention():
+    """Retention 0, a sliding window of 4 in blocks of 4, EAGLE, a junction
+    at 8 stored by the scheduler: 0.33 keeps the tail before 4 too (delta
+    eagle-junction-peek) -- where a sibling diverging right after the
+    junction lands, without the block past the junction to peek at."""
+    def cached_swa_blocks(cls):
+        manager = _with_retention(cls, 0, full(4), swa(4, 4), use_eagle=True)
+        request = _request("a", range(24))
+        request.shared_prefix_boundary = 8
+        _compute(manager, request, 24)
+        return [i for i, b in enumerate(manager.coordinator.single_type_managers[1].req_to_blocks["a"])
+                if b.block_hash is not None]
+
+    assert cached_swa_blocks(KVCacheManager032) == [1, 2, 3, 4, 5]
+    assert cached_swa_blocks(KVCacheManager033) == [0, 1, 2, 3, 4, 5]  # the tail before 4, with EAGLE's peek
 
 
 def test_0_30_stored_events_name_the_session_where_the_event_class_has_the_field():

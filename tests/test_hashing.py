@@ -642,6 +642,38 @@ def test_the_fast_plain_chain_is_canonical_cbor():
     assert hashing._plain_chain(b"short", [1, 2], 2) is None
 
 
+def test_the_fast_lookahead_chain_is_canonical_cbor():
+    """With L lookahead tokens (release delta lookahead-block-hashes) a
+    plain block hashes (parent, block, (None, *next L tokens)), and only
+    blocks whose next L tokens exist are hashed: the fast chain is byte for
+    byte the generic hasher's, whatever the sizes."""
+    import os
+    import random
+
+    import cbor2
+
+    def general(parent, tokens, size, lookahead):
+        expected, chain = [], parent
+        for i in range(0, len(tokens) - size - lookahead + 1, size):
+            extra = (None, *tokens[i + size:i + size + lookahead])
+            chain = hashlib.sha256(cbor2.dumps((chain, tuple(tokens[i:i + size]), extra), canonical=True)).digest()
+            expected.append(chain)
+        return expected
+
+    rng = random.Random(1)
+    for _ in range(300):
+        parent, size, lookahead = os.urandom(32), rng.choice([1, 2, 4, 16, 24]), rng.choice([1, 2, 3, 24])
+        tokens = [rng.choice([rng.randrange(24), rng.randrange(1 << 20)]) for _ in range(rng.randrange(4 * size + 30))]
+        assert hashing._plain_chain(parent, tokens, size, lookahead) == general(parent, tokens, size, lookahead)
+    # the request hasher: the fast chain and the per-block path (a salted request's) agree on the shape
+    hasher = hashing.get_request_block_hasher(4, hashing.sha256_cbor, 2)
+    from kvspec.request import Request
+
+    plain = Request("r", list(range(17)), block_hasher=hasher)
+    assert len(plain.block_hashes) == 3  # 17 tokens: block 4's two lookahead tokens do not exist yet
+    assert plain.block_hashes == general(hashing.NONE_HASH, list(range(17)), 4, 2)
+
+
 # --- the extra-key format of later vLLM releases ---------------------------------------------
 
 

@@ -168,6 +168,7 @@ def _impl_without(version: str, delta: str, layout: str, examples: int = 100) ->
     ("0.28.0", "free-order-restored", "caching-off", "free-order|divergence from the spec"),
     ("0.28.0", "zeroing-every-attention-group", "full+swa+mamba", "was taken fresh but is not zeroed"),
     ("0.30.0", "eagle-replay-boundaries", "full+swa-eagle-retention0", "divergence from the spec|hit-optimality"),
+    ("0.33.0", "eagle-drop-needs-use-eagle", "full+swa-marked", "divergence from the spec|hit-optimality"),
 ])
 def test_each_delta_impl_follows_is_live(version, delta, layout, says):
     """Built without one delta of the release judged, impl breaks a rule
@@ -616,3 +617,43 @@ def test_in_0_32_only_a_sibling_waits_while_the_owner_passes_its_prompt_boundary
     for version, admitted in (("0.31.0", True), ("0.32.0", False), ("0.33.0", True)):
         assert _sibling_in_the_step_the_owner_passes_its_boundary(version, "spec") is admitted, version
         assert _sibling_in_the_step_the_owner_passes_its_boundary(version, "impl") is admitted, version
+
+
+def _cached_under_lookahead(version: str, manager_kind: str) -> list[bool] | str:
+    """Which of a 12-token request's six blocks (layout ``full``: blocks of
+    2) a manager with EAGLE's lookahead token (L = 1) caches once all 12
+    tokens are computed; the rule of a refusal where the release has no
+    lookahead argument."""
+    from kvspec.errors import RuleError
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.impl import KVCacheManager
+    from kvspec.request import Request
+    from kvspec.spec.manager import SpecKVCacheManager
+
+    layout = MANAGER_LAYOUTS["full"]
+    args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
+    with releases.judging(version) as release:
+        try:
+            manager = KVCacheManager(*args, deltas=impl_deltas(release), num_hash_lookahead_tokens=1) \
+                if manager_kind == "impl" else SpecKVCacheManager(*args, num_hash_lookahead_tokens=1)
+        except (RuleError, ValueError) as error:
+            return getattr(error, "rule", "ValueError")
+        request = Request("r", list(range(12)), block_hasher=get_request_block_hasher(layout.hash_block_size,
+                                                                                      hashing.sha256_cbor, 1))
+        assert manager.allocate_slots(request, 12) is not None
+        request.num_computed_tokens = 12
+        if manager_kind == "impl":
+            return [b.block_hash is not None for b in manager.get_blocks("r").blocks[0]]
+        keys = manager.pool.snapshot().key_of
+        return [b in keys for b in manager.get_block_ids("r")[0]]
+
+
+def test_from_0_33_hashes_cover_the_drafter_s_lookahead_and_only_hashed_blocks_are_cached():
+    """Delta lookahead-block-hashes: with L = 1 the last block of 12 tokens
+    (blocks of 2) has no hash yet -- its lookahead token is the 13th -- and
+    neither the spec nor impl caches it; before 0.33 a manager refuses the
+    argument."""
+    for kind in ("spec", "impl"):
+        assert _cached_under_lookahead("0.33.0", kind) == [True] * 5 + [False], kind
+    assert _cached_under_lookahead("0.32.0", "spec") == "content-soundness"
+    assert _cached_under_lookahead("0.32.0", "impl") == "ValueError"

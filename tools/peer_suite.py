@@ -173,6 +173,22 @@ SUITES: dict[str, Suite] = {
             "00dd142a96ebff8626e1b58d61b6494ea56606ed07c71ff2a9d99db1eca52fd5",
         "tests/v1/kv_connector/unit/utils.py": "7ec9051f3b04868c6f1c5a8052b85f9b7b51e6ddb3eaa25dbfdc1350ce664a82",
     }),
+    "0.33.0": Suite("f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112", {
+        "tests/v1/core/__init__.py": _EMPTY,
+        "tests/v1/core/utils.py": "7df042f9487aeb2f8290b48b302d7a6d76db8efccc102849c18b1d36a19e97f8",
+        "tests/v1/core/test_prefix_caching.py": "6f5c8c744fc84e20b9d6b154fd30e3e9c39c8022b14c0bc94504d9822293393a",
+        "tests/v1/core/test_single_type_kv_cache_manager.py":
+            "5b9a6795530b105d327f1b684b7bb74460188200b7233c6c4b631c7759a4911e",
+        "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+        "tests/v1/core/test_kv_cache_utils.py": "82dfa1aeda651733300a57bc6c4360ea07270ed90de551acb10b21280134a604",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+            "4690f15c17e09b3c4b0f78a3a6f131189db336b58229c99100b10c5dfe6e7e22",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py":
+            "f81ed5be56b3b6163e9c640062036ae40e41a24e6f7218a1c96bbae2e356d64a",
+        "tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py":
+            "3ff69e018de620c6b317c4fed54aaab162aed4191c071f7070d397c810341ac1",
+        "tests/v1/kv_connector/unit/utils.py": "11f6a0add5a5b711a12d2d5635a8a9d33c12e7a93d8138ad6d9335b65f05326e",
+    }),
 }
 """The releases whose tests this runs (each also one the drop-in knows)."""
 

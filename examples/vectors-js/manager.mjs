@@ -597,7 +597,8 @@ export class Manager {
   // spec 6: those the config marks, or all when EAGLE is on and none is marked; never a Mamba group;
   // groups with equal specs share the mark.
   markEagleGroups(useEagle, marked) {
-    if (!useEagle) return;
+    // From 0.33 (spec 9 delta eagle-drop-needs-use-eagle) the marks alone drop nothing.
+    if (!useEagle && (!marked.length || atLeast(this.release, "0.33.0"))) return;
     const ids = marked.length ? marked : this.groups.map((g) => g.id);
     const specs = ids.map((i) => JSON.stringify(this.groups[i].spec));
     for (const g of this.groups) {

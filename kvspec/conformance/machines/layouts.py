@@ -25,6 +25,10 @@ MANAGER_LAYOUTS: dict[str, Layout] = {
     "full+mamba-all": Layout((full(2), mamba(2, "all"))),
     "full+swa+mamba": Layout((full(2), swa(2, window=4), mamba(2, "align")), num_blocks=32),
     "full+swa-eagle": Layout((full(2), swa(2, window=4)), use_eagle=True),
+    # The drafter's group marked, use_eagle off: how vLLM 0.33's scheduler builds an EAGLE model's manager
+    # when block hashes cover the drafter's lookahead.  The base drops the marked group's last hit block
+    # anyway; from 0.33 (delta eagle-drop-needs-use-eagle) no group drops.
+    "full+swa-marked": Layout((full(2), swa(2, window=4)), eagle_groups=(0,)),
     # vLLM turns prefix caching off for encoder-decoder models.
     "encoder-decoder": Layout((full(2), cross(2)), enable_caching=False),
     "caching-off": Layout((full(2), swa(2, window=4)), enable_caching=False),

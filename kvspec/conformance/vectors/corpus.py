@@ -575,6 +575,9 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
                 "full+swa", _external_after_hits),
     ManagerCase("eagle-drop", "with EAGLE the last hit block is dropped and recomputed", "full+swa-eagle",
                 _eagle_drop),
+    ManagerCase("eagle-mark-without-use-eagle", "the drafter's group is marked but use_eagle is off: the base "
+                "drops its last hit block anyway, from 0.33 (delta eagle-drop-needs-use-eagle) nothing drops",
+                "full+swa-marked", _eagle_drop),
     ManagerCase("window-release", "blocks that left the sliding window are released, the table keeps nulls",
                 "full+swa", _window_release),
     ManagerCase("mamba-align-boundary", "Mamba align mode keeps the state at a chunk's block boundary and "

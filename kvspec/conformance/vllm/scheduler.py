@@ -79,7 +79,8 @@ tokens, or fails (vLLM's default)."""
 
 def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
                    connector: bool = False, num_draft_tokens: int = 0, failure_policy: str = "recompute",
-                   async_scheduling: bool = False, engine_retention: bool = False) -> Any:
+                   async_scheduling: bool = False, engine_retention: bool = False,
+                   lookahead_hashes: bool = True) -> Any:
     """A vLLM ``Scheduler`` over ``layout``'s KV cache (vLLM's spec classes);
     with ``connector``, vLLM loads :class:`~kvspec.conformance.vllm.connector.ScriptedConnector`
     as a deployment loads a third-party connector, a failed load handled by
@@ -90,7 +91,11 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
     KV-cache config's retention interval is the layout's; with
     ``engine_retention`` and a layout that sets none, it is the one vLLM's
     engine writes there from its ``CacheConfig`` (from 0.29: 0, sparse, unless
-    configured), as ``vllm serve`` runs."""
+    configured), as ``vllm serve`` runs.  From 0.33 an EAGLE drafter's block
+    hashes cover its lookahead tokens, and no hit drops a block; without
+    ``lookahead_hashes`` the scheduler runs as
+    ``--speculative-config '{"disable_lookahead_block_hashes": true}'`` sets
+    it: the legacy hashes and the block drop (before 0.33, the only way)."""
     if num_draft_tokens and not layout.use_eagle:
         raise ValueError(f"num_draft_tokens={num_draft_tokens} needs a layout with use_eagle")
     if failure_policy not in FAILURE_POLICIES:
@@ -122,7 +127,10 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
                              device_config=DeviceConfig(device="cpu"), kv_transfer_config=transfer)
     object.__setattr__(vllm_config, "model_config", ModelStandIn(layout.max_model_len))
     if num_draft_tokens:
-        object.__setattr__(vllm_config, "speculative_config", eagle_config(num_draft_tokens))
+        speculative = eagle_config(num_draft_tokens)
+        if not lookahead_hashes and hasattr(speculative, "disable_lookahead_block_hashes"):
+            object.__setattr__(speculative, "disable_lookahead_block_hashes", True)
+        object.__setattr__(vllm_config, "speculative_config", speculative)
     scheduler_class = AsyncScheduler if async_scheduling else Scheduler
     kv_cache_config = to_vllm_config(layout.kv_cache_config())
     if hasattr(kv_cache_config, "prefix_cache_retention_interval"):  # 0.29 on; before, the environment
@@ -135,17 +143,20 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
                      block_size=block_size)
 
 
-def request_factory(hash_block_size: int) -> Callable[[str, list[int], int], Any]:
+def request_factory(hash_block_size: int, num_hash_lookahead_tokens: int = 0) -> Callable[[str, list[int], int], Any]:
     """``new(request_id, prompt, max_tokens)``: a vLLM ``Request`` hashed
     with vLLM's own block hasher (sha256-cbor, as its engine does) that
-    samples exactly ``max_tokens`` tokens."""
+    samples exactly ``max_tokens`` tokens; from 0.33 the hasher covers the
+    ``num_hash_lookahead_tokens`` the engine reads off its config (an EAGLE
+    drafter's lookahead, as ``EngineCore`` passes it)."""
     from vllm import SamplingParams
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
     init_none_hash(sha256_cbor)  # as vLLM's engine does at start
-    hasher = get_request_block_hasher(hash_block_size, sha256_cbor)
+    lookahead = (num_hash_lookahead_tokens,) if num_hash_lookahead_tokens else ()  # an argument since 0.33
+    hasher = get_request_block_hasher(hash_block_size, sha256_cbor, *lookahead)
     arrivals = itertools.count()
 
     def new(request_id: str, prompt: list[int], max_tokens: int) -> Any:
@@ -184,7 +195,7 @@ def serve(scheduler: Any, *, steps: int, seed: int = 0, hash_block_size: int = 1
     is scheduled."""
 
     rng = random.Random(seed)
-    new_request = request_factory(hash_block_size)
+    new_request = request_factory(hash_block_size, getattr(scheduler.vllm_config, "num_hash_lookahead_tokens", 0))
     system = [rng.randrange(1000) for _ in range(48)]
     records: list[StepRecord] = []
     in_forward: list[tuple[Any, Any]] = []  # (scheduler output, its model output), oldest first
