@@ -313,10 +313,12 @@ class BlockPool:
                 if not block.is_null:
                     self.metrics_collector.on_block_accessed(block)
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], evict_first: bool = False) -> None:
         """Drop one reference from each block, first-to-evict first.  Blocks
         reaching 0 rejoin the queue: unhashed at the head, cached at the tail
-        (in 0.27 with caching off: all at the tail).  The null block is
+        (in 0.27 with caching off: all at the tail); with ``evict_first``
+        (vLLM 0.34's argument, for blocks another tier already holds) cached
+        ones at the head too, in the order given.  The null block is
         skipped.  Refused (nothing changes) if a block would go below 0
         references."""
         plain: list[KVCacheBlock] = []
@@ -328,7 +330,7 @@ class BlockPool:
                 ref = block.ref_cnt
                 if ref == 1:
                     block.ref_cnt = 0
-                    (plain if block._block_hash is None else cached).append(block)
+                    (plain if block._block_hash is None or evict_first else cached).append(block)
                 elif ref > 1:
                     block.ref_cnt = ref - 1
                     held.append(block)

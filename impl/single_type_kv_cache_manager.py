@@ -978,13 +978,39 @@ class MambaManager(SingleTypeKVCacheManager):
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> tuple[float, float, float]:
         if self.mamba_cache_mode == "align":
-            return 0, 0, 0  # the state block moves every step: never steady
+            return self._align_steady_limits(request_id, total_computed_tokens, num_prompt_tokens)
         slots, full, _ = super().steady_limits(request_id, total_computed_tokens)
         # Draft states take the table's last blocks; the release lags by the
         # hold-back (see skipped_block_runs).
         hold = self.window_hold_back
         skip = self._next_skip(max(0, total_computed_tokens - hold)) + hold
         return slots - self.num_speculative_blocks * self.block_size, full, skip
+
+    def _align_steady_limits(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None
+    ) -> tuple[float, float, float]:
+        """Align mode: the running state stays in its block until the
+        committed tokens cross into the next one (a new block: ``slots``,
+        the table less its draft-state blocks), a state is cached at a block
+        boundary (``full``), and the state left behind is released one step
+        after it is copied forward, or once it falls out of the window
+        (``skip``: the least computed count at which either comes)."""
+        if self._remarks_prompt_boundary:
+            return 0, 0, 0  # 0.32: a caching call may re-mark the prompt's state at any count
+        blocks = self.req_to_blocks.get(request_id, ())
+        slots = (len(blocks) - self.num_speculative_blocks) * self.block_size
+        full = (self.num_cached_block.get(request_id, 0) + 1) * self.block_size if self.enable_caching else _NEVER
+        hold = self.window_hold_back
+        if not self._retires_across_gaps:
+            skip = self._next_skip(max(0, total_computed_tokens - hold)) + hold
+        else:  # the first state still held leaves once a whole block lies past it (see _states_to_retire)
+            null = self._null_block
+            first = next((i for i, block in enumerate(blocks) if block is not null), None)
+            skip = _NEVER if first is None else (first + 1) * self.block_size + 1 + hold
+        stale = self.last_state_block_idx.get(request_id)
+        if stale is not None and stale < len(blocks) and blocks[stale] is not self._null_block:
+            skip = min(skip, (stale + 1) * self.block_size + 1 + hold)  # see _stale_state_block
+        return slots, full, skip
 
     def skipped_block_runs(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None

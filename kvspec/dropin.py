@@ -1,7 +1,7 @@
 """kvspec's block manager inside vLLM: the drop-in mode.
 
 It goes into the releases whose block-manager API it presents
-(:data:`kvspec.dropin_releases.API`: 0.25.1 to 0.33.0), each with impl
+(:data:`kvspec.dropin_releases.API`: 0.25.1 to 0.34.0), each with impl
 built as that release behaves, and refuses any other before replacing
 anything.
 

@@ -94,18 +94,26 @@ release's deltas.
   outside what the spec judges); Mamba's boundary state is no longer
   re-marked (delta mamba-boundary-remark-fixed).
 
-A release the drop-in knows is one with an entry in :data:`API`.  The later
-releases changed the calls further (0.34: the pool's block fields, the
-common-prefix question gone), and some of their semantics
-(``docs/release-survey.md``), and are refused by
-:func:`kvspec.dropin.check_release`, in one line.
+- **0.34.0**: a request's hit bounded by its own limit
+  (``Request.prefix_cache_hit_limit`` in place of
+  ``skip_reading_prefix_cache``: 0 reads no cache, a prompt-logprobs
+  request reads up to its first scored position; delta
+  prefix-cache-hit-limit, outside what the spec judges), a caller's bound
+  that can only tighten it, the probe ``get_num_cached_tokens``,
+  ``get_num_common_prefix_blocks`` gone, the pool's
+  ``free_blocks(evict_first=...)`` (blocks another tier holds go first)
+  and ``BlockHashToBlockMap(blocks)``.
+
+A release the drop-in knows is one with an entry in :data:`API`; a later
+one is refused by :func:`kvspec.dropin.check_release`, in one line, until
+its calls and semantics (``docs/release-survey.md``) are read.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.block_pool import BlockHashToBlockMap, BlockPool
 from kvspec.impl.kv_cache_coordinator import RETENTION_FROM_ENV
 from kvspec.impl.kv_cache_manager import KVCacheManager
 from kvspec.impl.release import IMPLEMENTED
@@ -618,11 +626,14 @@ class Removed:
     """A method a release removed from a class: the drop-in's class lacks it
     too (``hasattr`` answers False, a call is vLLM's ``AttributeError``)."""
 
+    def __init__(self, since: str) -> None:
+        self.since = since
+
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
     def __get__(self, obj: Any, owner: Any = None) -> Any:
-        raise AttributeError(f"{self.name} is gone from vLLM's KVCacheManager since 0.32")
+        raise AttributeError(f"{self.name} is gone from vLLM's KVCacheManager since {self.since}")
 
 
 class KVCacheManager032(KVCacheManager031):
@@ -632,7 +643,7 @@ class KVCacheManager032(KVCacheManager031):
     question (zeros), the coordinator's cacheable-token count."""
 
     release = "0.32.0"
-    get_zeroing_block_ids_in_range = Removed()
+    get_zeroing_block_ids_in_range = Removed("0.32")
 
     def __init__(self, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(kv_cache_config, *args, **kwargs)
@@ -727,8 +738,7 @@ class KVCacheManager033(KVCacheManager032):
         """The connector's lookup, its hits at most ``max_cache_hit_length`` tokens."""
         return self._bounded_connector_lookup(request, self._hit_bound(request, max_cache_hit_length))
 
-    @staticmethod
-    def _hit_bound(request: Any, max_cache_hit_length: Any) -> int:
+    def _hit_bound(self, request: Any, max_cache_hit_length: Any) -> int:
         """The bound a lookup takes: ``num_tokens - 1`` unless a lower one is given."""
         most = request.num_tokens - 1
         if max_cache_hit_length is None:
@@ -739,11 +749,64 @@ class KVCacheManager033(KVCacheManager032):
         return max_cache_hit_length
 
 
+class KVCacheManager034(KVCacheManager033):
+    """impl's manager with vLLM 0.34.0's API: a request's hit bounded by its
+    own limit (``Request.prefix_cache_hit_limit``, which replaced
+    ``skip_reading_prefix_cache``: 0 reads no cache, a prompt-logprobs
+    request reads up to its first scored position), the probe
+    ``get_num_cached_tokens``, cascade attention's question gone (delta
+    common-prefix-blocks-removed); the pool's ``free_blocks(evict_first=...)``
+    and its hash map built over the pool's blocks (:func:`pool_for`)."""
+
+    release = "0.34.0"
+    get_num_common_prefix_blocks = Removed("0.34")
+
+    def _reads_prefix_cache(self, request: Any) -> bool:
+        """A limit of 0 reads nothing (0.34's request says ``skip`` so)."""
+        return self.enable_caching and request.prefix_cache_hit_limit != 0
+
+    def _hit_bound(self, request: Any, max_cache_hit_length: Any) -> int:
+        """The bound a lookup takes: the request's own (``num_tokens - 1``,
+        and its hit limit), tightened by the one given -- which from 0.34
+        can only tighten it: a larger one is no error."""
+        if max_cache_hit_length is not None and (type(max_cache_hit_length) is not int or max_cache_hit_length < 0):
+            raise ValueError(f"max_cache_hit_length must be an int >= 0, got {max_cache_hit_length!r} "
+                             "(rule hit-soundness)")
+        return request.get_max_cache_hit_length(max_cache_hit_length)
+
+    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int]:
+        """The hit, at most the request's own bound and ``max_cache_hit_length``."""
+        return self._bounded_computed_blocks(request, self._hit_bound(request, max_cache_hit_length))
+
+    def get_num_cached_tokens(self, request: Any) -> int:
+        """How many of the request's tokens the prefix cache holds (all but
+        its last at most): a probe that takes no reference, allocates nothing
+        and announces nothing -- the scheduler asks it of requests it may
+        not admit.  0 when the request reads no cache."""
+        if not self._reads_prefix_cache(request):
+            return 0
+        return self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1]
+
+
+class BlockHashToBlockMap034(BlockHashToBlockMap):
+    """impl's hash map as 0.34 builds it: over the pool's blocks (impl's
+    map holds the blocks themselves, so it needs no list of them)."""
+
+    __slots__ = ()
+
+    def __init__(self, blocks: Any = None) -> None:
+        super().__init__()
+
+
 def shapes_from_028(manager: type[KVCacheManager], release: str) -> dict[str, dict[str, Any]]:
     """The names a release from 0.28 on presents differently: its manager,
-    its pool, and ``need_extra_keys`` gone (dead code, removed in 0.28)."""
+    its pool (from 0.34 its hash map too), and ``need_extra_keys`` gone
+    (dead code, removed in 0.28)."""
+    pool = {"BlockPool": pool_for(release)}
+    if releases.version_key(release) >= (0, 34):
+        pool["BlockHashToBlockMap"] = BlockHashToBlockMap034
     return {"vllm.v1.core.kv_cache_manager": {"KVCacheManager": manager},
-            "vllm.v1.core.block_pool": {"BlockPool": pool_for(release)},
+            "vllm.v1.core.block_pool": pool,
             "vllm.v1.core.kv_cache_utils": {"need_extra_keys": GONE}}
 
 
@@ -755,7 +818,7 @@ API: dict[str, dict[str, dict[str, Any]]] = {
     "0.27.1": {},  # below: a patch release whose vllm/v1/core and tests/v1/core are 0.27.0's, byte for byte
     **{manager.release: shapes_from_028(manager, manager.release)
        for manager in (KVCacheManager028, KVCacheManager029, KVCacheManager030, KVCacheManager031, KVCacheManager032,
-                       KVCacheManager033)},
+                       KVCacheManager033, KVCacheManager034)},
 }
 """release -> vLLM module -> the names whose release shape differs from impl's
 (:data:`GONE`: a name the release removed)."""

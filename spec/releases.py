@@ -291,6 +291,14 @@ DELTAS: tuple[Delta, ...] = (
         "every layout served -- so a running request's state no longer stalls a sibling's hit.",
         rules=("hit-optimality",)),
     Delta(
+        "0.34.0", "prefix-cache-hit-limit",
+        "A request carries a prefix-cache hit limit (prefix_cache_hit_limit) in place of skip_reading_prefix_cache: "
+        "0 reads no cache (the old skip), a request asking for prompt logprobs reads only up to its first scored "
+        "position (those positions' logits must be computed), None is unbounded; every lookup's hit is at most "
+        "the least of num_tokens - 1, that limit and the caller's bound.  The interface's requests carry only the "
+        "skip; the drop-in reads vLLM's request's limit.",
+        status=OUTSIDE),
+    Delta(
         "0.34.0", "common-prefix-blocks-removed",
         "KVCacheManager.get_num_common_prefix_blocks, cascade attention's question, is gone; the machines no "
         "longer ask it.",

@@ -34,11 +34,12 @@ class _NoSteady(dict):
         return None
 
 
-def _managers(layout: Layout) -> tuple[KVCacheManager, KVCacheManager]:
+def _managers(layout: Layout, deltas: frozenset[str] | None = None) -> tuple[KVCacheManager, KVCacheManager]:
     def make() -> KVCacheManager:
         return KVCacheManager(layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size,
                               layout.hash_block_size, enable_caching=layout.enable_caching,
-                              use_eagle=layout.use_eagle, enable_kv_cache_events=True, **layout.target_options())
+                              use_eagle=layout.use_eagle, enable_kv_cache_events=True, deltas=deltas,
+                              **layout.target_options())
 
     fast, checked = make(), make()
     checked._steady = _NoSteady()
@@ -57,8 +58,27 @@ def _state(manager: KVCacheManager, request_ids: list[str]) -> tuple:
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_the_fast_path_answers_as_the_checked_path(name, data):
-    layout = LAYOUTS[name]
-    fast, checked = _managers(layout)
+    _drive_side_by_side(LAYOUTS[name], data)
+
+
+ALIGN_LAYOUTS = sorted(name for name, layout in LAYOUTS.items() if layout.has_mamba_align)
+
+
+@pytest.mark.parametrize("name", ALIGN_LAYOUTS)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_mamba_align_s_fast_path_answers_as_the_checked_path_in_a_later_release(name, data):
+    """From 0.30 (delta mamba-retire-across-gaps) Mamba align retires every
+    state before the window: its steady limits must see that release too."""
+    from kvspec.dropin_releases import impl_deltas
+    from kvspec.spec import releases
+
+    with releases.judging("0.33.0") as release:
+        _drive_side_by_side(LAYOUTS[name], data, impl_deltas(release))
+
+
+def _drive_side_by_side(layout: Layout, data: st.DataObject, deltas: frozenset[str] | None = None) -> None:
+    fast, checked = _managers(layout, deltas)
     hasher = get_request_block_hasher(layout.hash_block_size)
     encoder = 6 if layout.has_cross_attention else 0
     drafts = 2 if layout.use_eagle else 0

@@ -18,6 +18,7 @@ from kvspec.dropin_releases import (
     KVCacheManager031,
     KVCacheManager032,
     KVCacheManager033,
+    KVCacheManager034,
 )
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request
@@ -524,6 +525,51 @@ def test_0_33_an_eagle_group_keeps_the_block_below_a_shared_prefix_junction_unde
 
     assert cached_swa_blocks(KVCacheManager032) == [1, 2, 3, 4, 5]
     assert cached_swa_blocks(KVCacheManager033) == [0, 1, 2, 3, 4, 5]  # the tail before 4, with EAGLE's peek
+
+
+class LimitedRequest(Request):
+    """A request as vLLM 0.34 makes one: a hit limit (0: read no cache, N:
+    the first N tokens at most, None: unbounded) in place of the skip flag."""
+
+    def __init__(self, rid, tokens, limit=None):
+        super().__init__(rid, list(tokens), block_hasher=get_request_block_hasher(4))
+        del self.skip_reading_prefix_cache
+        self.prefix_cache_hit_limit = limit
+
+    def get_max_cache_hit_length(self, bound=None):
+        return min(x for x in (self.num_tokens - 1, self.prefix_cache_hit_limit, bound) if x is not None)
+
+
+def test_0_34_a_request_s_hit_limit_bounds_its_hit_and_the_probe_takes_nothing():
+    manager = _manager_of(KVCacheManager034, full(4), log_stats=True)
+    _compute(manager, LimitedRequest("a", range(17)), 17)
+    assert manager.get_computed_blocks(LimitedRequest("b", range(17)))[1] == 16
+    assert manager.get_computed_blocks(LimitedRequest("c", range(17), limit=10))[1] == 8  # prompt logprobs from 10
+    assert manager.get_computed_blocks(LimitedRequest("d", range(17), limit=10), 5)[1] == 4
+    assert manager.get_computed_blocks(LimitedRequest("e", range(17), limit=0))[1:] == (0, 0)  # reads no cache
+    assert manager.get_computed_blocks(LimitedRequest("h", range(17)), 99)[1] == 16  # a bound only tightens
+    with pytest.raises(ValueError, match="max_cache_hit_length must be an int >= 0, got -1"):
+        manager.get_computed_blocks(LimitedRequest("i", range(17)), -1)
+    free = manager.block_pool.get_num_free_blocks()
+    assert manager.get_num_cached_tokens(LimitedRequest("f", range(17))) == 16
+    assert manager.get_num_cached_tokens(LimitedRequest("g", range(17), limit=0)) == 0
+    assert manager.block_pool.get_num_free_blocks() == free  # a probe: no reference taken
+    assert not hasattr(manager, "get_num_common_prefix_blocks")  # gone in 0.34
+
+
+def test_0_34_pool_frees_blocks_another_tier_holds_to_the_head_and_builds_its_map_over_the_blocks():
+    from kvspec.dropin_releases import BlockHashToBlockMap034
+
+    manager = _manager_of(KVCacheManager034, full(4))
+    request = LimitedRequest("a", range(9))
+    _compute(manager, request, 9)
+    blocks = manager.pop_blocks_for_free(request)
+    cached = [b for b in blocks if b.block_hash is not None]
+    assert len(cached) == 2
+    manager.block_pool.free_blocks(reversed(blocks), evict_first=True)
+    head = manager.block_pool.free_block_queue.get_all_free_blocks()[:3]
+    assert [b.block_id for b in head] == [b.block_id for b in reversed(blocks)]  # cached ones first to go too
+    assert len(BlockHashToBlockMap034(manager.block_pool.blocks)) == 0
 
 
 def test_0_30_stored_events_name_the_session_where_the_event_class_has_the_field():

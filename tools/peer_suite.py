@@ -189,6 +189,27 @@ SUITES: dict[str, Suite] = {
             "3ff69e018de620c6b317c4fed54aaab162aed4191c071f7070d397c810341ac1",
         "tests/v1/kv_connector/unit/utils.py": "11f6a0add5a5b711a12d2d5635a8a9d33c12e7a93d8138ad6d9335b65f05326e",
     }),
+    "0.34.0": Suite("fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113", {
+        "tests/v1/core/__init__.py": _EMPTY,
+        "tests/v1/core/utils.py": "ae566ab7afa33357dae68bc1d764828f70817c9490f2f6ac841279ce3e805b3b",
+        "tests/v1/core/test_prefix_caching.py": "f94ae5b061fa209845168b8b2dff2389a233e4ad0a7b83154805594c072f45c9",
+        "tests/v1/core/test_single_type_kv_cache_manager.py":
+            "5b9a6795530b105d327f1b684b7bb74460188200b7233c6c4b631c7759a4911e",
+        "tests/v1/core/test_kv_cache_metrics.py": "e48f8970ffcdaba95eaf5b95f8e54c0188664577e63081d5608008e9cae12f41",
+        "tests/v1/core/test_kv_cache_utils.py": "ae080196d8270b1b8255e0a9ec348eeeb6e22427330935b97380e00e3369a6a3",
+        # The engine's prompt block hashes pinned against the vectors vLLM's Rust frontend reproduces.
+        "tests/v1/core/test_prompt_block_hash_vectors.py":
+            "12bd8cb2ace880e17fa348fa4ecbc262b5d79f8690c2039603e76eddd4908a09",
+        "rust/src/engine-core-client/src/tests/prompt_block_hash_vectors.json":
+            "8ab1c34ac62bb61aa39119c77dda053b7d9a382d6072d4875cf81dae84ad2df9",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py":
+            "4690f15c17e09b3c4b0f78a3a6f131189db336b58229c99100b10c5dfe6e7e22",
+        "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py":
+            "f81ed5be56b3b6163e9c640062036ae40e41a24e6f7218a1c96bbae2e356d64a",
+        "tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py":
+            "3ff69e018de620c6b317c4fed54aaab162aed4191c071f7070d397c810341ac1",
+        "tests/v1/kv_connector/unit/utils.py": "c479762f374e80f50760e85611c2def22eb2ec3c6a019c48aa1b862c0f93fe91",
+    }),
 }
 """The releases whose tests this runs (each also one the drop-in knows)."""
 

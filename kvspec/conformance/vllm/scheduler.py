@@ -131,6 +131,11 @@ def make_scheduler(layout: Layout, *, max_num_seqs: int = 16, max_num_batched_to
         if not lookahead_hashes and hasattr(speculative, "disable_lookahead_block_hashes"):
             object.__setattr__(speculative, "disable_lookahead_block_hashes", True)
         object.__setattr__(vllm_config, "speculative_config", speculative)
+        if hasattr(vllm_config, "_resolve_num_hash_lookahead_tokens"):
+            # From 0.34 the count is a field its __post_init__ resolves: resolved again by the release's own
+            # code, now that the drafter is set (as an engine given the drafter at construction has it).
+            object.__setattr__(vllm_config, "num_hash_lookahead_tokens",
+                               vllm_config._resolve_num_hash_lookahead_tokens())
     scheduler_class = AsyncScheduler if async_scheduling else Scheduler
     kv_cache_config = to_vllm_config(layout.kv_cache_config())
     if hasattr(kv_cache_config, "prefix_cache_retention_interval"):  # 0.29 on; before, the environment
