@@ -1005,7 +1005,8 @@ class MambaManager(SingleTypeKVCacheManager):
             skip = self._next_skip(max(0, total_computed_tokens - hold)) + hold
         else:  # the first state still held leaves once a whole block lies past it (see _states_to_retire)
             null = self._null_block
-            first = next((i for i, block in enumerate(blocks) if block is not null), None)
+            start = self._null_prefix.get(request_id, 0)  # slots known null stay null (see _states_to_retire)
+            first = next((i for i in range(start, len(blocks)) if blocks[i] is not null), None)
             skip = _NEVER if first is None else (first + 1) * self.block_size + 1 + hold
         stale = self.last_state_block_idx.get(request_id)
         if stale is not None and stale < len(blocks) and blocks[stale] is not self._null_block:
