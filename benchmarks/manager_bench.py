@@ -314,8 +314,9 @@ def bench_hashing(*, tokens: int, repeats: int, whole_request: bool = False) -> 
     params = SamplingParams(max_tokens=16)
 
     def bare() -> Any:
-        return SimpleNamespace(block_hashes=[], all_token_ids=prompt, num_tokens=tokens, mm_features=[],
-                               lora_request=None, cache_salt=None, prompt_embeds=None,
+        # From 0.34 vLLM's hasher reads the request's own token buffer (_all_token_ids).
+        return SimpleNamespace(block_hashes=[], all_token_ids=prompt, _all_token_ids=prompt, num_tokens=tokens,
+                               mm_features=[], lora_request=None, cache_salt=None, prompt_embeds=None,
                                _prompt_embeds_per_block_hashes={})
 
     def hashes(name: str) -> list:
