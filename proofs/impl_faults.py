@@ -73,8 +73,8 @@ IMPL_FAULTS: dict[str, Mutation] = {
         _POOL, "BlockPool.touch", "self.free_block_queue.num_free_blocks -= taken", "taken = taken",
         "touching a free block does not lower the free count"),
     "free_blocks_keeps_the_rules": Mutation(
-        _POOL, "BlockPool.free_blocks", "(plain if block._block_hash is None else cached)",
-        "(cached if block._block_hash is None else plain)",
+        _POOL, "BlockPool.free_blocks", "(plain if block._block_hash is None or evict_first else cached)",
+        "(cached if block._block_hash is None or evict_first else plain)",
         "unhashed blocks go to the tail and cached ones to the head"),
     "evict_blocks_keeps_the_rules": Mutation(
         _POOL, "BlockPool.evict_blocks", "if block._block_hash is not None:",
