@@ -774,10 +774,6 @@ class KVCacheManager034(KVCacheManager033):
                              "(rule hit-soundness)")
         return request.get_max_cache_hit_length(max_cache_hit_length)
 
-    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int]:
-        """The hit, at most the request's own bound and ``max_cache_hit_length``."""
-        return self._bounded_computed_blocks(request, self._hit_bound(request, max_cache_hit_length))
-
     def get_num_cached_tokens(self, request: Any) -> int:
         """How many of the request's tokens the prefix cache holds (all but
         its last at most): a probe that takes no reference, allocates nothing

@@ -466,49 +466,14 @@ def get_request_block_hasher(
         )
     if not isinstance(num_hash_lookahead_tokens, int) or num_hash_lookahead_tokens < 0:  # a bool counts 0 or 1
         raise ValueError(f"num_hash_lookahead_tokens must be an int >= 0, got {num_hash_lookahead_tokens!r}")
-    num_hash_lookahead_tokens = int(num_hash_lookahead_tokens)
-    if num_hash_lookahead_tokens:
-        return _lookahead_hasher(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
-
-    fast_cbor = is_sha256_cbor(caching_hash_fn)
-
-    def request_block_hasher(request: Any) -> list[BlockHash]:
-        start = len(request.block_hashes) * hash_block_size
-        num_tokens = request.num_tokens
-        if start + hash_block_size > num_tokens:
-            return []  # no new full block (most decode steps)
-        parent = request.block_hashes[-1] if request.block_hashes else None
-        tokens = request.all_token_ids
-        if fast_cbor and not need_extra_keys(request) and getattr(request, "prompt_embeds", None) is None:
-            end = start + (num_tokens - start) // hash_block_size * hash_block_size
-            hashes = _plain_chain(parent or NONE_HASH, tokens[start:end], hash_block_size)
-            if hashes is not None:
-                return hashes
-        mm_idx = _resume_mm_index(request, start) if start > 0 else 0
-        hashes = []
-        while start + hash_block_size <= num_tokens:
-            end = start + hash_block_size
-            extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
-            parent = hash_block_tokens(caching_hash_fn, parent, tokens[start:end], extra)
-            hashes.append(parent)
-            start = end
-        return hashes
-
-    return request_block_hasher
-
-
-def _lookahead_hasher(
-    hash_block_size: int, caching_hash_fn: Callable[[Any], bytes], lookahead: int
-) -> Callable[[Any], list[BlockHash]]:
-    """The request block hasher whose hashes each cover ``lookahead`` tokens past their block."""
-
+    lookahead = int(num_hash_lookahead_tokens)
     fast_cbor = is_sha256_cbor(caching_hash_fn)
 
     def request_block_hasher(request: Any) -> list[BlockHash]:
         start = len(request.block_hashes) * hash_block_size
         num_tokens = request.num_tokens - lookahead  # a block's hash waits for its lookahead tokens
         if start + hash_block_size > num_tokens:
-            return []
+            return []  # no new full block (most decode steps)
         parent = request.block_hashes[-1] if request.block_hashes else None
         tokens = request.all_token_ids
         if fast_cbor and not need_extra_keys(request) and getattr(request, "prompt_embeds", None) is None:
@@ -520,8 +485,11 @@ def _lookahead_hasher(
         hashes = []
         while start + hash_block_size <= num_tokens:
             end = start + hash_block_size
-            window, mm_idx = generate_lookahead_block_hash_extra_keys(request, start, end, end + lookahead, mm_idx)
-            extra = (window, *tokens[end:end + lookahead])
+            if lookahead:  # the keys of the block and its lookahead window, then the lookahead tokens
+                window, mm_idx = generate_lookahead_block_hash_extra_keys(request, start, end, end + lookahead, mm_idx)
+                extra = (window, *tokens[end:end + lookahead])
+            else:
+                extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
             parent = hash_block_tokens(caching_hash_fn, parent, tokens[start:end], extra)
             hashes.append(parent)
             start = end

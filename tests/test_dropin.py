@@ -243,11 +243,12 @@ def test_the_lockstep_catches_a_release_change_the_drop_in_drops(monkeypatch, fa
 
     if fault == "in-flight":
         monkeypatch.setattr(KVCacheManager, "_processed_tokens", lambda self, request, total: total)
-    elif fault == "lookahead-hasher":  # kvspec's hasher ignoring the drafter's lookahead tokens
+    elif fault == "lookahead-hasher":  # the hasher the drop-in installs ignoring the drafter's lookahead tokens
         from kvspec import hashing
+        from kvspec.impl import kv_cache_utils
 
-        monkeypatch.setattr(hashing, "_lookahead_hasher",
-                            lambda size, hash_fn, lookahead: hashing.get_request_block_hasher(size, hash_fn))
+        monkeypatch.setattr(kv_cache_utils, "get_request_block_hasher",
+                            lambda size, hash_fn, lookahead=0: hashing.get_request_block_hasher(size, hash_fn))
     else:
         deltas = dropin_releases.impl_deltas
         monkeypatch.setattr(dropin_releases, "impl_deltas", lambda release: deltas(release) - {fault})
