@@ -292,12 +292,14 @@ def build_parser() -> argparse.ArgumentParser:
                         version=f"kvspec {__version__} (reference: vLLM {REFERENCE_RELEASE})")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("conform", help="check a target against the specification")
-    run.add_argument("--target", default="impl", help="impl, spec, vllm, or module:factory (default impl)")
+    run.add_argument("--target", default="impl",
+                     help="impl, spec, vllm, sglang, lmdeploy, or module:factory (default impl)")
     run.add_argument(
-        "--scope", default="all", choices=["pool", "manager", "scheduler", "all"],
+        "--scope", default="all", choices=["pool", "manager", "scheduler", "cache", "all"],
         help="pool: the block pool alone; manager: the KVCacheManager driven as a scheduler drives it; "
         "scheduler: vLLM's own scheduler over the target (vllm, or impl through the drop-in; needs vLLM); "
-        "all: each of them the target has (default)",
+        "cache: any engine's prefix cache and allocator through its content view (spec chapter 10: sglang, "
+        "lmdeploy, impl, spec); all: each of them the target has (default; sglang and lmdeploy: cache)",
     )
     run.add_argument(
         "--level", default="L3", choices=sorted(LEVELS),
@@ -306,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--layout", action="append",
         help=f"pool: {', '.join(layout_names('pool'))}; manager: {', '.join(layout_names('manager'))}; "
-        f"scheduler: {', '.join(layout_names('scheduler'))}; "
+        f"scheduler: {', '.join(layout_names('scheduler'))}; cache: {', '.join(layout_names('cache'))}; "
         f"real models (manager): {', '.join(model_layout_names())}, or 'models' for all of them "
         "(repeatable; default: every layout of the scopes run, not the models)",
     )

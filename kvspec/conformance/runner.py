@@ -29,6 +29,7 @@ from hypothesis import settings
 from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
 
+from kvspec.conformance.machines.cache import CACHE_LAYOUTS, cache_machine
 from kvspec.conformance.machines.configurations import refusal, takes_keyword
 from kvspec.conformance.machines.layouts import LATER_LAYOUTS, MANAGER_LAYOUTS
 from kvspec.conformance.machines.machinery import (
@@ -46,6 +47,7 @@ from kvspec.conformance.machines.pool import LAYOUTS, pool_machine
 from kvspec.conformance.machines.scheduler import SCHEDULER_LAYOUTS, engine_of, scheduler_machine
 from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.settings import example_database
+from kvspec.conformance.targets.cache import impl_cache_target, spec_cache_target
 from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget
 from kvspec.conformance.targets.remote import Child as RemoteChild
@@ -56,21 +58,27 @@ from kvspec.conformance.vllm import compat
 from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget, refusal_of
 from kvspec.spec import releases
 from kvspec.spec.catalogue import LEVELS
+from kvspec.spec.engines import CACHE_RULES, CacheLayout
 from kvspec.spec.layout import Layout
 
-SCOPES = ("pool", "manager", "scheduler")
+SCOPES = ("pool", "manager", "scheduler", "cache")
 BLOCK_SCOPES = ("pool", "manager")
 """The scopes every target has (and the conformance vectors cover): the
 block manager called directly.  The scheduler scope drives vLLM's own
 scheduler, over vLLM's block manager or kvspec's (the drop-in)."""
 SCHEDULER_TARGETS = ("vllm", "impl")
+ENGINE_TARGETS = ("sglang", "lmdeploy")
+"""Engines of other designs: judged at cache scope only (spec chapter 10)."""
 
 
 def scopes_for(target: str) -> list[str]:
     """The scopes ``--scope all`` runs for ``target``: the block-manager
     scopes, and the scheduler scope where the target runs under a scheduler
     -- vLLM, or kvspec's implementation where a vLLM it can go into is
-    installed (the drop-in: :data:`kvspec.dropin_releases.API`)."""
+    installed (the drop-in: :data:`kvspec.dropin_releases.API`).  An engine
+    of another design (SGLang, LMDeploy) has the cache scope alone."""
+    if target in ENGINE_TARGETS:
+        return ["cache"]
     if target == "vllm" or (target == "impl" and vllm_importable() and dropin_refusal() is None):
         return list(SCOPES)
     return list(BLOCK_SCOPES)
@@ -104,6 +112,8 @@ def rules_checked(scope: str, level: str) -> list[str]:
     schedules (allocation-accounting); nothing runs in lockstep."""
     from kvspec.spec import request_rules, rules
 
+    if scope == "cache":  # chapter 10's rules; no lockstep (L3 judges what L2 does)
+        return sorted(set(CACHE_RULES) - LEVELS[level])
     if scope == "pool":
         names = set(rules.STATE_RULES) | set(rules.STEP_RULES) | {"content-soundness"}
     elif scope == "manager":
@@ -151,22 +161,43 @@ def require_vllm(who: str = "the vllm target") -> None:
         hashing.init_none_hash()
 
 
+def engine_factory(engine: str) -> Callable[[CacheLayout], Any]:
+    """The cache-scope factory of an engine of another design (imported when first built)."""
+
+    def make(layout: CacheLayout) -> Any:
+        from kvspec.conformance import engines
+
+        return engines.target(engine, layout)
+
+    make.__name__ = engine
+    return make
+
+
 TARGETS: dict[str, dict[str, Callable[..., Any]]] = {
     "pool": {"spec": SpecPoolTarget, "impl": ImplPoolTarget, "vllm": VllmPoolTarget},
     "manager": {"spec": SpecManagerTarget, "impl": ImplManagerTarget, "vllm": VllmManagerTarget},
+    "cache": {"spec": spec_cache_target, "impl": impl_cache_target,
+              **{name: engine_factory(name) for name in ENGINE_TARGETS}},
 }
 """The built-in targets per scope; anything else is ``module:factory``."""
 
 
 def resolve_target(name: str, scope: str) -> Callable[..., Any]:
-    """``impl``, ``spec``, ``vllm`` or ``module:factory``.  At pool scope the
+    """``impl``, ``spec``, ``vllm``, an engine or ``module:factory``.  At pool scope the
     factory takes ``(num_blocks, enable_caching, hash_block_size,
     enable_kv_cache_events)`` and returns a :class:`PoolTarget` or a pool with
     vLLM's BlockPool API; at manager scope it takes a layout's
-    ``target_args()`` and returns a :class:`ManagerTarget`."""
+    ``target_args()`` and returns a :class:`ManagerTarget`; at cache scope
+    it takes a :class:`CacheLayout` and returns a :class:`CacheTarget`."""
     known = TARGETS[scope]
-    if name == "vllm":
+    if name == "vllm" and scope != "cache":
         require_vllm()
+    if name in ENGINE_TARGETS:
+        if scope != "cache":
+            raise SetupError(f"{name} is judged at cache scope only (its design has no vLLM API): --scope cache")
+        from kvspec.conformance import engines
+
+        engines.require(name)
     if name in known:
         return known[name]
     if ":" not in name:
@@ -218,11 +249,24 @@ def layout_unsupported(target: str, scope: str, name: str) -> str | None:
         return why
     if scope == "manager" and (why := _spec_refusal(name)) is not None:
         return why
+    if scope == "cache":
+        unsupported = getattr(getattr(resolve_target(target, scope), "__wrapped__", None), "unsupported", None) \
+            or _engine_unsupported(target)
+        return unsupported(CACHE_LAYOUTS[name]) if unsupported is not None else None
     if scope != "manager" or target in TARGETS[scope]:
         return None
     factory = resolve_target(target, scope)
     missing = [k for k in manager_layout(name).target_options() if not takes_keyword(factory, k)]
     return f"the target factory takes no {', '.join(missing)} keyword" if missing else None
+
+
+def _engine_unsupported(target: str) -> Callable[[CacheLayout], str | None] | None:
+    """An engine's own ``unsupported(layout)``: the layouts it has no such configuration for."""
+    if target not in ENGINE_TARGETS:
+        return None
+    from kvspec.conformance import engines
+
+    return functools.partial(engines.unsupported, target)
 
 
 def _spec_refusal(name: str) -> str | None:
@@ -236,7 +280,7 @@ def _spec_refusal(name: str) -> str | None:
 
 def _mamba_modes(scope: str, name: str) -> set[str]:
     """The cache modes of a layout's Mamba groups, where prefix caching is on."""
-    if scope == "pool":
+    if scope in ("pool", "cache"):
         return set()
     if scope == "scheduler":
         layout = SCHEDULER_LAYOUTS[name]
@@ -252,6 +296,7 @@ BLOCK_POOL_API = ("get_new_blocks", "touch", "free_blocks", "get_cached_block", 
 REQUIRED_OPERATIONS = {
     "pool": ("get_new_blocks", "touch", "free_blocks", "get_cached_block", "cache_full_blocks", "snapshot"),
     "manager": ("get_computed_blocks", "allocate_slots", "free", "cache_blocks", "snapshot"),
+    "cache": ("admit", "append", "cache", "finish", "preempt", "evict", "view"),
 }
 
 
@@ -262,8 +307,10 @@ def _one_line(error: BaseException) -> str:
 
 def _build(factory: Callable[..., Any], scope: str) -> Any:
     """One target of ``scope`` built for its first layout (or the error)."""
-    layout = next(iter(LAYOUTS.values())) if scope == "pool" else MANAGER_LAYOUTS["full"]
     try:
+        if scope == "cache":
+            return factory(next(iter(CACHE_LAYOUTS.values())))
+        layout = next(iter(LAYOUTS.values())) if scope == "pool" else MANAGER_LAYOUTS["full"]
         return layout.make_target(factory)
     except SetupError:
         raise
@@ -295,7 +342,7 @@ def findings_target(name: str, scope: str) -> str:
     adapter around them) -- so that ``--known-findings`` steers around
     upstream's findings and labels them, and the hash chains share vLLM's
     root (``PYTHONHASHSEED``, set as for the vllm target); else ``name``."""
-    if ":" not in name or scope == "scheduler":
+    if ":" not in name or scope in ("scheduler", "cache"):
         return name
     built = _build(resolve_target(name, scope), scope)
     if isinstance(built, BaseException) or not builds_vllm(built):
@@ -362,7 +409,7 @@ def layout_names(scope: str) -> list[str]:
     them."""
     if scope == "manager":
         return [*MANAGER_LAYOUTS, *(name for name in LATER_LAYOUTS if _spec_refusal(name) is None)]
-    return list({"pool": LAYOUTS, "scheduler": SCHEDULER_LAYOUTS}[scope])
+    return list({"pool": LAYOUTS, "scheduler": SCHEDULER_LAYOUTS, "cache": CACHE_LAYOUTS}[scope])
 
 
 def model_layout_names() -> list[str]:
@@ -419,6 +466,12 @@ def machine_for(
         machine.layout_name = layout
         return machine
     factory = resolve_target(target, scope) if isinstance(target, str) else target
+    if scope == "cache":
+        if against:
+            raise SetupError("--against runs in lockstep at pool and manager scope; the cache scope has none")
+        machine = cache_machine(factory, CACHE_LAYOUTS[layout], ignore_rules=ignore, avoid=avoid)
+        machine.layout_name = layout
+        return machine
     partner, name = (RemoteFactory(upstream(against), scope), "upstream") if against else (None, "spec")
     if scope == "pool":
         machine = pool_machine(factory, LAYOUTS[layout], lockstep=lockstep or partner is not None,
@@ -655,7 +708,7 @@ def _batches(search: Search, start: float):
 
 def quiet_loggers() -> None:
     """Keep kvspec's and vLLM's log lines out of a run's output."""
-    for noisy in ("kvspec", "vllm"):
+    for noisy in ("kvspec", "vllm", "lmdeploy", "sglang"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 

@@ -1,0 +1,46 @@
+"""Engines of other designs, judged at cache scope (spec chapter 10).
+
+Each module adapts one engine's own classes -- imported from the engine as
+installed, never re-modelled -- to :class:`~kvspec.spec.engines.CacheTarget`,
+calling them in the order the engine's scheduler does:
+
+- :mod:`.lmdeploy`: LMDeploy's PyTorch-engine block manager and block trie;
+- :mod:`.sglang`: SGLang's radix cache and its page allocator.
+
+``docs/engines.md`` maps each engine's state onto the content view, rule
+by rule.  Install an engine with ``tools/install_engine.sh``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from kvspec.conformance.machines.machinery import SetupError
+from kvspec.spec.engines import CacheLayout
+
+MODULES = {"sglang": "kvspec.conformance.engines.sglang", "lmdeploy": "kvspec.conformance.engines.lmdeploy"}
+
+
+def _module(engine: str) -> Any:
+    if engine not in MODULES:
+        raise SetupError(f"no engine {engine!r}: use one of {sorted(MODULES)}")
+    return importlib.import_module(MODULES[engine])
+
+
+def require(engine: str) -> None:
+    """The engine must import here; else one line saying how to install it."""
+    problem = _module(engine).problem()
+    if problem is not None:
+        raise SetupError(f"the {engine} target needs {engine} importable in this Python ({problem}); "
+                         f"install it with tools/install_engine.sh {engine} and run kvspec from that environment")
+
+
+def target(engine: str, layout: CacheLayout) -> Any:
+    """The engine's cache-scope target for ``layout``."""
+    return _module(engine).target(layout)
+
+
+def unsupported(engine: str, layout: CacheLayout) -> str | None:
+    """Why the engine has no configuration like ``layout`` (``None``: it has)."""
+    return _module(engine).unsupported(layout)

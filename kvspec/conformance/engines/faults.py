@@ -1,0 +1,131 @@
+"""Faults planted in the engines' own code, to show each engine's gate
+bites: a method of the engine's class is recompiled from its own source
+with one change (the text replaced must be there, or the fault refuses to
+apply: an engine release that rewrote the line is reported, not silently
+skipped), and put back afterwards.
+
+``FAULTS[engine]`` lists each fault: what it breaks, where, and the rules
+a cache-scope run must report for it.  ``tests/test_engines.py`` runs the
+gate on each; ``kvspec conform --target ENGINE --plant NAME`` is not
+offered -- a planted fault is a test of kvspec, not a way to run it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One change to one method: the engine's own text, and what the fault puts there."""
+
+    method: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault: changes to methods of one class of the engine's."""
+
+    name: str
+    what: str
+    module: str
+    owner: str  # the class
+    edits: tuple[Edit, ...]
+    rules: frozenset[str]  # a run must report at least one of these
+    layout: str = "page-4"
+
+    def _class(self) -> type:
+        return getattr(importlib.import_module(self.module), self.owner)
+
+    def mutated_source(self, method: str) -> str:
+        """``method``'s source with every edit of it made."""
+        source = textwrap.dedent(inspect.getsource(getattr(self._class(), method)))
+        for edit in self.edits:
+            if edit.method != method:
+                continue
+            if source.count(edit.old) != 1:
+                raise LookupError(f"fault {self.name}: {self.owner}.{method} no longer reads {edit.old!r} "
+                                  "exactly once (a release rewrote it)")
+            source = source.replace(edit.old, edit.new)
+        return source
+
+    @contextlib.contextmanager
+    def planted(self) -> Iterator[None]:
+        """The fault in the engine's class for the duration (the originals put back after)."""
+        owner = self._class()
+        module = importlib.import_module(self.module)
+        originals = {edit.method: owner.__dict__[edit.method] for edit in self.edits}
+        compiled = {}
+        for method, original in originals.items():  # every method compiles before any is put in
+            code = self.mutated_source(method)
+            wrapper = type(original) if isinstance(original, (staticmethod, classmethod)) else None
+            if wrapper is not None:
+                code = code.split("\n", 1)[1]  # the decorator line; the wrapper is put back below
+            namespace: dict = {}
+            exec(compile(code, f"<fault {self.name} in {inspect.getsourcefile(owner)}>", "exec"),  # noqa: S102
+                 module.__dict__, namespace)
+            fn = namespace[method]
+            fn.__qualname__ = f"{self.owner}.{method}"
+            compiled[method] = wrapper(fn) if wrapper is not None else fn
+        for method, fn in compiled.items():
+            setattr(owner, method, fn)
+        try:
+            yield
+        finally:
+            for method, original in originals.items():
+                setattr(owner, method, original)
+
+
+_TRIE = "lmdeploy.pytorch.paging.block_trie.trie"
+_LIFE = "lmdeploy.pytorch.paging.block_trie.kv_lifecycle"
+_BM = "lmdeploy.pytorch.paging.block_manager.default_block_manager"
+
+FAULTS: dict[str, list[Fault]] = {
+    "lmdeploy": [
+        Fault("lock-not-released", "a finished sequence keeps its reference on the blocks the trie shares",
+              _BM, "DefaultBlockManager", (Edit(
+                  "free", "self.allocator.free(msg.logical_blocks.get_real_blocks())",
+                  "blocks = msg.logical_blocks.get_real_blocks()\n"
+                  "    self.allocator.free(blocks[self.allocator.get_ref_count(blocks) == 1])"),),
+              frozenset({"ref-conservation"})),
+        Fault("evicted-while-locked", "eviction ignores the sequences' references: a leaf a running sequence "
+              "holds is detached and its block returned to the free stack",
+              _LIFE, "KVBlockLifecycle", (
+                  Edit("evict", "evictable_indices = (ref_counts == 1).nonzero()[0]",
+                       "evictable_indices = (ref_counts >= 1).nonzero()[0]"),
+                  Edit("evict", "self.allocator.free(np.array(evicted_blocks))",
+                       "for block in evicted_blocks:\n"
+                       "        while self.allocator.get_ref_count(block) > 0:\n"
+                       "            self.allocator.free(np.array([block]))"),
+                  Edit("_try_evict_leaf", "if int(self.allocator.get_ref_count(leaf.block_id)) != 1:",
+                       "if int(self.allocator.get_ref_count(leaf.block_id)) < 1:")),
+              frozenset({"free-queue-consistency", "ref-conservation", "content-soundness",
+                         "no-eviction-in-use"})),
+        Fault("stale-page-served", "an evicted leaf stays attached: its freed block is still served",
+              _LIFE, "KVBlockLifecycle", (Edit("_try_evict_leaf", "leaf.detach_leaf()", "pass"),),
+              frozenset({"free-queue-consistency", "hash-map-consistency", "hit-soundness"})),
+        Fault("adapter-root-shared", "every adapter shares the base model's root",
+              _TRIE, "BlockTrie", (Edit(
+                  "_get_or_create_root", '"""Return the adapter-partitioned root, creating it on first use."""',
+                  '"""Return the adapter-partitioned root, creating it on first use."""\n'
+                  "    adapter_name = None"),),
+              frozenset({"tenant-isolation", "hit-soundness", "hash-map-consistency"}), layout="tenants"),
+        Fault("insert-keeps-no-ref", "attaching blocks to the trie takes no reference for the trie "
+              "(nor for a sequence handed the trie's copy)",
+              _LIFE, "KVBlockLifecycle", (Edit("commit_path_extension", "if len(ref_blocks) > 0:", "if False:"),),
+              frozenset({"ref-conservation", "free-queue-consistency"})),
+        Fault("hit-not-referenced", "a match hands the sequence the trie's blocks without taking a reference",
+              _TRIE, "BlockTrie", (Edit("_match_block_prefix", "self.allocator.add_ref_count(matched_block_ids, 1)",
+                                        "pass"),),
+              frozenset({"ref-conservation", "free-queue-consistency"})),
+    ],
+    "sglang": [],
+}
+"""The planted faults, by engine."""

@@ -1,0 +1,64 @@
+"""The cache scope (spec chapter 10): any engine's prefix cache through its
+content view.  kvspec's own manager and the spec conform; planted faults of
+any design are caught, by the rule they break; an engine that is not
+installed is a usage error in one line."""
+
+import importlib.util
+
+import pytest
+from hypothesis import settings
+
+from kvspec.cli import main
+from kvspec.conformance.machines.cache import CACHE_LAYOUTS
+from kvspec.conformance.runner import Search, machine_for, rules_checked, run_layout
+
+QUICK = settings(max_examples=60, stateful_step_count=40, deadline=None, derandomize=True, database=None)
+
+
+def search(target, layout, level="L1", examples=60):
+    return run_layout(machine_for("cache", layout, target, level), Search(QUICK, examples=examples))
+
+
+@pytest.mark.parametrize("layout", list(CACHE_LAYOUTS))
+@pytest.mark.parametrize("target", ["impl", "spec"])
+def test_kvspecs_manager_conforms_through_the_content_view(target, layout):
+    result = search(target, layout, level="L2")
+    assert result.conforms, result.details
+
+
+@pytest.mark.parametrize("fault, layout, rules", [
+    ("broken_caches:keeps_lock", "page-4", {"ref-conservation"}),
+    ("broken_caches:shares_tenants", "tenants", {"tenant-isolation", "hit-soundness"}),
+    ("broken_caches:serves_freed", "page-4", {"hash-map-consistency", "free-queue-consistency"}),
+])
+def test_a_planted_fault_is_caught_by_its_rule(fault, layout, rules):
+    result = search(fault, layout, examples=200)
+    assert not result.conforms
+    assert set(result.rules) & rules, result.details
+
+
+def test_the_rules_judged_at_each_level():
+    assert "hit-optimality" not in rules_checked("cache", "L1")
+    assert "hit-optimality" in rules_checked("cache", "L2")
+    assert "free-order" not in rules_checked("cache", "L3") and "null-exclusion" not in rules_checked("cache", "L3")
+
+
+def test_the_cli_runs_the_cache_scope(capsys):
+    assert main(["conform", "--target", "impl", "--scope", "cache", "--layout", "tenants", "--examples", "10",
+                 "--level", "L1"]) == 0
+    assert "cache    tenants" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("engine", ["sglang", "lmdeploy"])
+def test_an_engine_outside_the_cache_scope_is_a_usage_error(engine, capsys):
+    assert main(["conform", "--target", engine, "--scope", "manager", "--examples", "1"]) == 2
+    assert "cache scope only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine", ["sglang", "lmdeploy"])
+def test_a_missing_engine_is_one_line(engine, capsys):
+    if importlib.util.find_spec(engine) is not None:
+        pytest.skip(f"{engine} is installed here")
+    assert main(["conform", "--target", engine, "--examples", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"install_engine.sh {engine}" in err[0]

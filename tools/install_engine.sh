@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Install an engine of another design -- SGLang or LMDeploy -- into its own
+# virtual environment, CPU only, next to an editable install of kvspec, so
+# that `VENV/bin/kvspec conform --target ENGINE` judges the engine's own
+# prefix cache and allocator (spec chapter 10, the cache scope).
+#
+# Usage:  tools/install_engine.sh ENGINE [VENV_DIR]
+#         ENGINE: lmdeploy or sglang.  VENV_DIR defaults to .venv-ENGINE.
+#         PYTHON (env) chooses the interpreter (default python3).
+#
+# As for vLLM (tools/install_vllm.sh): the engine is installed with
+# --no-deps -- its declared dependencies pin CUDA builds and GPU kernels,
+# many GB -- and then exactly the packages its import chain touches on the
+# way to the modules kvspec drives.  Nothing of the engine's is stubbed.
+# Re-running re-uses the venv and installs only what is missing.
+
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ENGINE="${1:?usage: tools/install_engine.sh lmdeploy|sglang [VENV_DIR]}"
+VENV_DIR="${2:-$REPO_ROOT/.venv-$ENGINE}"
+PYTHON="${PYTHON:-python3}"
+TORCH_SPEC="torch==2.13.0"  # a CPU build; a bare `torch` resolves to a multi-GB CUDA build
+
+case "$ENGINE" in
+    lmdeploy)
+        ENGINE_SPEC="lmdeploy==0.18.0"
+        # lmdeploy/__init__ imports its pipeline (tqdm, pydantic, transformers, mmengine's Registry -- the
+        # -lite build, without matplotlib and opencv --, psutil, requests, pybase64, PIL); a real
+        # SchedulerSequence needs its AR strategy, whose engine package imports zmq, xgrammar (guided
+        # decoding only: installed --no-deps, without triton) and shortuuid.
+        IMPORT_DEPS=("apache-tvm-ffi==0.1.11" "tqdm" "pydantic>=2" "transformers>=5" "mmengine-lite==0.10.7"
+                     "psutil" "requests" "pybase64" "pillow" "pyzmq" "shortuuid" "numpy")
+        NO_DEPS=("xgrammar==0.2.9")
+        CHECK="lmdeploy.pytorch.paging.scheduler, lmdeploy.pytorch.paging.block_trie, lmdeploy.pytorch.strategies.ar.sequence"
+        ;;
+    sglang)
+        ENGINE_SPEC="sglang==0.5.23"
+        IMPORT_DEPS=()
+        NO_DEPS=()
+        CHECK="sglang.srt.mem_cache.radix_cache"
+        ;;
+    *)
+        echo "install_engine: no engine '$ENGINE': use lmdeploy or sglang" >&2
+        exit 2
+        ;;
+esac
+
+log() { printf '[install_engine] %s\n' "$*" >&2; }
+start_s=$SECONDS
+if [[ -x "$VENV_DIR/bin/python" ]]; then
+    log "re-using venv $VENV_DIR"
+else
+    log "creating venv $VENV_DIR with $PYTHON ($("$PYTHON" --version 2>&1))"
+    "$PYTHON" -m venv "$VENV_DIR"
+fi
+PY="$VENV_DIR/bin/python"
+pip_install() { "$PY" -m pip install --disable-pip-version-check --no-warn-conflicts --quiet "$@"; }
+
+log "installing $TORCH_SPEC"
+pip_install "$TORCH_SPEC"
+log "installing $ENGINE_SPEC (--no-deps)"
+pip_install --no-deps "$ENGINE_SPEC"
+if (( ${#IMPORT_DEPS[@]} )); then
+    log "installing import-time dependencies"
+    pip_install "$TORCH_SPEC" "${IMPORT_DEPS[@]}"
+fi
+if (( ${#NO_DEPS[@]} )); then
+    pip_install --no-deps "${NO_DEPS[@]}"
+fi
+log "installing kvspec[dev] (editable) from $REPO_ROOT"
+pip_install "$TORCH_SPEC" -e "$REPO_ROOT[dev]"
+
+log "checking imports"
+"$PY" -c "
+import importlib, torch
+for name in '$CHECK'.split(', '):
+    importlib.import_module(name)
+import $ENGINE
+print(f'ok: $ENGINE {$ENGINE.__version__}, torch {torch.__version__}')
+"
+log "done in $((SECONDS - start_s)) s: $VENV_DIR/bin/kvspec conform --target $ENGINE"
