@@ -4,6 +4,7 @@ any design are caught, by the rule they break; an engine that is not
 installed is a usage error in one line."""
 
 import importlib.util
+import json
 
 import pytest
 from hypothesis import settings
@@ -62,3 +63,18 @@ def test_a_missing_engine_is_one_line(engine, capsys):
     assert main(["conform", "--target", engine, "--examples", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"install_engine.sh {engine}" in err[0]
+
+
+def test_the_content_view_cases_exercise_every_rule_of_chapter_10(tmp_path):
+    from kvspec.conformance.vectors import content_view
+    from kvspec.spec.engines import CACHE_RULES
+
+    path = content_view.generate(tmp_path)
+    cases = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {rule for case in cases for rule in case["expect"]} == set(CACHE_RULES)
+    assert any(not case["expect"] for case in cases)  # and sound views, judged sound
+    assert content_view.check(path) == []
+    cases[0]["expect"] = ["ref-conservation"]  # a case the spec does not agree with is reported
+    path.write_text("\n".join(json.dumps(c) for c in cases) + "\n")
+    (problem,) = content_view.check(path)
+    assert "sound" in problem and "ref-conservation" in problem

@@ -21,6 +21,11 @@ ENGINE="${1:?usage: tools/install_engine.sh lmdeploy|sglang [VENV_DIR]}"
 VENV_DIR="${2:-$REPO_ROOT/.venv-$ENGINE}"
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="torch==2.13.0"  # a CPU build; a bare `torch` resolves to a multi-GB CUDA build
+# Engines pin their own torch (SGLang: a CUDA 2.14.1): hold every install to the CPU build.
+CONSTRAINTS="$(mktemp)"
+trap 'rm -f "$CONSTRAINTS"' EXIT
+echo "$TORCH_SPEC" > "$CONSTRAINTS"
+export PIP_CONSTRAINT="${PIP_CONSTRAINT:+$PIP_CONSTRAINT }$CONSTRAINTS"
 
 case "$ENGINE" in
     lmdeploy)
@@ -36,9 +41,17 @@ case "$ENGINE" in
         ;;
     sglang)
         ENGINE_SPEC="sglang==0.5.23"
-        IMPORT_DEPS=()
+        # sglang.srt.mem_cache and managers.schedule_batch import, through srt.utils, srt.configs and the
+        # OpenAI-protocol types: these.  triton is imported (by torch's flop counter, through srt.utils)
+        # but never run on a CPU.  torchvision is imported by the multimodal preprocessing configs only,
+        # and PyPI has CUDA builds of it alone, which fail to load against CPU torch: kvspec's adapter
+        # answers that one import with an empty module (kvspec/conformance/engines/sglang.py).
+        IMPORT_DEPS=("numpy" "orjson" "psutil" "pybase64" "requests" "packaging" "pillow" "starlette" "msgspec"
+                     "pydantic" "pyzmq" "tqdm" "IPython" "aiohttp" "dill" "triton" "gguf" "einops" "uvicorn"
+                     "fastapi" "partial_json_parser" "setproctitle" "transformers==5.19.0" "tokenizers==0.23.2"
+                     "apache-tvm-ffi==0.1.11" "sentencepiece==0.2.1" "compressed-tensors==0.18.0" "openai==2.8.0")
         NO_DEPS=()
-        CHECK="sglang.srt.mem_cache.radix_cache"
+        CHECK="kvspec.conformance.engines.sglang"
         ;;
     *)
         echo "install_engine: no engine '$ENGINE': use lmdeploy or sglang" >&2
@@ -76,6 +89,8 @@ log "checking imports"
 import importlib, torch
 for name in '$CHECK'.split(', '):
     importlib.import_module(name)
+from kvspec.conformance import engines
+engines.require('$ENGINE')
 import $ENGINE
 print(f'ok: $ENGINE {$ENGINE.__version__}, torch {torch.__version__}')
 "

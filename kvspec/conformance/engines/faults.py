@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import sys
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ class Fault:
     layout: str = "page-4"
 
     def _class(self) -> type:
+        from kvspec.conformance import engines
+
+        engines.require(self.module.split(".")[0])  # the engine's imports prepared as its target prepares them
         return getattr(importlib.import_module(self.module), self.owner)
 
     def mutated_source(self, method: str) -> str:
@@ -60,7 +64,7 @@ class Fault:
     def planted(self) -> Iterator[None]:
         """The fault in the engine's class for the duration (the originals put back after)."""
         owner = self._class()
-        module = importlib.import_module(self.module)
+        module = sys.modules[self.module]
         originals = {edit.method: owner.__dict__[edit.method] for edit in self.edits}
         compiled = {}
         for method, original in originals.items():  # every method compiles before any is put in
@@ -86,6 +90,8 @@ class Fault:
 _TRIE = "lmdeploy.pytorch.paging.block_trie.trie"
 _LIFE = "lmdeploy.pytorch.paging.block_trie.kv_lifecycle"
 _BM = "lmdeploy.pytorch.paging.block_manager.default_block_manager"
+_RC = "sglang.srt.mem_cache.radix_cache"
+_REQ = "sglang.srt.managers.schedule_batch"
 
 FAULTS: dict[str, list[Fault]] = {
     "lmdeploy": [
@@ -126,6 +132,33 @@ FAULTS: dict[str, list[Fault]] = {
                                         "pass"),),
               frozenset({"ref-conservation", "free-queue-consistency"})),
     ],
-    "sglang": [],
+    "sglang": [
+        Fault("lock-not-released", "unlocking a request's node leaves its lock count as it was",
+              _RC, "RadixCache", (Edit("dec_lock_ref", "node.lock_ref -= 1", "node.lock_ref -= 0"),),
+              frozenset({"ref-conservation"})),
+        Fault("evicted-while-locked", "a locked leaf stays an eviction candidate: its pages are freed while a "
+              "request reads them",
+              _RC, "RadixCache", (Edit("_update_leaf_status", "if node.evicted or node.lock_ref > 0:",
+                                       "if node.evicted:"),),
+              frozenset({"free-queue-consistency", "ref-conservation", "content-soundness", "no-eviction-in-use"})),
+        Fault("stale-page-served", "an evicted leaf's pages are freed but the leaf stays in the tree",
+              _RC, "RadixCache", (Edit("evict", "self._delete_leaf(x)", "pass"),),
+              frozenset({"free-queue-consistency", "hash-map-consistency", "hit-soundness"})),
+        Fault("adapter-root-shared", "the tree's child keys and matches ignore the namespace (LoRA id)",
+              _RC, "RadixKey", (
+                  Edit("child_key_at", "return plain if self.extra_key is None else (self.extra_key, plain)",
+                       "return plain"),
+                  Edit("_check_compatible", "if self.extra_key != other.extra_key:", "if False:")),
+              frozenset({"tenant-isolation", "hit-soundness", "hash-map-consistency"}), layout="tenants"),
+        Fault("row-keeps-freed-pages", "a chunk's insertion frees the request's duplicate pages but leaves its "
+              "row pointing at them", _RC, "RadixCache", (Edit(
+                  "checkpoint", "self.req_to_token_pool.write(", "(lambda *_: None)("),),
+              frozenset({"free-queue-consistency", "content-soundness", "ref-conservation", "no-aliasing"}),
+              layout="page-1"),
+        Fault("match-whole-prompt", "a match may cover the whole prompt, leaving no token to compute",
+              _REQ, "Req", (Edit("_compute_max_prefix_len", "max_prefix_len = input_len - 1",
+                                 "max_prefix_len = input_len"),),
+              frozenset({"hit-soundness"}), layout="page-1"),
+    ],
 }
 """The planted faults, by engine."""

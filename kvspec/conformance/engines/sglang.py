@@ -1,21 +1,309 @@
-"""SGLang at cache scope (placeholder until its adapter lands)."""
+"""SGLang (0.5.23) at cache scope: its ``RadixCache`` over its own token or
+page allocator and request-to-token pool, with real ``Req`` objects, driven
+through the functions its scheduler calls.
+
+- admission: ``Req.init_next_round_input`` (``match_kv_cache`` →
+  ``RadixCache.match_prefix``), the tree lock, ``alloc_req_slots``, and
+  ``alloc_token_slots`` / ``alloc_paged_token_slots_extend`` -- each evicts
+  from the tree first (``evict_from_tree_cache``) -- the request's row
+  written as the scheduler writes it;
+- growth: one decode step per token (``alloc_token_slots`` /
+  ``alloc_paged_token_slots_decode``);
+- chunked insertion: ``common.checkpoint_kv_cache``;
+- finish: ``common.release_kv_cache(checkpoint=True)``; retraction:
+  ``release_kv_cache(checkpoint=False)`` (SGLang discards a retracted
+  request's KV);
+- eviction: ``RadixCache.evict``.
+
+Admission and growth are refused, as SGLang's ``PrefillAdder`` and
+``check_decode_capacity`` refuse them, when the tokens needed exceed what
+is free plus what the tree could evict; SGLang's allocators then fail
+loudly (``RuntimeError``) if that promise is broken.
+
+The content view (spec chapter 10; the mapping in docs/engines.md): a page
+is a block (page 0 is SGLang's padding, never handed out); ``free`` is the
+allocator's free pages; ``cached`` is every tree node's pages, keyed by the
+node's namespace (``extra_key``: the LoRA id) and the tokens on its path;
+a page's hold count is the lock count of the node holding it (a page only
+a request's row holds -- its tail, not yet in the tree -- is that
+request's alone).
+
+``torchvision``: ``sglang.srt.configs`` imports it for multimodal
+preprocessing, and PyPI has only CUDA builds of it, which fail to load
+against CPU torch.  Imported here, that one import is answered with an
+empty module; nothing of SGLang's is replaced.
+"""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import importlib.util
+import sys
+import types
+import warnings
+from collections.abc import Sequence
+from typing import Any
 
-from kvspec.spec.engines import CacheLayout
+from kvspec.spec.engines import CacheLayout, CacheView
+
+MAX_CONTEXT = 512
+MAX_REQUESTS = 64
+
+
+class _AbsentModule(types.ModuleType):
+    """An import of a package SGLang names but never runs here."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.__path__: list[str] = []
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _AbsentModule(f"{self.__name__}.{attr}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self.__name__} is not available to kvspec's SGLang target (CPU torch)")
+
+
+class _Absent(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers ``import torchvision...`` only -- not availability probes
+    (``importlib.util.find_spec``), so libraries still see it missing."""
+
+    NAMES = ("torchvision",)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname.split(".")[0] not in self.NAMES:
+            return None
+        if sys._getframe(2).f_code.co_name != "_find_and_load_unlocked":
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec: Any) -> Any:
+        return _AbsentModule(spec.name)
+
+    def exec_module(self, module: Any) -> None:
+        pass
+
+
+def _prepare() -> None:
+    if not any(isinstance(f, _Absent) for f in sys.meta_path):
+        if importlib.util.find_spec("torchvision") is None or _torchvision_broken():
+            sys.meta_path.insert(0, _Absent())
+    with warnings.catch_warnings():  # "only CUDA supports AWQ/GGUF ...": SGLang's imports, on a CPU
+        warnings.simplefilter("ignore")
+        import sglang.srt.managers.schedule_batch  # noqa: F401
+        import sglang.srt.mem_cache.radix_cache  # noqa: F401
+        from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+        from sglang.srt.server_args import ServerArgs
+
+    reset_context()  # SGLang's process-wide config, published as its own tests do
+    publish(ServerArgs(model_path="dummy", device="cpu"), role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
+
+
+def _torchvision_broken() -> bool:
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        sys.modules.pop("torchvision", None)
+        return True
+    return False
 
 
 def problem() -> str | None:
+    """Why SGLang's mem_cache does not import here (``None``: it does)."""
     if importlib.util.find_spec("sglang") is None:
         return "sglang is not installed"
-    return "kvspec has no SGLang adapter yet"
-
-
-def unsupported(layout: CacheLayout) -> str | None:
+    try:
+        _prepare()
+    except Exception as error:
+        return f"importing sglang.srt.mem_cache failed: {type(error).__name__}: {error}"
     return None
 
 
-def target(layout: CacheLayout):
-    raise NotImplementedError
+def unsupported(layout: CacheLayout) -> str | None:
+    if layout.window is not None:
+        return ("SGLang's sliding-window cache is UnifiedRadixCache's SWA component, whose tree lives in its Rust "
+                "core; kvspec's SGLang target drives RadixCache")
+    return None
+
+
+def target(layout: CacheLayout) -> SglangCacheTarget:
+    return SglangCacheTarget(layout)
+
+
+class SglangCacheTarget:
+    """SGLang's RadixCache, allocators and requests, as a :class:`CacheTarget`."""
+
+    def __init__(self, layout: CacheLayout):
+        _prepare()
+        import torch
+        from sglang.srt.mem_cache import radix_cache
+        from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+        radix_cache.time = _TickingClock()  # repeatable LRU order (see docs/engines.md)
+        B = self.block_size = layout.block_size  # noqa: N806
+        self.num_blocks = layout.num_blocks
+        self.pool = ReqToTokenPool(size=MAX_REQUESTS, max_context_len=MAX_CONTEXT, device="cpu",
+                                   enable_memory_saver=False)
+        if B == 1:
+            self.allocator = TokenToKVPoolAllocator(size=layout.num_blocks, dtype=torch.float16, device="cpu",
+                                                    kvcache=None, need_sort=False)
+        else:
+            self.allocator = PagedTokenToKVPoolAllocator(size=layout.num_blocks * B, page_size=B,
+                                                         dtype=torch.float16, device="cpu", kvcache=None,
+                                                         need_sort=False)
+        self.tree = radix_cache.RadixCache(CacheInitParams(
+            disable=False, req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.allocator, page_size=B))
+        self.running: dict[str, Any] = {}
+
+    # --- capacity, as SGLang's admission budget and decode check see it --------------------
+
+    def _fits(self, num_tokens: int) -> bool:
+        return num_tokens <= self.allocator.available_size() + self.tree.evictable_size()
+
+    # --- the CacheTarget operations ------------------------------------------------------
+
+    def admit(self, request_id: str, tokens: Sequence[int], tenant: Any) -> int | None:
+        from array import array
+
+        import torch
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.mem_cache.allocation import (
+            alloc_paged_token_slots_extend,
+            alloc_req_slots,
+            alloc_token_slots,
+            get_last_loc_torch,
+        )
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        B = self.block_size  # noqa: N806
+        req = Req(request_id, "", array("q", tokens), SamplingParams(max_new_tokens=1 << 20),
+                  lora_id=None if tenant is None else str(tenant))
+        req.init_next_round_input(self.tree)
+        hit, end = req.prefix_len, len(tokens)
+        # As SGLang's PrefillAdder: the matched prefix locked first (it is no longer evictable), then the rest
+        # must fit in what is free and evictable -- the paged extend over-estimating by a page per request.
+        req.lock = self.tree.lock(req.last_node)
+        if not self._fits(end - hit + (B if B > 1 else 0)):
+            self.tree.unlock(req.lock)  # it stays waiting in SGLang; the client gives up
+            return None
+        prefix = self.tree.prefix_device_indices(req)
+        req.extend_end = end
+        [row] = alloc_req_slots(self.pool, [req], self.tree)
+        if B == 1:
+            out = alloc_token_slots(self.tree, end - hit)
+        else:
+            prefix_lens, seq_lens = torch.tensor([hit]), torch.tensor([end])
+            last = get_last_loc_torch(self.pool.req_to_token, torch.tensor([row]), prefix_lens)
+            out = alloc_paged_token_slots_extend(self.tree, prefix_lens, prefix_lens, seq_lens, seq_lens, last,
+                                                 end - hit)
+        self.pool.write((row, slice(0, hit)), prefix)
+        self.pool.write((row, slice(hit, end)), out)
+        req.kv.kv_allocated_len = req.kv.kv_committed_len = end
+        self.running[request_id] = req
+        return hit
+
+    def append(self, request_id: str, tokens: Sequence[int]) -> bool:
+        import torch
+        from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_decode, alloc_token_slots
+
+        req = self.running[request_id]
+        for token in tokens:  # one decode step each
+            if not self._fits(self.block_size):  # check_decode_capacity: SGLang retracts the request
+                self.preempt(request_id)
+                return False
+            req.output_ids.append(int(token))
+            length = req.kv.kv_committed_len + 1
+            row = req.kv.req_pool_idx
+            if self.block_size == 1:
+                out = alloc_token_slots(self.tree, 1)
+            else:
+                seq_lens = torch.tensor([length])
+                last = self.pool.req_to_token[row, length - 2:length - 1].to(torch.int64)
+                out = alloc_paged_token_slots_decode(self.tree, seq_lens, seq_lens, last)
+            self.pool.write((row, slice(length - 1, length)), out)
+            req.kv.kv_allocated_len = req.kv.kv_committed_len = length
+        return True
+
+    def cache(self, request_id: str) -> None:
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+        req = self.running[request_id]
+        req.refresh_fill_ids()
+        req.extend_end = req.kv.kv_committed_len
+        checkpoint_kv_cache(req, self.tree)
+
+    def finish(self, request_id: str) -> None:
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        req = self.running.pop(request_id)
+        req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
+        req.finished_len = len(req.output_ids)
+        release_kv_cache(req, self.tree, checkpoint=True)
+
+    def preempt(self, request_id: str) -> None:
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        req = self.running.pop(request_id)
+        release_kv_cache(req, self.tree, checkpoint=False)
+        req.reset_for_retract()
+
+    def evict(self, num_blocks: int) -> int:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        evicted = self.tree.evict(EvictParams(num_tokens=num_blocks * self.block_size)).num_tokens_evicted
+        return evicted // self.block_size
+
+    # --- the content view ----------------------------------------------------------------
+
+    def view(self) -> CacheView:
+        B = self.block_size  # noqa: N806
+        cached: dict[int, tuple[Any, tuple[int, ...]]] = {}
+        locks: dict[int, int] = {}
+
+        def walk(node: Any, path: tuple[int, ...]) -> None:
+            for child in node.children.values():
+                tokens = path + tuple(int(t) for t in child.key.token_ids)
+                slots = child.value.tolist()
+                for i in range(0, len(slots), B):
+                    page = int(slots[i]) // B
+                    cached[page] = (child.key.extra_key or None, tokens[:len(path) + i + B])
+                    locks[page] = child.lock_ref
+                walk(child, tokens)
+
+        walk(self.tree.root_node, ())
+        tables, holds = {}, {b: n for b, n in locks.items() if n}
+        for request_id, req in self.running.items():
+            row = self.pool.req_to_token[req.kv.req_pool_idx, :req.kv.kv_committed_len].tolist()
+            tables[request_id] = tuple(int(row[i]) // B for i in range(0, len(row), B))
+            for page in tables[request_id]:
+                if page not in cached:
+                    holds[page] = holds.get(page, 0) + 1  # a page no node holds: its request's alone
+        allocator = self.allocator  # its free pages, and those released but not yet merged back
+        free = frozenset(int(p) for pages in (allocator.free_pages, allocator.release_pages) if pages is not None
+                         for p in pages.tolist())
+        return CacheView(blocks=frozenset(range(1, self.num_blocks + 1)), block_size=B, free=free, tables=tables,
+                         holds=holds, cached=cached)
+
+
+class _TickingClock:
+    """SGLang's LRU stamps (``time.monotonic()``), one tick per reading: the
+    same least-recently-used order, repeatable from run to run."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def time(self) -> float:
+        return self.monotonic()
+
+    def perf_counter(self) -> float:
+        return self.monotonic()

@@ -38,6 +38,7 @@ import kvspec.spec
 from kvspec.conformance.findings import FINDINGS, inputs_to_avoid
 from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.machines.pool import LAYOUTS, PoolLayout
+from kvspec.conformance.vectors import content_view
 from kvspec.conformance.vectors.codec import (
     CHAPTERS,
     HASH_SEED,
@@ -803,6 +804,7 @@ def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None 
             corpus.chapters.setdefault(chapter, []).append(f"{vector.name}.json")
         if on_file:
             on_file(vector.name)
+    content_view.generate(out)
     _write_index(corpus)
     return corpus
 
@@ -844,7 +846,9 @@ def _write_index(corpus: Corpus) -> None:
              f"{len(corpus.files)} vectors ({sum(f['steps'] for f in corpus.files)} operations), derived from the "
              "spec by `kvspec vectors generate`.  The format is described in kvspec's `docs/VECTORS.md`; "
              "`index.json` lists every file with the rules it exercises and the chapters of spec/README.md "
-             "it needs.", "", "## By chapter of spec/README.md", "", "| chapter | vectors | for example |",
+             "it needs.  Chapter 10's rules over an engine's content view have their own cases, one per line "
+             f"of `{content_view.FILE}` ({len(content_view.CASES)} cases: a view, the verdict the spec's "
+             "predicates give).", "", "## By chapter of spec/README.md", "", "| chapter | vectors | for example |",
              "|---|---|---|"]
     for chapter, title in CHAPTERS.items():
         files = corpus.chapters.get(chapter, [])
