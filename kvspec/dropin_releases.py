@@ -658,6 +658,11 @@ class KVCacheManager032(KVCacheManager031):
         """As impl's, and the blocks taken for the connector's external
         tokens in ``skip_zeroing_group_ids`` (the groups it loads) are not
         named for zeroing: their KV arrives whole."""
+        if skip_zeroing_group_ids.__class__ is tuple and not skip_zeroing_group_ids:  # the default (a decode step)
+            return super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                                          num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
+                                          num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
+                                          has_scheduled_reqs)
         if not isinstance(skip_zeroing_group_ids, tuple | list) or any(
                 type(g) is not int or not 0 <= g < self.num_kv_cache_groups for g in skip_zeroing_group_ids):
             raise TypeError(f"skip_zeroing_group_ids must be a tuple of group ids below {self.num_kv_cache_groups}, "
