@@ -4,8 +4,9 @@ Each module adapts one engine's own classes -- imported from the engine as
 installed, never re-modelled -- to :class:`~kvspec.spec.engines.CacheTarget`,
 calling them in the order the engine's scheduler does:
 
-- :mod:`.lmdeploy`: LMDeploy's PyTorch-engine block manager and block trie;
-- :mod:`.sglang`: SGLang's radix cache and its page allocator.
+- ``lmdeploy``: LMDeploy's PyTorch-engine scheduler, block manager and block trie;
+- ``sglang``: SGLang's radix cache, its token and page allocators and its requests;
+- ``faults``: faults planted in each engine's own code, to show its gate bites.
 
 ``docs/engines.md`` maps each engine's state onto the content view, rule
 by rule.  Install an engine with ``tools/install_engine.sh``.

@@ -124,8 +124,8 @@ def problem() -> str | None:
 
 def unsupported(layout: CacheLayout) -> str | None:
     if layout.window is not None:
-        return ("SGLang's sliding-window cache is UnifiedRadixCache's SWA component, whose tree lives in its Rust "
-                "core; kvspec's SGLang target drives RadixCache")
+        return ("SGLang's sliding window is a component of UnifiedRadixCache, which kvspec's SGLang target does not "
+                "drive yet (it drives RadixCache)")
     return None
 
 

@@ -5,7 +5,8 @@ and the executable spec side by side and check every rule after every step.
 traces of each step); ``observe`` reads a target through its interface;
 ``layouts`` names the KV-cache layouts they run on; ``configurations`` the
 incoherent variants of a layout that a target must refuse to be built with; ``pool``, ``manager``,
-``scheduler`` and ``kernel`` are the machines, one per scope -- the block
-pool, the KV-cache manager, vLLM's own scheduler, and the kernel stage that
-feeds block tables to attention kernels.
+``scheduler``, ``cache`` and ``kernel`` are the machines, one per scope --
+the block pool, the KV-cache manager, vLLM's own scheduler, any engine's
+prefix cache seen through its content view (spec chapter 10), and the
+kernel stage that feeds block tables to attention kernels.
 """

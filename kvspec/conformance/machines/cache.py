@@ -213,10 +213,8 @@ def cache_machine(target_factory: Callable[..., CacheTarget], layout: CacheLayou
                 self.fail(engines.check_view(self.last, self.requests, self.written, layout.window))
 
         def teardown(self) -> None:
-            self.steer()
-            if self.failed or self.interrupted:
+            if not self.teardown_begins():
                 return
-            self.trace.begin("teardown", {})
             with self.guarded():
                 for request_id in sorted(self.requests):
                     self.leave(request_id, "finish")

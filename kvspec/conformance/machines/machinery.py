@@ -313,6 +313,16 @@ class CheckingMachine(RuleBasedStateMachine):
                 self.trace.operation(f"{where} -> did not return")
             raise
 
+    def teardown_begins(self) -> bool:
+        """Start judging the end of a run: the depths handed to targeting,
+        the teardown recorded in the trace.  ``False`` when the run already
+        failed or was cut short -- then nothing is judged."""
+        self.steer()
+        if self.failed or self.interrupted:
+            return False
+        self.trace.begin("teardown", {})
+        return True
+
     def off(self, name: str) -> bool:
         """Whether optional input ``name`` is left out of this run: by the
         swarm's choice for this batch, or -- replaying a swarm run's trace --

@@ -632,10 +632,8 @@ def manager_machine(
             return (request, counts[kind]), {"delay_cache_blocks": 1} if kind == "flag_type" else {}
 
         def teardown(self) -> None:
-            self.steer()
-            if self.failed or self.interrupted:
+            if not self.teardown_begins():
                 return
-            self.trace.begin("teardown", {})
             with self.guarded():
                 for request in self.running + self.waiting:
                     self.each("free", request)

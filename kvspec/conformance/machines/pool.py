@@ -507,11 +507,9 @@ def pool_machine(
             assert +self.ledger == self.holders(), "machine bug: ledger and owners disagree"
 
         def teardown(self) -> None:
-            self.steer()
             # Drain every owner; a correct pool ends with all blocks free.
-            if self.failed or self.interrupted:
+            if not self.teardown_begins():
                 return
-            self.trace.begin("teardown", {})
             with self.guarded():
                 for owner in list(self.owners):
                     self.owners.remove(owner)
