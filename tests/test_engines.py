@@ -37,8 +37,10 @@ def test_the_engine_conforms(engine, layout):
     assert result.conforms, result.details
 
 
-@pytest.mark.parametrize("fault", [(e, f) for e in ENGINES for f in faults.FAULTS[e]],
-                         ids=lambda ef: f"{ef[0]}-{ef[1].name}")
+PLANTED = [(e, f) for e in ENGINES for f in faults.FAULTS[e]]
+
+
+@pytest.mark.parametrize("fault", PLANTED, ids=[f"{e}-{f.name}" for e, f in PLANTED])
 def test_a_fault_planted_in_the_engine_is_caught(fault):
     engine, planted = fault
     with planted.planted():
