@@ -80,7 +80,7 @@ def scopes_for(target: str) -> list[str]:
     if target in ENGINE_TARGETS:
         return ["cache"]
     if target == "vllm" or (target == "impl" and vllm_importable() and dropin_refusal() is None):
-        return list(SCOPES)
+        return [*BLOCK_SCOPES, "scheduler"]
     return list(BLOCK_SCOPES)
 
 
