@@ -23,6 +23,25 @@ from kvspec.spec.engines import CacheLayout
 MODULES = {"sglang": "kvspec.conformance.engines.sglang", "lmdeploy": "kvspec.conformance.engines.lmdeploy"}
 
 
+class TickingClock:
+    """An engine's LRU clock, made repeatable.  LMDeploy stamps a block's
+    last access with ``time.perf_counter()`` (kept as whole seconds, ties
+    broken by memory addresses), SGLang a node's with ``time.monotonic()``:
+    which leaf ``evict`` takes changed from run to run, and a failing run
+    could not be replayed.  A target gives the engine's module this clock
+    instead of ``time``, one tick per reading: the same least-recently-used
+    order, repeatable.  Only the policy's timing changes, not the engine's code."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def perf_counter(self) -> int:
+        self.now += 1
+        return self.now
+
+    monotonic = time = perf_counter
+
+
 def _module(engine: str) -> Any:
     if engine not in MODULES:
         raise SetupError(f"no engine {engine!r}: use one of {sorted(MODULES)}")

@@ -26,26 +26,10 @@ import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
+from kvspec.conformance.engines import TickingClock
 from kvspec.spec.engines import CacheLayout, CacheView
 
 PREFILL_INTERVAL = 1  # decode steps per schedule: the engine preallocates this many tokens' slots per step
-
-
-class TickingClock:
-    """LMDeploy's LRU clock, made repeatable: its allocator stamps a block's
-    last access with ``time.perf_counter()`` (stored as whole seconds, ties
-    broken by the nodes' memory addresses), so which leaf ``evict`` takes
-    changes from run to run -- and a failing run cannot be replayed.  The
-    target gives the allocator's module this clock instead, one tick per
-    reading: the same least-recently-used order, repeatable.  Only the
-    policy's timing changes; the engine's code does not."""
-
-    def __init__(self) -> None:
-        self.now = 0
-
-    def perf_counter(self) -> int:
-        self.now += 1
-        return self.now
 
 
 def problem() -> str | None:
@@ -81,7 +65,7 @@ class LmdeployCacheTarget:
         from lmdeploy.pytorch.paging.block_manager import base_block_manager
         from lmdeploy.pytorch.strategies.ar.sequence import ARSequenceStrategy
 
-        base_block_manager.time = TickingClock()
+        base_block_manager.time = TickingClock()  # repeatable LRU order (see docs/engines.md)
 
         self.block_size = layout.block_size
         cache = CacheConfig(max_batches=256, block_size=layout.block_size, num_cpu_blocks=0,

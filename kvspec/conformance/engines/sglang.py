@@ -45,6 +45,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from kvspec.conformance.engines import TickingClock
 from kvspec.spec.engines import CacheLayout, CacheView
 
 MAX_CONTEXT = 512
@@ -144,7 +145,7 @@ class SglangCacheTarget:
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-        radix_cache.time = _TickingClock()  # repeatable LRU order (see docs/engines.md)
+        radix_cache.time = TickingClock()  # repeatable LRU order (see docs/engines.md)
         B = self.block_size = layout.block_size  # noqa: N806
         self.num_blocks = layout.num_blocks
         self.pool = ReqToTokenPool(size=MAX_REQUESTS, max_context_len=MAX_CONTEXT, device="cpu",
@@ -289,21 +290,3 @@ class SglangCacheTarget:
                          for p in pages.tolist())
         return CacheView(blocks=frozenset(range(1, self.num_blocks + 1)), block_size=B, free=free, tables=tables,
                          holds=holds, cached=cached)
-
-
-class _TickingClock:
-    """SGLang's LRU stamps (``time.monotonic()``), one tick per reading: the
-    same least-recently-used order, repeatable from run to run."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        self.now += 1.0
-        return self.now
-
-    def time(self) -> float:
-        return self.monotonic()
-
-    def perf_counter(self) -> float:
-        return self.monotonic()
