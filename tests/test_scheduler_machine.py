@@ -114,6 +114,30 @@ def test_the_machine_finds_s2_from_scratch():
     assert failure is not None and "content-soundness" in failure and "holds nothing" in failure, failure
 
 
+def test_steered_around_s2_a_failing_load_runs_alone_and_full_attention_conforms(monkeypatch):
+    """S2's owner preempted before it recomputes is vLLM's own decision under
+    pool pressure -- no abort to leave out (tests/traces/S2-by-preemption.json).
+    Steered, a failing load arrives to an empty scheduler and nothing arrives
+    while its request lives: nothing can preempt it, and the search with
+    failing loads (of both policies) finds nothing."""
+    arrivals = []
+    arrive = SchedulerHarness.arrive
+
+    def watched(self, prompt, *, load="none", **kwargs):
+        failing_live = [r for r in self.connector.script.failing_load if r in self.scheduler.requests]
+        arrivals.append((load, len(self.scheduler.requests), failing_live))
+        return arrive(self, prompt, load=load, **kwargs)
+
+    monkeypatch.setattr(SchedulerHarness, "arrive", watched)
+    avoid = frozenset({"scheduler:abort-failed-load"})
+    for name in ("full", "full-fail"):
+        assert search(SCHEDULER_LAYOUTS[name], ("none", "sync", "sync-fail", "async-fail"), 60,
+                      engine=engine_of(name), avoid=avoid) is None
+    assert any(load.endswith("fail") for load, _, _ in arrivals)
+    assert all(live == 0 for load, live, _ in arrivals if load.endswith("fail"))
+    assert not any(failing for _, _, failing in arrivals)
+
+
 def test_full_attention_is_clean_without_failing_loads():
     assert search(SCHEDULER_LAYOUTS["full"], ("none", "sync", "async"), 60) is None
 
