@@ -4,8 +4,12 @@ cache-scope layout, and every fault planted in its code is caught by the
 rule it breaks.  Skipped where the engine is not installed
 (tools/install_engine.sh ENGINE; CI installs each in its own venv)."""
 
+import ast
 import importlib.util
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -56,3 +60,61 @@ def test_every_fault_still_applies_to_the_installed_release(engine):
         with planted.planted():
             pass
     assert len(faults.FAULTS[engine]) >= 5
+
+
+SGLANG = pytest.mark.skipif("sglang" not in ENGINES, reason="SGLang is not installed (tools/install_engine.sh sglang)")
+SG1_SCRIPT = Path(__file__).parent.parent / "docs" / "findings" / "repro" / "sglang" / \
+    "SG1_all_swa_tree_keeps_window_freed_slots.py"
+
+
+@SGLANG
+def test_the_window_slides_in_sglangs_all_swa_cache_and_the_tree_keeps_the_prompt_only():
+    """The window layout runs SGLang's own all-SWA path: decode steps free
+    the slots behind the window (the view shows them released), and at the
+    end the tree keys the prompt whole -- a prefill-aware model's floor."""
+    from kvspec.conformance.engines import sglang
+
+    target = sglang.target(CACHE_LAYOUTS["window-1"])
+    assert target.admit("r0", [0, 1, 2, 0, 1, 2], None) == 0
+    for _ in range(6):
+        assert target.append("r0", [1, 2])
+    view = target.view()
+    released = [i for i, block in enumerate(view.tables["r0"]) if block is None]
+    assert released and released[0] == 6  # the prompt (positions 0-5) stays; the window freed what followed it
+    assert not set(view.tables["r0"]) & view.free
+    target.finish("r0")
+    view = target.view()
+    assert {tokens for _, tokens in view.cached.values()} == {(0, 1, 2, 0, 1, 2)[:n] for n in range(1, 7)}
+    assert not set(view.cached) & view.free
+
+
+@SGLANG
+def test_the_machine_finds_sg1_where_the_all_swa_model_is_not_prefill_aware():
+    """SG1 from scratch: an all-SWA model that does not keep its prompt
+    whole -- every one but UnlimitedOCR in SGLang 0.5.23 -- and the tree keys
+    slots the window already freed."""
+    from kvspec.conformance.engines.sglang import SglangCacheTarget
+    from kvspec.conformance.machines.cache import cache_machine
+
+    machine = cache_machine(lambda layout: SglangCacheTarget(layout, prefill_aware=False), CACHE_LAYOUTS["window-1"])
+    result = run_layout(machine, Search(SEARCH, examples=200, deadline=time.perf_counter() + 90))
+    assert not result.conforms
+    # Shrunk to: a request outgrows the window by a token, finishes (the tree keys the freed slot), and the
+    # tree is evicted -- the slot is freed twice, and SGLang's allocator asserts it has more free than it has.
+    last = result.trace.steps[-1].operations[-1]
+    assert last.startswith("evict(") and "AssertionError" in last, result.trace.readable()
+
+
+@SGLANG
+def test_sg1_standalone_reproduction_imports_sglang_alone_and_still_shows_the_bug():
+    """The report's script runs where kvspec is not installed, and on the
+    installed SGLang it still prints BUG and exits 1 (fixed: it says ok)."""
+    imported = set()
+    for node in ast.walk(ast.parse(SG1_SCRIPT.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert "kvspec" not in imported and "sglang" in imported, imported
+    out = subprocess.run([sys.executable, str(SG1_SCRIPT)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and out.stdout.count("BUG:") == 3, out.stdout + out.stderr[-2000:]

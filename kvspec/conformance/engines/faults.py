@@ -159,6 +159,12 @@ FAULTS: dict[str, list[Fault]] = {
               _REQ, "Req", (Edit("_compute_max_prefix_len", "max_prefix_len = input_len - 1",
                                  "max_prefix_len = input_len"),),
               frozenset({"hit-soundness"}), layout="page-1"),
+        Fault("window-frees-inside", "a decode step frees the request's slots up to half a window behind it, "
+              "inside the window its next token reads",
+              "sglang.srt.mem_cache.base_prefix_cache", "BasePrefixCache", (Edit(
+                  "evict_sliding_windows", "sliding_window_size=self.swa_retain_window,",
+                  "sliding_window_size=self.swa_retain_window // 2,"),),
+              frozenset({"content-soundness"}), layout="window-1"),
     ],
 }
 """The planted faults, by engine."""

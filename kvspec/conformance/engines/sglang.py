@@ -50,6 +50,10 @@ from kvspec.spec.engines import CacheLayout, CacheView
 
 MAX_CONTEXT = 512
 MAX_REQUESTS = 64
+SWA_EVICTION_INTERVAL = 1
+"""Tokens that must slide out of the window before a decode step frees them
+(SGLang's ``SGLANG_SWA_EVICTION_INTERVAL``, 128 by default): kvspec slides
+every token, the schedule that frees the most, the earliest."""
 
 
 class _AbsentModule(types.ModuleType):
@@ -124,9 +128,9 @@ def problem() -> str | None:
 
 
 def unsupported(layout: CacheLayout) -> str | None:
-    if layout.window is not None:
-        return ("SGLang's sliding window is a component of UnifiedRadixCache, which kvspec's SGLang target does not "
-                "drive yet (it drives RadixCache)")
+    if layout.window is not None and layout.block_size != 1:
+        return ("SGLang's all-SWA cache (PureSWARadixCache over PureSWATokenToKVPoolAllocator) takes pages of one "
+                "token only; windows over larger pages are hybrid SWA, UnifiedRadixCache's, not driven yet")
     return None
 
 
@@ -135,9 +139,16 @@ def target(layout: CacheLayout) -> SglangCacheTarget:
 
 
 class SglangCacheTarget:
-    """SGLang's RadixCache, allocators and requests, as a :class:`CacheTarget`."""
+    """SGLang's RadixCache, allocators and requests, as a :class:`CacheTarget`.
 
-    def __init__(self, layout: CacheLayout):
+    On a windowed layout, ``prefill_aware`` says whether the model keeps its
+    prompt's KV whole (``is_prefill_aware_swa()``; SGLang's scheduler then
+    sets the request's ``swa_evict_floor`` to the prompt's length).  The
+    gate drives a prefill-aware model -- the only all-SWA architecture that
+    declares it in 0.5.23 is UnlimitedOCR; any other all-SWA model is not,
+    and meets finding SG1 (docs/engines.md)."""
+
+    def __init__(self, layout: CacheLayout, *, prefill_aware: bool = True):
         _prepare()
         import torch
         from sglang.srt.mem_cache import radix_cache
@@ -148,17 +159,23 @@ class SglangCacheTarget:
         radix_cache.time = TickingClock()  # repeatable LRU order (see docs/engines.md)
         B = self.block_size = layout.block_size  # noqa: N806
         self.num_blocks = layout.num_blocks
+        self.window = layout.window
+        self.prefill_aware = prefill_aware
         self.pool = ReqToTokenPool(size=MAX_REQUESTS, max_context_len=MAX_CONTEXT, device="cpu",
                                    enable_memory_saver=False)
-        if B == 1:
+        self.released: dict[str, set[int]] = {}  # row positions whose slots the window freed, per request
+        if self.window is not None:
+            self.allocator, self.tree = _all_swa(layout, self.pool)
+        elif B == 1:
             self.allocator = TokenToKVPoolAllocator(size=layout.num_blocks, dtype=torch.float16, device="cpu",
                                                     kvcache=None, need_sort=False)
         else:
             self.allocator = PagedTokenToKVPoolAllocator(size=layout.num_blocks * B, page_size=B,
                                                          dtype=torch.float16, device="cpu", kvcache=None,
                                                          need_sort=False)
-        self.tree = radix_cache.RadixCache(CacheInitParams(
-            disable=False, req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.allocator, page_size=B))
+        if self.window is None:
+            self.tree = radix_cache.RadixCache(CacheInitParams(
+                disable=False, req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.allocator, page_size=B))
         self.running: dict[str, Any] = {}
 
     # --- capacity, as SGLang's admission budget and decode check see it --------------------
@@ -205,6 +222,10 @@ class SglangCacheTarget:
         self.pool.write((row, slice(0, hit)), prefix)
         self.pool.write((row, slice(hit, end)), out)
         req.kv.kv_allocated_len = req.kv.kv_committed_len = end
+        if self.window is not None:
+            if self.prefill_aware:  # SGLang's scheduler, after prepare_for_extend: the prompt is never window-freed
+                req.kv.swa_evict_floor = req.extend_end
+            self.released[request_id] = set()
         self.running[request_id] = req
         return hit
 
@@ -218,6 +239,8 @@ class SglangCacheTarget:
                 self.preempt(request_id)
                 return False
             req.output_ids.append(int(token))
+            if self.window is not None:
+                self._slide(request_id, req)
             length = req.kv.kv_committed_len + 1
             row = req.kv.req_pool_idx
             if self.block_size == 1:
@@ -228,7 +251,23 @@ class SglangCacheTarget:
                 out = alloc_paged_token_slots_decode(self.tree, seq_lens, seq_lens, last)
             self.pool.write((row, slice(length - 1, length)), out)
             req.kv.kv_allocated_len = req.kv.kv_committed_len = length
+            req.decode_batch_idx += 1
         return True
+
+    def _slide(self, request_id: str, req: Any) -> None:
+        """The window's part of a decode step (``ScheduleBatch.maybe_evict_swa``
+        before the step's allocation): from the second decode step on, once
+        :data:`SWA_EVICTION_INTERVAL` tokens have slid out, the request's
+        slots behind the window go back to the pool."""
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        kv, pre_len = req.kv, req.seqlen - 1  # the new token's KV is this step's to write
+        cursor = kv.get_evicted_seqlen(ComponentType.SWA)
+        if req.decode_batch_idx < 1 or pre_len - self.window < cursor + SWA_EVICTION_INTERVAL:
+            return
+        first = max(cursor, kv.swa_dead_lo(self.block_size))
+        self.tree.evict_sliding_windows(req, pre_len)
+        self.released[request_id] |= set(range(first, kv.get_evicted_seqlen(ComponentType.SWA)))
 
     def cache(self, request_id: str) -> None:
         from sglang.srt.mem_cache.common import checkpoint_kv_cache
@@ -243,6 +282,7 @@ class SglangCacheTarget:
         from sglang.srt.mem_cache.common import release_kv_cache
 
         req = self.running.pop(request_id)
+        self.released.pop(request_id, None)
         req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
         req.finished_len = len(req.output_ids)
         release_kv_cache(req, self.tree, checkpoint=True)
@@ -251,6 +291,7 @@ class SglangCacheTarget:
         from sglang.srt.mem_cache.common import release_kv_cache
 
         req = self.running.pop(request_id)
+        self.released.pop(request_id, None)
         release_kv_cache(req, self.tree, checkpoint=False)
         req.reset_for_retract()
 
@@ -281,12 +322,36 @@ class SglangCacheTarget:
         tables, holds = {}, {b: n for b, n in locks.items() if n}
         for request_id, req in self.running.items():
             row = self.pool.req_to_token[req.kv.req_pool_idx, :req.kv.kv_committed_len].tolist()
-            tables[request_id] = tuple(int(row[i]) // B for i in range(0, len(row), B))
+            released = self.released.get(request_id, ())
+            tables[request_id] = tuple(None if i in released else int(row[i]) // B for i in range(0, len(row), B))
             for page in tables[request_id]:
-                if page not in cached:
+                if page is not None and page not in cached:
                     holds[page] = holds.get(page, 0) + 1  # a page no node holds: its request's alone
-        allocator = self.allocator  # its free pages, and those released but not yet merged back
+        # its free pages, and those released but not yet merged back (all-SWA: its one SWA pool's)
+        allocator = getattr(self.allocator, "swa_attn_allocator", self.allocator)
         free = frozenset(int(p) for pages in (allocator.free_pages, allocator.release_pages) if pages is not None
                          for p in pages.tolist())
         return CacheView(blocks=frozenset(range(1, self.num_blocks + 1)), block_size=B, free=free, tables=tables,
                          holds=holds, cached=cached)
+
+
+def _all_swa(layout: CacheLayout, pool: Any) -> tuple[Any, Any]:
+    """SGLang's cache for a model whose every layer is sliding-window
+    attention (``registry.default_radix_cache_factory``: ``is_pure_swa``):
+    one SWA KV pool (one layer, one head of one dimension: nothing here reads
+    KV), its ``PureSWATokenToKVPoolAllocator`` and a ``PureSWARadixCache``."""
+    import torch
+    from sglang.srt.mem_cache.allocator.swa import PureSWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.pure_swa_radix_cache import PureSWARadixCache
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    size = layout.num_blocks
+    kv = SWAKVPool(size=0, size_swa=size, page_size=1, dtype=torch.float16, head_num=1, head_dim=1,
+                   swa_attention_layer_ids=[0], full_attention_layer_ids=[], device="cpu")
+    allocator = PureSWATokenToKVPoolAllocator(size_swa=size, page_size=1, dtype=torch.float16, device="cpu",
+                                              kvcache=kv, need_sort=False)
+    tree = PureSWARadixCache(CacheInitParams(disable=False, req_to_token_pool=pool,
+                                             token_to_kv_pool_allocator=allocator, page_size=1,
+                                             sliding_window_size=layout.window))
+    return allocator, tree

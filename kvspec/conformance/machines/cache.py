@@ -45,6 +45,8 @@ CACHE_LAYOUTS: dict[str, CacheLayout] = {
                     description="three tenants (no adapter, two LoRA adapters) that must never share a block"),
         CacheLayout("window", block_size=4, num_blocks=12, window=8,
                     description="a sliding window of 8 tokens: blocks wholly before it are no longer read"),
+        CacheLayout("window-1", block_size=1, num_blocks=24, window=8,
+                    description="a sliding window of 8 tokens over blocks of one token: SGLang's all-SWA cache"),
     )
 }
 """The cache scope's layouts.  A target without a layout's feature says
