@@ -20,7 +20,9 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ENGINE="${1:?usage: tools/install_engine.sh lmdeploy|sglang [VENV_DIR]}"
 VENV_DIR="${2:-$REPO_ROOT/.venv-$ENGINE}"
 PYTHON="${PYTHON:-python3}"
-TORCH_SPEC="torch==2.13.0"  # a CPU build; a bare `torch` resolves to a multi-GB CUDA build
+LOG_TAG=install_engine
+# shellcheck source=tools/venv_lib.sh
+source "$REPO_ROOT/tools/venv_lib.sh"  # TORCH_SPEC (the CPU build), log, venv_ready, pip_install
 # Engines pin their own torch (SGLang: a CUDA 2.14.1): hold every install to the CPU build.
 CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
@@ -59,16 +61,8 @@ case "$ENGINE" in
         ;;
 esac
 
-log() { printf '[install_engine] %s\n' "$*" >&2; }
 start_s=$SECONDS
-if [[ -x "$VENV_DIR/bin/python" ]]; then
-    log "re-using venv $VENV_DIR"
-else
-    log "creating venv $VENV_DIR with $PYTHON ($("$PYTHON" --version 2>&1))"
-    "$PYTHON" -m venv "$VENV_DIR"
-fi
-PY="$VENV_DIR/bin/python"
-pip_install() { "$PY" -m pip install --disable-pip-version-check --no-warn-conflicts --quiet "$@"; }
+venv_ready
 
 log "installing $TORCH_SPEC"
 pip_install "$TORCH_SPEC"

@@ -36,11 +36,9 @@ PYTHON="${PYTHON:-python3}"
 # The reference release, from the one place kvspec keeps it (spec/releases.py, BASE);
 # VLLM_VERSION=X in the environment installs another.
 VLLM_VERSION="${VLLM_VERSION:-$("$PYTHON" "$REPO_ROOT/spec/releases.py")}"
-# A CPU build of torch.  Always pin it: a bare `torch` resolves to a
-# multi-GB CUDA build.  (vLLM 0.25.1 declares torch==2.11.0; its compiled
-# ops are never loaded by the modules kvspec uses, so the newer CPU build
-# is fine and is what the rest of kvspec's tooling uses.)
-TORCH_SPEC="torch==2.13.0"
+LOG_TAG=install_vllm
+# shellcheck source=tools/venv_lib.sh
+source "$REPO_ROOT/tools/venv_lib.sh"  # TORCH_SPEC (the CPU build), log, venv_ready, pip_install
 
 # Import-time dependencies of vllm.v1.core.*, vllm.v1.request and
 # vllm.v1.worker.gpu_model_runner (the
@@ -91,25 +89,10 @@ TRITON_SPEC="triton==3.9.0"
 # The modules whose import proves the install usable.
 CHECK_MODULES="vllm.v1.core.block_pool, vllm.v1.core.kv_cache_manager, vllm.v1.request, vllm.v1.core.kv_cache_utils, vllm.lora.request, kvspec.hashing"
 
-log() { printf '[install_vllm] %s\n' "$*" >&2; }
-
 start_s=$SECONDS
 
 # 1. The venv (re-used when it already exists).
-if [[ -x "$VENV_DIR/bin/python" ]]; then
-    log "re-using venv $VENV_DIR"
-else
-    log "creating venv $VENV_DIR with $PYTHON ($("$PYTHON" --version 2>&1))"
-    "$PYTHON" -m venv "$VENV_DIR"
-fi
-PY="$VENV_DIR/bin/python"
-# --no-warn-conflicts: vLLM is deliberately installed without most of its
-# declared (GPU, serving) dependencies, and so is xgrammar; pip would
-# otherwise list every one of them as a "dependency conflict".  The import
-# check at the end is what tells whether the environment works.
-pip_install() {
-    "$PY" -m pip install --disable-pip-version-check --no-warn-conflicts --quiet "$@"
-}
+venv_ready
 
 # 2. A pip that understands current wheels and metadata.
 pip_install --upgrade pip
