@@ -4,7 +4,6 @@ cache-scope layout, and every fault planted in its code is caught by the
 rule it breaks.  Skipped where the engine is not installed
 (tools/install_engine.sh ENGINE; CI installs each in its own venv)."""
 
-import ast
 import importlib.util
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from standalone import imported_packages
 
 from kvspec.conformance import engines
 from kvspec.conformance.engines import faults
@@ -109,12 +109,7 @@ def test_the_machine_finds_sg1_where_the_all_swa_model_is_not_prefill_aware():
 def test_sg1_standalone_reproduction_imports_sglang_alone_and_still_shows_the_bug():
     """The report's script runs where kvspec is not installed, and on the
     installed SGLang it still prints BUG and exits 1 (fixed: it says ok)."""
-    imported = set()
-    for node in ast.walk(ast.parse(SG1_SCRIPT.read_text())):
-        if isinstance(node, ast.Import):
-            imported |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
+    imported = imported_packages(SG1_SCRIPT)
     assert "kvspec" not in imported and "sglang" in imported, imported
     out = subprocess.run([sys.executable, str(SG1_SCRIPT)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 1 and out.stdout.count("BUG:") == 3, out.stdout + out.stderr[-2000:]

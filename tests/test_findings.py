@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from standalone import imported_packages
 
 from kvspec.cli import main
 from kvspec.conformance.findings import FINDINGS, in_releases, is_avoidable, matching_finding
@@ -91,12 +92,7 @@ REPRODUCTIONS = sorted((Path(__file__).parent.parent / "docs" / "findings" / "re
 @pytest.mark.parametrize("script", REPRODUCTIONS, ids=lambda p: p.stem)
 def test_standalone_reproduction_imports_vllm_alone(script):
     """A bug report's script must run where kvspec is not installed."""
-    imported = set()
-    for node in ast.walk(ast.parse(script.read_text())):
-        if isinstance(node, ast.Import):
-            imported |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
+    imported = imported_packages(script)
     assert "kvspec" not in imported and "vllm" in imported, imported
 
 
