@@ -71,6 +71,9 @@ def test_a_release_impl_does_not_implement_is_refused_with_nothing_replaced(monk
     from kvspec.cli import main
     from kvspec.dropin_releases import API
 
+    from kvspec.spec import releases
+
+    judged = releases.current().version  # the installed release's: asked before the version is faked below
     original = vllm_manager.KVCacheManager
     monkeypatch.setattr(vllm, "__version__", "0.99.0")
     known = list(API)
@@ -82,9 +85,6 @@ def test_a_release_impl_does_not_implement_is_refused_with_nothing_replaced(monk
     with pytest.raises(dropin.DropinError):
         dropin.plugin()
     assert not dropin.installed() and vllm_manager.KVCacheManager is original
-    from kvspec.spec import releases
-
-    judged = releases.current().version
     try:
         assert main(["conform", "--target", "impl", "--scope", "scheduler", "--layout", "full", "--examples", "2"]) == 2
         from kvspec.conformance.runner import scopes_for
