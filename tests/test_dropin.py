@@ -70,7 +70,6 @@ def test_a_release_impl_does_not_implement_is_refused_with_nothing_replaced(monk
 
     from kvspec.cli import main
     from kvspec.dropin_releases import API
-
     from kvspec.spec import releases
 
     judged = releases.current().version  # the installed release's: asked before the version is faked below
