@@ -150,32 +150,19 @@ class SglangCacheTarget:
 
     def __init__(self, layout: CacheLayout, *, prefill_aware: bool = True):
         _prepare()
-        import torch
         from sglang.srt.mem_cache import radix_cache
-        from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
         radix_cache.time = TickingClock()  # repeatable LRU order (see docs/engines.md)
-        B = self.block_size = layout.block_size  # noqa: N806
+        self.block_size = layout.block_size
         self.num_blocks = layout.num_blocks
         self.window = layout.window
         self.prefill_aware = prefill_aware
         self.pool = ReqToTokenPool(size=MAX_REQUESTS, max_context_len=MAX_CONTEXT, device="cpu",
                                    enable_memory_saver=False)
         self.released: dict[str, set[int]] = {}  # row positions whose slots the window freed, per request
-        if self.window is not None:
-            self.allocator, self.tree = _all_swa(layout, self.pool)
-        elif B == 1:
-            self.allocator = TokenToKVPoolAllocator(size=layout.num_blocks, dtype=torch.float16, device="cpu",
-                                                    kvcache=None, need_sort=False)
-        else:
-            self.allocator = PagedTokenToKVPoolAllocator(size=layout.num_blocks * B, page_size=B,
-                                                         dtype=torch.float16, device="cpu", kvcache=None,
-                                                         need_sort=False)
-        if self.window is None:
-            self.tree = radix_cache.RadixCache(CacheInitParams(
-                disable=False, req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.allocator, page_size=B))
+        build = _radix if self.window is None else _all_swa
+        self.allocator, self.tree = build(layout, self.pool)
         self.running: dict[str, Any] = {}
 
     # --- capacity, as SGLang's admission budget and decode check see it --------------------
@@ -281,8 +268,7 @@ class SglangCacheTarget:
         from sglang.srt.managers.schedule_batch import FINISH_LENGTH
         from sglang.srt.mem_cache.common import release_kv_cache
 
-        req = self.running.pop(request_id)
-        self.released.pop(request_id, None)
+        req = self._leave(request_id)
         req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
         req.finished_len = len(req.output_ids)
         release_kv_cache(req, self.tree, checkpoint=True)
@@ -290,10 +276,14 @@ class SglangCacheTarget:
     def preempt(self, request_id: str) -> None:
         from sglang.srt.mem_cache.common import release_kv_cache
 
-        req = self.running.pop(request_id)
-        self.released.pop(request_id, None)
+        req = self._leave(request_id)
         release_kv_cache(req, self.tree, checkpoint=False)
         req.reset_for_retract()
+
+    def _leave(self, request_id: str) -> Any:
+        """The request, no longer running (finished or retracted)."""
+        self.released.pop(request_id, None)
+        return self.running.pop(request_id)
 
     def evict(self, num_blocks: int) -> int:
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
@@ -333,6 +323,26 @@ class SglangCacheTarget:
                          for p in pages.tolist())
         return CacheView(blocks=frozenset(range(1, self.num_blocks + 1)), block_size=B, free=free, tables=tables,
                          holds=holds, cached=cached)
+
+
+def _radix(layout: CacheLayout, pool: Any) -> tuple[Any, Any]:
+    """SGLang's ``RadixCache`` over its token allocator (pages of one token)
+    or its paged allocator."""
+    import torch
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    B = layout.block_size  # noqa: N806
+    if B == 1:
+        allocator = TokenToKVPoolAllocator(size=layout.num_blocks, dtype=torch.float16, device="cpu", kvcache=None,
+                                           need_sort=False)
+    else:
+        allocator = PagedTokenToKVPoolAllocator(size=layout.num_blocks * B, page_size=B, dtype=torch.float16,
+                                                device="cpu", kvcache=None, need_sort=False)
+    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator,
+                                      page_size=B))
+    return allocator, tree
 
 
 def _all_swa(layout: CacheLayout, pool: Any) -> tuple[Any, Any]:
