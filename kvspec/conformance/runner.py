@@ -27,7 +27,7 @@ from typing import Any
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings
 from hypothesis.reporting import current_reporter, with_reporter
-from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER, run_state_machine_as_test
+from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER
 
 from kvspec.conformance.machines.cache import CACHE_LAYOUTS, cache_machine
 from kvspec.conformance.machines.configurations import refusal, takes_keyword
@@ -46,7 +46,7 @@ from kvspec.conformance.machines.manager import manager_machine
 from kvspec.conformance.machines.pool import LAYOUTS, pool_machine
 from kvspec.conformance.machines.scheduler import SCHEDULER_LAYOUTS, engine_of, scheduler_machine
 from kvspec.conformance.report import LayoutResult
-from kvspec.conformance.settings import example_database
+from kvspec.conformance.settings import example_database, run_machine
 from kvspec.conformance.targets.cache import impl_cache_target, spec_cache_target
 from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget
@@ -551,7 +551,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
                 machine.steering = search.swarm  # budgeted: lean toward deep states; sized by examples: as it was
                 if search.swarm and batch_seed is not None:
                     machine.swarm_off = swarm_subset(machine.swarm_options, batch_seed) if batch else frozenset()
-                run_state_machine_as_test(_factory(machine, batch_seed), settings=batch_settings)
+                run_machine(_factory(machine, batch_seed), batch_settings)
     except BudgetSpent:
         if machine.hung_in is not None:  # the target never returned: a hang is a failure, with the run so far
             failure = ConformanceError(divergence=f"{machine.hung_in} did not return before the budget ran out "

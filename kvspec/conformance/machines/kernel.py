@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, rule
 
+from kvspec.conformance.settings import run_machine
 from kvspec.models.architectures import ModelSetup
 from kvspec.models.runner import Engine
 from kvspec.request import Request
@@ -232,7 +233,7 @@ def run_stage(setup: ModelSetup, target_factory: Callable[..., ManagerTarget], r
     failure = None
     try:
         with contextlib.redirect_stdout(printed):
-            run_state_machine_as_test(machine, settings=run_settings)
+            run_machine(machine, run_settings)
     except Exception as error:  # a check, or the target itself
         failure = error
     # Hypothesis attaches the minimal failing run to the exception (or prints it, in older releases).

@@ -574,11 +574,12 @@ def search(layout: Layout, load_modes: tuple[str, ...], examples: int, *, target
     when nothing breaks, else the failure (the broken rules, or the
     exception out of the scheduler, and the minimal run)."""
     from hypothesis import HealthCheck, settings
-    from hypothesis.stateful import run_state_machine_as_test
+
+    from kvspec.conformance.settings import run_machine
 
     machine = scheduler_machine(layout, target=target, load_modes=load_modes, engine=engine, avoid=avoid)
     try:
-        run_state_machine_as_test(machine, settings=settings(
+        run_machine(machine, settings(
             max_examples=examples, stateful_step_count=40, deadline=None, derandomize=True, database=None,
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False))
     except Exception as failure:

@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 import kvspec.spec
 from kvspec.conformance.findings import FINDINGS, inputs_to_avoid
 from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.machines.pool import LAYOUTS, PoolLayout
+from kvspec.conformance.settings import run_machine
 from kvspec.conformance.vectors import content_view
 from kvspec.conformance.vectors.codec import (
     CHAPTERS,
@@ -666,7 +666,7 @@ def walk_vectors(scope: str, name: str, examples: int, steps: int) -> list[Vecto
         description = f"a walk of the manager machine (a scheduler in miniature) over the {name} layout"
         factory = _recording(scope, name, config_of(scope, layout), SpecManagerTarget, vectors, description)
         machine = manager_machine(factory, layout, avoid=WALKS_AVOID)
-    run_state_machine_as_test(machine, settings=settings(
+    run_machine(machine, settings(
         derandomize=True, database=None, max_examples=examples, stateful_step_count=steps, deadline=None,
         phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck)))
     kept = [v for v in vectors if v.steps]
