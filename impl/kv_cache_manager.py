@@ -212,6 +212,10 @@ class KVCacheManager:
     ) -> None:
         if type(max_model_len) is not int or max_model_len <= 0:
             raise RuleError("block-size-coherence", f"max_model_len must be a positive int, got {max_model_len!r}")
+        for name, flag in (("enable_caching", enable_caching), ("use_eagle", use_eagle),
+                           ("enable_kv_cache_events", enable_kv_cache_events)):
+            if type(flag) is not bool:
+                raise RuleTypeError("allocation-accounting", f"{name} must be a bool, got {flag!r}")
         if max_num_batched_tokens is None:
             # Without it the admission cap is no tighter than max_model_len.
             max_num_batched_tokens = max_model_len

@@ -593,22 +593,32 @@ def common_prefix_is_shared(step: ManagerStep, ctx: RequestContext) -> list[str]
     if step.op != "get_num_common_prefix_blocks" or step.error is not None or step.result is None:
         return []
     rid = step.args.get("running_request_id")
-    tables = step.after.tables
-    mine = tables.get(rid)
+    bound = shared_prefix(step.after.tables, rid, len(step.result))
     problems = []
-    for g, claimed in enumerate(step.result):
+    for g, (claimed, shared) in enumerate(zip(step.result, bound, strict=True)):
         if type(claimed) is not int or claimed < 0:
             problems.append(f"get_num_common_prefix_blocks({rid}) answers {claimed!r} for group {g}: not a count")
-            continue
+        elif claimed > shared:
+            problems.append(f"get_num_common_prefix_blocks({rid}) claims {claimed} common blocks in group {g}; "
+                            f"every request's table shares {shared}")
+    return problems
+
+
+def shared_prefix(tables: Mapping[str, Any], rid: str, num_groups: int) -> list[int]:
+    """Per group, the leading blocks of ``rid``'s table that every request
+    holding a table holds at the same positions (a null entry ends the
+    prefix; 0 for a request holding no table): the most
+    ``get_num_common_prefix_blocks(rid)`` may claim."""
+    mine = tables.get(rid)
+    bound = []
+    for g in range(num_groups):
         shared = 0
         for i, b in enumerate(mine[g] if mine is not None and g < len(mine) else ()):
             if b == NULL or any(i >= len(t[g]) or t[g][i] != b for t in tables.values() if g < len(t)):
                 break
             shared += 1
-        if claimed > shared:
-            problems.append(f"get_num_common_prefix_blocks({rid}) claims {claimed} common blocks in group {g}; "
-                            f"every request's table shares {shared}")
-    return problems
+        bound.append(shared)
+    return bound
 
 
 @step_rule("allocation-accounting")

@@ -533,6 +533,13 @@ export class Manager {
       requireInt(v, what);
       if (v < 1) refuse("ValueError", `${what} must be positive (block-size-coherence)`);
     }
+    // spec 2 "Every refusal of the manager's constructor": the flags are bools, a given
+    // max_num_batched_tokens a count.
+    for (const [v, what] of [[enable_caching, "enable_caching"], [use_eagle, "use_eagle"],
+                             [enable_kv_cache_events, "enable_kv_cache_events"]]) requireBool(v, what);
+    if (max_num_batched_tokens !== null && requireInt(max_num_batched_tokens, "max_num_batched_tokens") < 0) {
+      refuse("ValueError", "max_num_batched_tokens must be >= 0 (block-size-coherence)");
+    }
     const sizes = this.contextParallelSizes(groups, dcp_world_size, pcp_world_size);
     for (const B of sizes) {
       if (scheduler_block_size % B) refuse("ValueError", "a group's block size does not divide the scheduler block size");
@@ -562,6 +569,25 @@ export class Manager {
     this.markEagleGroups(use_eagle, eagle_groups);
     this.withDrafter = use_eagle || eagle_groups.length > 0; // has_drafter (spec 9, eagle-replay-boundaries)
     this.specGroups = this.buildSpecGroups();
+    if (enable_caching) this.refuseUncacheableLayout(sizes);
+  }
+
+  // spec 2 "Every refusal of the manager's constructor", the rows with caching on.
+  refuseUncacheableLayout(sizes) {
+    const types = this.groups.map((g) => g.spec.type);
+    if (types.includes("CrossAttentionSpec")) refuse("ValueError", "cross attention is never cached (hash-map-consistency)");
+    if (this.groups.some((g) => g.spec.type === "ChunkedLocalAttentionSpec" && g.eagle)) {
+      refuse("ValueError", "a chunked-local group cannot be an EAGLE group (hit-soundness)");
+    }
+    if (this.groups.length === 1 && sizes[0] !== this.hashBlockSize) {
+      refuse("ValueError", "one group's block size must be the hash block size (block-size-coherence)");
+    }
+    if (this.groups.length > 1) {
+      if (this.specGroups.length < 2) refuse("ValueError", "a hybrid needs two distinct specs (hit-soundness)");
+      if (this.groups.some((g, i) => g.spec.type === "ChunkedLocalAttentionSpec" && sizes[i] !== this.A)) {
+        refuse("ValueError", "a chunked-local block must be the scheduler block (block-size-coherence)");
+      }
+    }
   }
 
   // spec 3 replay_boundaries: P - 1; from 0.30 (spec 9 delta eagle-replay-boundaries), with a drafter,
@@ -926,7 +952,7 @@ export class Manager {
 
   // spec 2 "get_num_common_prefix_blocks": full attention counts the leading blocks whose reference
   // count equals the number of requests holding tables; the other kinds answer 0.
-  get_num_common_prefix_blocks({ request_id }) {
+  get_num_common_prefix_blocks({ running_request_id: request_id }) {
     const holders = this.state().tables;
     const n = Object.keys(holders).length;
     return this.groups.map((g) => {

@@ -117,7 +117,11 @@ function replay(vector) {
       if (!refusal) return `${where}: result: expected a ${step.refused} refusal, got ${short(result)}`;
       if (refusal.kind !== step.refused) return `${where}: refusal: expected ${step.refused}, got ${refusal.kind} (${refusal.message})`;
     } else if (refusal) {
-      return `${where}: result: expected ${short(step.result)}, got a ${refusal.kind} refusal (${refusal.message})`;
+      return `${where}: result: expected ${short(step.result ?? step.at_most)}, got a ${refusal.kind} refusal (${refusal.message})`;
+    } else if ("at_most" in step) { // VECTORS.md: a bounded observation, one count per entry, each from 0 to it
+      const ok = Array.isArray(result) && result.length === step.at_most.length
+        && result.every((n, g) => Number.isInteger(n) && n >= 0 && n <= step.at_most[g]);
+      if (!ok) return `${where}: result: expected counts of at most ${short(step.at_most)}, got ${short(result)}`;
     } else if (!same(result, step.result)) {
       const d = firstDifference(result, step.result);
       return `${where}: result${d.path}: expected ${short(d.expected)}, got ${short(d.got)}`;

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvspec.conformance.machines.configurations import ANY_BAD_CONFIG, NON_POSITIVE_SIZE
+from kvspec.conformance.machines.configurations import ANY_BAD_CONFIG, ENGINE_CHECKED, NON_POSITIVE_SIZE
 from kvspec.conformance.machines.layouts import LATER_LAYOUTS, MANAGER_LAYOUTS
 from kvspec.conformance.machines.scheduler import AVOIDABLE as SCHEDULER_AVOIDABLE
 from kvspec.spec import releases
@@ -66,6 +66,10 @@ AVOIDABLE: dict[str, str] = {
                     "caller)",
     NON_POSITIVE_SIZE: "pool and manager: built with a block size, hash block size, max_model_len or "
                        "dcp_world_size of 0 or less, or a pool of 0 blocks",
+    ENGINE_CHECKED: "manager: built with a configuration vLLM's engine checks or never builds (cross attention "
+                    "with caching, chunked-local attention under EAGLE or a larger scheduler block, decode ranks "
+                    "on a window, a negative max_num_batched_tokens, a max_model_len or use_eagle of the wrong "
+                    "type)",
     **SCHEDULER_AVOIDABLE,
     "layout:NAME": "the layout NAME altogether (a finding the layout's configuration itself triggers)",
 }
@@ -180,6 +184,13 @@ FINDINGS: tuple[Finding, ...] = (
         "F15", "vllm", "KVCacheManager.allocate_slots trusts its arguments: a count past max_model_len is capped, "
         "a flag that is not a bool is read as true or false, hits for a running request fail an assert",
         ("allocation-accounting",), "bad-input:trusted_args", "F15-manager-allocation-trusts-its-arguments.json",
+    ),
+    Finding(
+        "F16", "vllm", "KVCacheManager builds a manager from configurations its engine screens: cross attention "
+        "with caching, a chunked-local EAGLE group or smaller block, decode ranks on a window (asserts at the "
+        "first hit search), a negative max_num_batched_tokens, a float max_model_len, use_eagle=1",
+        ("hash-map-consistency",), ENGINE_CHECKED,  # the trace's (cross attention); the other six break others
+        "F16-manager-constructor-trusts-its-configuration.json",
     ),
 )
 

@@ -15,6 +15,13 @@ carry every variant of a few layouts (``<scope>/configs/...``).
 ``bad-config:non-positive-size`` (an ``--avoid`` name) sends none of the
 variants with a block size, hash block size, ``max_model_len`` or
 ``dcp_world_size`` of 0 or less: vLLM 0.25.1 takes several (finding F9).
+
+The manager machine also sends the constructor's other refusals
+(:func:`constructor_variants`: the rows of spec/README.md chapter 2's
+table that no size of a layout reaches), each its own small model.
+``bad-config:engine-checked`` sends none of those that vLLM's engine checks
+before it builds a manager, or never produces, and that vLLM 0.25.1's
+``KVCacheManager`` builds (finding F16).
 """
 
 from __future__ import annotations
@@ -26,13 +33,15 @@ from typing import Any
 
 from kvspec.conformance.machines.machinery import HarnessFault
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
-from kvspec.errors import RuleError
+from kvspec.errors import RuleError, RuleTypeError
 from kvspec.kv_cache_interface import AttentionKind
 from kvspec.spec.layout import Layout
 from kvspec.spec.rules import Violation
+from kvspec.testing import chunked, cross, full, swa
 
 NON_POSITIVE_SIZE = "bad-config:non-positive-size"  # the --avoid name of the variants with a size <= 0
 ANY_BAD_CONFIG = "bad-config:any"  # the --avoid name of every variant (a target that checks no configuration)
+ENGINE_CHECKED = "bad-config:engine-checked"  # the --avoid name of the constructor variants vLLM's engine screens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +54,7 @@ class Variant:
     name: str
     non_positive_size: bool
     layout: Any
+    engine_checked: bool = False  # a configuration vLLM's engine checks (or never builds) before a manager
 
 
 def takes_keyword(factory: Callable[..., Any], keyword: str, named: bool = False) -> bool:
@@ -105,6 +115,32 @@ def manager_variants(layout: Layout, retention: bool = True, context_parallel: b
     return tuple(found)
 
 
+def constructor_variants(takes: Callable[[str], bool] = lambda keyword: True) -> tuple[Variant, ...]:
+    """The manager constructor's refusals that no size of a layout reaches
+    (spec/README.md chapter 2), each on a small model of its own -- those
+    whose options the target's factory ``takes``."""
+    def variant(name: str, layout: Layout, engine_checked: bool = False) -> Variant:
+        return Variant(name, False, layout, engine_checked)
+
+    found = (
+        variant("one group whose block is not the hash block",
+                Layout((full(4),), given_scheduler_block_size=4, given_hash_block_size=2)),
+        variant("a hybrid block not made of hash blocks",
+                Layout((full(2), swa(3, window=4)), given_scheduler_block_size=6, given_hash_block_size=2)),
+        variant("two groups of one spec", Layout((full(2), full(2)))),
+        variant("a negative watermark", Layout((full(2),), watermark=-0.5)),
+        variant("cross attention with caching on", Layout((full(2), cross(2))), True),
+        variant("a chunked-local EAGLE group", Layout((full(2), chunked(2, chunk=4)), use_eagle=True), True),
+        variant("a chunked-local block smaller than the scheduler block", Layout((full(4), chunked(2, chunk=4))),
+                True),
+        variant("decode ranks on a sliding-window group", Layout((swa(2, window=4),), dcp_world_size=2), True),
+        variant("a negative max_num_batched_tokens", Layout((full(2),), max_num_batched_tokens=-1), True),
+        variant("max_model_len not an int", Layout((full(2),), max_model_len=2.5), True),
+        variant("use_eagle not a bool", Layout((full(2),), use_eagle=1), True),
+    )
+    return tuple(v for v in found if all(takes(keyword) for keyword in v.layout.target_options()))
+
+
 def pool_variants(layout: Any) -> tuple[Variant, ...]:
     """Incoherent variants of a pool (a ``PoolLayout``): no room for the
     null block, a hash block size that is not positive."""
@@ -121,20 +157,21 @@ def sendable(variants: tuple[Variant, ...], avoid: frozenset[str]) -> tuple[str,
     """The names of the variants a machine told to ``avoid`` inputs may send."""
     if ANY_BAD_CONFIG in avoid:
         return ()
-    return tuple(v.name for v in variants if not (v.non_positive_size and NON_POSITIVE_SIZE in avoid))
+    return tuple(v.name for v in variants if not (v.non_positive_size and NON_POSITIVE_SIZE in avoid)
+                 and not (v.engine_checked and ENGINE_CHECKED in avoid))
 
 
-def refusal(layout: Any, spec: Callable[..., Any]) -> RuleError | None:
+def refusal(layout: Any, spec: Callable[..., Any]) -> RuleError | RuleTypeError | None:
     """The spec's refusal to build ``layout`` (``spec``: its target
     factory), under the release judged; ``None`` where it builds it."""
     try:
         layout.make_target(spec)
-    except RuleError as refused:
+    except (RuleError, RuleTypeError) as refused:
         return refused
     return None
 
 
-def spec_refusal(variant: Variant, spec: Callable[..., Any]) -> RuleError:
+def spec_refusal(variant: Variant, spec: Callable[..., Any]) -> RuleError | RuleTypeError:
     """The spec's refusal of ``variant`` (every variant is one the spec refuses)."""
     if (refused := refusal(variant.layout, spec)) is not None:
         return refused

@@ -47,6 +47,7 @@ from kvspec.spec.interface import (
     Stored,
     comparable,
 )
+from kvspec.spec.request_rules import shared_prefix
 
 FORMAT_VERSION = 1
 HASH_SEED = "0"
@@ -313,11 +314,12 @@ class Recorder:
     :class:`Vector`: the arguments by name, the requests' progress, the
     outcome, the state that changed and the events."""
 
-    # Not recorded: observations whose contract is a bound, not an answer (usage is the ledger; the common
-    # prefix is a sound under-approximation) -- a vector would demand the spec's exact number.
+    # Not recorded: what the state already says (the free count, usage: the ledger), and the snapshot and
+    # events themselves.  The common prefix is recorded as a bound (``at_most``): its contract is soundness,
+    # so a vector holds a target to the tables, not to the spec's exact count.
     RECORDED = frozenset(n for p in PROTOCOLS.values() for n, _ in inspect.getmembers(p, inspect.isfunction)
-                         if not n.startswith("_")) - {"snapshot", "take_events", "get_num_free_blocks", "get_usage",
-                                                      "get_num_common_prefix_blocks"}
+                         if not n.startswith("_")) - {"snapshot", "take_events", "get_num_free_blocks", "get_usage"}
+    BOUNDED = frozenset({"get_num_common_prefix_blocks"})
 
     def __init__(self, inner: Any, vector: Vector):
         self._inner = inner
@@ -350,11 +352,14 @@ class Recorder:
             result = method(*args, **kwargs)
         except (ValueError, TypeError) as e:
             error = e
-        if error is None:
-            step["result"] = to_json(result)
-        else:
+        snap = self._inner.snapshot()
+        if error is not None:
             step["refused"] = refusal_kind(error)
-        after = state_of(self._inner.snapshot())
+        elif op in self.BOUNDED:
+            step["at_most"] = shared_prefix(snap.tables, named["running_request_id"], len(result))
+        else:
+            step["result"] = to_json(result)
+        after = state_of(snap)
         if delta := changed(self._state, after):
             step["state"] = delta
         self._state = after
@@ -427,6 +432,8 @@ def exercised(vector: Vector) -> set[str]:
             rules |= {"content-soundness", "no-aliasing", "hit-soundness"}
         if op == "get_computed_blocks":
             rules.add("hit-optimality")
+        if op == "get_num_common_prefix_blocks" and any(step.get("at_most", ())):
+            rules.add("no-aliasing")  # a shared prefix a target could over-count
         if any(0 in g for t in after.get("tables", {}).values() for g in t) or (
                 op == "free_blocks" and NULL_BLOCK_ID in args.get("block_ids", [])):
             rules |= {"null-exclusion", "content-soundness"}
@@ -569,10 +576,23 @@ def _outcome_differences(where: str, step: dict[str, Any], result: Any, error: B
         if refusal_kind(error) != step["refused"]:
             return [f"{where}: refused with {type(error).__name__}, expected {step['refused']}"]
         return []
+    if "at_most" in step:
+        return _bound_differences(where, step["at_most"], result, error)
     if error is not None:
         return [f"{where}: refused ({type(error).__name__}: {error}), expected {step['result']}"]
     if to_json(result) != step["result"]:
         return [f"{where}: returned {to_json(result)}, expected {step['result']}"]
+    return []
+
+
+def _bound_differences(where: str, bound: list[int], result: Any, error: BaseException | None) -> list[str]:
+    """A bounded observation: one count per entry of ``bound``, each from 0 to it."""
+    if error is not None:
+        return [f"{where}: refused ({type(error).__name__}: {error}), expected counts of at most {bound}"]
+    counts = to_json(result)
+    if not isinstance(counts, list) or len(counts) != len(bound) or not all(
+            type(n) is int and 0 <= n <= most for n, most in zip(counts, bound, strict=True)):
+        return [f"{where}: returned {counts}, expected {len(bound)} counts, each from 0 to {bound}"]
     return []
 
 

@@ -571,6 +571,29 @@ def _reserved_blocks(m, req):
         m.free(r)
 
 
+def _common_prefix(m, req):
+    """Cascade attention's question, per group: the leading blocks every running request shares.  A vector
+    holds the answer to at most what the tables show (its contract is soundness); gone from 0.34 (delta
+    common-prefix-blocks-removed), where the case only allocates and frees."""
+    def ask(r):
+        if not releases.current().has("common-prefix-blocks-removed"):
+            m.get_num_common_prefix_blocks(r.request_id)
+
+    a = req("a", [0, 1] * 6)
+    _prefill(m, a)
+    b = req("b", [0, 1] * 4 + [1, 1] * 2)  # its first 4 blocks hit a's
+    _prefill(m, b)
+    ask(a)
+    ask(b)
+    c = req("c", [1, 0] * 3)  # shares nothing with them
+    _prefill(m, c)
+    ask(a)
+    for r in (c, a):
+        m.free(r)
+    ask(b)  # alone: its whole table is shared by every request holding one
+    m.free(b)
+
+
 MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("external-after-hits", "hits in two groups taken before connector tokens are allocated",
                 "full+swa", _external_after_hits),
@@ -605,6 +628,8 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
                 _reserved_blocks),
     ManagerCase("admission-cap", "full_sequence_must_fit admits a request only if its whole sequence fits",
                 "full", _admission_cap),
+    ManagerCase("common-prefix", "get_num_common_prefix_blocks claims no more leading blocks per group than "
+                "every running request's table shares", "full+swa", _common_prefix),
 )
 
 
@@ -681,31 +706,40 @@ CONFIG_LAYOUTS = {"pool": ("two-groups",), "manager": ("full", "caching-off", "f
 
 
 def config_vectors() -> list[Vector]:
-    """Every incoherent variant of a few layouts
+    """Every incoherent variant of a few layouts, and the manager
+    constructor's other refusals
     (:mod:`kvspec.conformance.machines.configurations`): the configuration,
     and the rule the spec names when it refuses to be built with it."""
+    from kvspec.conformance.machines.configurations import constructor_variants
+
+    cases = [(scope, name, variant) for scope, names in CONFIG_LAYOUTS.items() for name in names
+             for variant in _variants(scope, name)]
+    cases += [("manager", "constructor", variant) for variant in constructor_variants()]
     out = []
-    for scope, names in CONFIG_LAYOUTS.items():
-        for name in names:
-            for variant in _variants(scope, name):
-                slug = "-".join("".join(c if c.isalnum() else " " for c in variant.name.lower()).split())
-                out.append(_config_vector(f"{scope}/configs/{name}/{slug}", scope, variant))
+    for scope, name, variant in cases:
+        slug = "-".join("".join(c if c.isalnum() else " " for c in variant.name.lower()).split())
+        out.append(_config_vector(f"{scope}/configs/{name}/{slug}", scope, variant))
     return out
 
 
-def _variants(scope: str, layout: str) -> tuple[Any, ...]:
-    from kvspec.conformance.machines.configurations import manager_variants, pool_variants
+def _variants(scope: str, layout: str, constructor: bool = False) -> tuple[Any, ...]:
+    """The incoherent variants of ``layout`` -- with ``constructor``, and the
+    manager constructor's own, as the manager machine sends them all."""
+    from kvspec.conformance.machines.configurations import constructor_variants, manager_variants, pool_variants
     from kvspec.conformance.runner import manager_layout
 
-    return pool_variants(LAYOUTS[layout]) if scope == "pool" else manager_variants(manager_layout(layout))
+    if scope == "pool":
+        return pool_variants(LAYOUTS[layout])
+    return manager_variants(manager_layout(layout)) + (constructor_variants() if constructor else ())
 
 
 def _config_vector(name: str, scope: str, variant: Any, description: str = "") -> Vector:
-    from kvspec.conformance.machines.configurations import NON_POSITIVE_SIZE, spec_refusal
+    from kvspec.conformance.machines.configurations import ENGINE_CHECKED, NON_POSITIVE_SIZE, spec_refusal
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
     refusal = spec_refusal(variant, SpecBlockPool if scope == "pool" else SpecManagerTarget)
-    findings = [f.id for f in FINDINGS if variant.non_positive_size and f.avoid == NON_POSITIVE_SIZE]
+    findings = [f.id for f in FINDINGS if variant.non_positive_size and f.avoid == NON_POSITIVE_SIZE
+                or variant.engine_checked and f.avoid == ENGINE_CHECKED]
     return Vector(name, scope, config_of(scope, variant.layout),
                   description or f"built with {variant.name}: refused ({refusal})", findings, refused=refusal.rule)
 
@@ -724,7 +758,7 @@ def finding_vectors() -> list[Vector]:
         trace = Trace.load(finding.trace_path)
         if [s.rule for s in trace.steps] == ["configure"]:  # a construction: its vector is a configuration's
             built = dict(trace.steps[0].draws)["configuration"]
-            variant = next(v for v in _variants(trace.scope, trace.layout) if v.name == built)
+            variant = next(v for v in _variants(trace.scope, trace.layout, constructor=True) if v.name == built)
             out.append(_config_vector(f"{trace.scope}/findings/{finding.id}", trace.scope, variant,
                                       f"{finding.id} ({finding.target}): {finding.title}"))
             continue
