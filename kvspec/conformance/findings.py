@@ -172,7 +172,8 @@ FINDINGS: tuple[Finding, ...] = (
     ),
     Finding(
         "F13", "vllm", "BlockPool.cache_full_blocks trusts its range: a negative num_cached_blocks keys blocks "
-        "counted from the list's end, one block twice is cached once, a request with too few hashes fails an assert",
+        "counted from the list's end, one block twice is cached once, a request with too few hashes fails an assert; "
+        "and a pool with prefix caching off keys blocks all the same",
         ("allocation-accounting",), "bad-input:bad_cache", "F13-pool-cache-trusts-its-range.json",
     ),
     Finding(

@@ -1,6 +1,6 @@
 """F13, standalone: vLLM's ``BlockPool.cache_full_blocks`` trusts the range
-it is given.  Three calls its managers never make, each of which a pool that
-checks its input refuses having changed nothing:
+it is given, and that caching is on.  Four calls its managers never make,
+each of which a pool that checks its input refuses having changed nothing:
 
 1. ``num_cached_blocks=-1``: the call slices ``blocks[-1:num_full_blocks]``
    and the request's hashes from ``-1`` on, so the one block given for
@@ -10,14 +10,16 @@ checks its input refuses having changed nothing:
    under position 1's hash, without a word -- whatever the block holds, one
    of the two positions is wrong;
 3. more blocks to cache than the request has hashes: an ``AssertionError``
-   (gone under ``python -O``), not a refusal.
+   (gone under ``python -O``), not a refusal;
+4. a well-formed call to a pool built with prefix caching off: the blocks
+   are keyed all the same, and a lookup of the prefix then hits them.
 
 Against vLLM alone (no kvspec import), on CPU:
 
     pip install vllm==0.25.1   # or: bash tools/install_vllm.sh .venv-vllm
     PYTHONHASHSEED=0 python docs/findings/repro/F13_cache_full_blocks_trusts_its_range.py
 
-Exit status 1 and "BUG" while any of the three is taken, 0 otherwise.
+Exit status 1 and "BUG" while any of the four is taken, 0 otherwise.
 """
 
 import sys
@@ -40,8 +42,8 @@ def keyed(pool: BlockPool, request: Request) -> list[str]:
             for b in pool.blocks if b.block_hash is not None]
 
 
-def attempt(what: str, tokens: list[int], call) -> str:
-    pool = BlockPool(6, True, BLOCK, False)
+def attempt(what: str, tokens: list[int], call, caching: bool = True) -> str:
+    pool = BlockPool(6, caching, BLOCK, False)
     request = Request("a", tokens, SamplingParams(max_tokens=4), None, block_hasher=HASHER)
     blocks = pool.get_new_blocks(2)
     try:
@@ -61,6 +63,8 @@ def main() -> int:
                 lambda p, r, b: p.cache_full_blocks(r, [b[0], b[0]], 0, 2, BLOCK, 0)),
         attempt("two blocks to cache, a request with one hash", [0, 1, 0],
                 lambda p, r, b: p.cache_full_blocks(r, b, 0, 2, BLOCK, 0)),
+        attempt("two blocks of [0, 1 | 0, 1] cached by a pool with caching off", [0, 1, 0, 1],
+                lambda p, r, b: p.cache_full_blocks(r, b, 0, 2, BLOCK, 0), caching=False),
     ]
     print("\n".join(lines))
     return 1 if any(line.startswith("BUG") for line in lines) else 0

@@ -454,6 +454,8 @@ def pool_machine(
             name, *args = call
             # the kinds added after F1-F3's traces were recorded: their acceptance is the verdict
             checked = {"bad_cache": "allocation-accounting", "bad_group": "hash-map-consistency"}.get(op)
+            if op == "bad_cache" and not layout.enable_caching:
+                checked = "hash-map-consistency"  # a pool that does not cache keys nothing
             try:
                 self.apply(name, *args, must_refuse=checked)
             except Refused:
@@ -483,12 +485,16 @@ def pool_machine(
             """A ``cache_full_blocks`` the pool must refuse, on a held block
             that carries no key (none: nothing to send): a negative
             ``num_cached_blocks`` (k=1), one block twice (k=2), a block more
-            than the request has hashes for (k=3)."""
+            than the request has hashes for (k=3) -- and, whatever k, a
+            well-formed call to a pool with caching off."""
             after = self.target.snapshot()
             fresh = sorted(b for b in after.held() if b not in after.key_of and b not in after.partial_of)
-            if not fresh or not layout.enable_caching:
+            if not fresh:
                 return None
             size = layout.group_block_sizes[0]
+            if not layout.enable_caching:
+                whole = Request("bad", list(range(size)), block_hasher=self.hasher)
+                return ("cache_full_blocks", whole, fresh[:1], 0, 1, size, 0)
             if k == 3:
                 short = Request("bad", list(range(size - 1)), block_hasher=self.hasher)  # not one whole block
                 return ("cache_full_blocks", short, fresh[:1], 0, 1, size, 0)

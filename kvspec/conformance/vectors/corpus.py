@@ -255,8 +255,10 @@ def _partial_replaced(p, req):
 
 def _caching_off(p, req):
     r = req("a", [0, 1, 0, 1])
-    blocks = p.get_new_blocks(2)  # the managers above never ask a pool that does not cache to cache
+    blocks = p.get_new_blocks(2)
     p.get_cached_block(r.block_hashes[0], [0])
+    _refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0)  # a pool that does not cache keys nothing (vLLM: F13)
+    _refused(p.cache_full_blocks, r, blocks, 2, 2, 2, 0)  # refused before the no-op check
     p.free_blocks(blocks[::-1])
     p.reset_prefix_cache()
 
@@ -351,8 +353,9 @@ POOL_CASES: tuple[PoolCase, ...] = (
     PoolCase("partial-replaced", "a longer prefix inside the block replaces a shorter one, a shorter one sits "
              "beside it, and eviction by id and a reset drop them all (a LoRA tenant, group 1)",
              _pool(3, (2, 6)), _partial_replaced),
-    PoolCase("caching-off", "with prefix caching off nothing hits and a reset is trivially accepted",
-             _pool(4, enable_caching=False), _caching_off),
+    PoolCase("caching-off", "with prefix caching off nothing hits, caching is refused, even a call that "
+             "caches nothing, and a reset is trivially accepted", _pool(4, enable_caching=False), _caching_off,
+             ("F13",)),
     PoolCase("tenants", "a cache salt and a LoRA adapter give one token prefix three keys",
              _pool(8), _tenants),
 )
