@@ -65,7 +65,8 @@ AVOIDABLE: dict[str, str] = {
     ANY_BAD_CONFIG: "pool and manager: any incoherent configuration (a target that leaves its checks to its "
                     "caller)",
     NON_POSITIVE_SIZE: "pool and manager: built with a block size, hash block size, max_model_len or "
-                       "dcp_world_size of 0 or less, or a pool of 0 blocks",
+                       "dcp_world_size of 0 or less, or a pool of 0 blocks; a pool whose size or hash block size "
+                       "is not an int",
     ENGINE_CHECKED: "manager: built with a configuration vLLM's engine checks or never builds (cross attention "
                     "with caching, chunked-local attention under EAGLE or a larger scheduler block, decode ranks "
                     "on a window, a negative max_num_batched_tokens, a max_model_len or use_eagle of the wrong "
@@ -149,7 +150,8 @@ FINDINGS: tuple[Finding, ...] = (
     ),
     Finding(
         "F9", "vllm", "KVCacheManager and BlockPool take sizes of 0 or less (scheduler block size, max_model_len, "
-        "the pool's hash block size) or divide by zero on them (the manager's hash block size)",
+        "the pool's hash block size) or divide by zero on them (the manager's hash block size); the pool takes a "
+        "hash block size that is not an int",
         ("block-size-coherence",), NON_POSITIVE_SIZE, "F9-non-positive-sizes-accepted.json", also=("pool",),
     ),
     Finding(

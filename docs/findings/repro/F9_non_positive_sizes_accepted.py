@@ -3,8 +3,9 @@ sizes of 0 without a word -- a scheduler block size of 0 and a
 ``max_model_len`` of 0 build a manager, a hash block size of 0 builds a pool
 -- as is a ``dcp_world_size`` of 0 on a one-group model -- and the manager
 built with a hash block size of 0 raises
-``ZeroDivisionError``, not a refusal.  Its other size checks are ``assert``
-statements (gone under ``python -O``).
+``ZeroDivisionError``, not a refusal; so is a pool's hash block size that is
+not an int (2.5).  Its other size checks are ``assert`` statements (gone
+under ``python -O``).
 
 Against vLLM alone (no kvspec import), on CPU:
 
@@ -66,6 +67,7 @@ results = [
     attempt("KVCacheManager(dcp_world_size=0)", lambda: KVCacheManager(config(), 32, BLOCK, BLOCK, dcp_world_size=0)),
     attempt("BlockPool(hash_block_size=0)", lambda: BlockPool(8, True, 0)),
     attempt("BlockPool(hash_block_size=-2)", lambda: BlockPool(8, True, -2)),
+    attempt("BlockPool(hash_block_size=2.5)", lambda: BlockPool(8, True, 2.5)),
 ]
 print("\n".join(results))
 allocate_with_max_model_len_0()

@@ -143,13 +143,17 @@ def constructor_variants(takes: Callable[[str], bool] = lambda keyword: True) ->
 
 def pool_variants(layout: Any) -> tuple[Variant, ...]:
     """Incoherent variants of a pool (a ``PoolLayout``): no room for the
-    null block, a hash block size that is not positive."""
+    null block, a hash block size that is not positive, a size that is no
+    int (the last two kinds F9's: ``non_positive_size`` says "not a positive
+    int")."""
     replace = dataclasses.replace
     return (
         Variant("a pool of 0 blocks", True, replace(layout, num_blocks=0)),
         Variant("a pool of a negative size", False, replace(layout, num_blocks=-1)),
         Variant("hash block size 0", True, replace(layout, hash_block_size=0)),
         Variant("negative hash block size", True, replace(layout, hash_block_size=-layout.hash_block_size)),
+        Variant("a pool size not an int", True, replace(layout, num_blocks=layout.num_blocks + 0.5)),
+        Variant("a hash block size not an int", True, replace(layout, hash_block_size=layout.hash_block_size + 0.5)),
     )
 
 
