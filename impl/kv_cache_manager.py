@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from kvspec.errors import RuleError, RuleTypeError
+from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id
 from kvspec.impl import kv_events
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_coordinator import RETENTION_FROM_ENV, KVCacheCoordinator, get_kv_cache_coordinator
@@ -406,7 +407,7 @@ class KVCacheManager:
                                   num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
                                   (delay_cache_blocks, full_sequence_must_fit, has_scheduled_reqs), hits)
         if hits is not no_hits and any(hits):
-            self._check_hits(request.request_id, hits)
+            self._check_hits(request, hits)
         coordinator = self.coordinator
         request_id = request.request_id
         num_local_computed, total_computed, num_tokens_main_model, num_tokens_need_slot = self._token_counts(
@@ -573,9 +574,11 @@ class KVCacheManager:
             f"new_computed_blocks has {len(hits)} groups, the model has {self.num_kv_cache_groups}",
         )
 
-    def _check_hits(self, request_id: str, hits: tuple[Sequence[KVCacheBlock], ...]) -> None:
+    def _check_hits(self, request: Any, hits: tuple[Sequence[KVCacheBlock], ...]) -> None:
         """Hits are this pool's blocks, for a request that holds nothing yet,
-        never for cross attention."""
+        with caching on, never for cross attention, and each still cached
+        under the request's hash for its position and group."""
+        request_id = request.request_id
         managers = self.coordinator.single_type_managers
         if self.coordinator.is_running(request_id) or any(m.req_to_blocks.get(request_id) for m in managers):
             raise RuleError("hit-soundness", f"request {request_id!r} already holds blocks; it takes no new hits")
@@ -590,6 +593,17 @@ class KVCacheManager:
                 ours = type(block_id) is int and 0 <= block_id < len(pool_blocks) and pool_blocks[block_id] is block
                 if not ours:
                     raise RuleTypeError("hit-soundness", f"group {i}: {block!r} is not a block of this pool")
+        if not self.enable_caching:
+            raise RuleError("hit-soundness", "prefix caching is off: there are no hits")
+        pool = self.block_pool
+        for i, (manager, blocks) in enumerate(zip(managers, hits, strict=True)):
+            hashes = block_hashes_for_size(request.block_hashes, pool.hash_block_size, manager.block_size)
+            for position, block in enumerate(blocks):
+                if block.is_null:
+                    continue
+                if position >= len(hashes) or block._block_hash != make_block_hash_with_group_id(hashes[position], i):
+                    raise RuleError("content-soundness", f"hit block {block.block_id} at position {position} of "
+                                                         f"group {i} is no longer cached for request {request_id!r}")
 
     # --- freeing -------------------------------------------------------------------------------
 

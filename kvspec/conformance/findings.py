@@ -51,7 +51,7 @@ AVOIDABLE: dict[str, str] = {
                            "blocks than the request has hashes",
     "bad-input:bad_group": "pool: get_cached_block with a group id that is no 4-byte unsigned int (2**32, a str, -1)",
     "bad-input:trusted_args": "manager: allocate_slots with a count past max_model_len, a flag that is not a bool, "
-                              "or hits for a running request",
+                              "hits for a running request, or hit blocks no longer cached (any, with caching off)",
     "partial-entry:earlier-image": "pool: a partial entry whose last hash block overlaps an image that is not the "
                                    "request's last; manager: a multimodal prompt whose partial tail (from 0.26) "
                                    "would be such an entry",
@@ -185,7 +185,8 @@ FINDINGS: tuple[Finding, ...] = (
     ),
     Finding(
         "F15", "vllm", "KVCacheManager.allocate_slots trusts its arguments: a count past max_model_len is capped, "
-        "a flag that is not a bool is read as true or false, hits for a running request fail an assert",
+        "a flag that is not a bool is read as true or false, hits for a running request fail an assert, hit blocks "
+        "no longer cached are taken, hits with caching off fail an assert",
         ("allocation-accounting",), "bad-input:trusted_args", "F15-manager-allocation-trusts-its-arguments.json",
     ),
     Finding(

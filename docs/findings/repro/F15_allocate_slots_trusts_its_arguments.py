@@ -8,13 +8,16 @@ checks its input refuses, changing nothing:
 2. a flag that is not a bool (``delay_cache_blocks=1``): it is read as a
    truth value;
 3. new hits (``new_computed_blocks``) for a request that already holds
-   blocks: an ``AssertionError`` (gone under ``python -O``), not a refusal.
+   blocks: an ``AssertionError`` (gone under ``python -O``), not a refusal;
+4. hit blocks that lost their keys between the lookup and the allocation
+   (evicted by id): taken as hits all the same;
+5. blocks offered as a hit to a manager with prefix caching off: taken.
 
 Against vLLM alone (no kvspec import), on CPU:
 
     PYTHONHASHSEED=0 python docs/findings/repro/F15_allocate_slots_trusts_its_arguments.py
 
-Exit status 1 and "BUG" while any of the three is taken, 0 otherwise.
+Exit status 1 and "BUG" while any of the five is taken, 0 otherwise.
 """
 
 import sys
@@ -32,18 +35,18 @@ kv_cache_utils.init_none_hash(sha256_cbor)
 HASHER = kv_cache_utils.get_request_block_hasher(BLOCK, sha256_cbor)
 
 
-def manager() -> KVCacheManager:
+def manager(caching: bool = True) -> KVCacheManager:
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     config = KVCacheConfig(num_blocks=24, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
-    return KVCacheManager(config, MAX_MODEL_LEN, BLOCK, BLOCK, enable_caching=True)
+    return KVCacheManager(config, MAX_MODEL_LEN, BLOCK, BLOCK, enable_caching=caching)
 
 
 def request(rid: str, tokens: list[int]) -> Request:
     return Request(rid, tokens, SamplingParams(max_tokens=4), None, block_hasher=HASHER)
 
 
-def attempt(what: str, call) -> str:
-    m = manager()
+def attempt(what: str, call, caching: bool = True) -> str:
+    m = manager(caching)
     free = m.block_pool.get_num_free_blocks()
     try:
         out = call(m)
@@ -60,8 +63,27 @@ def running_hits(m: KVCacheManager):
     m.allocate_slots(first, 4)  # computed and cached: blocks for [0, 1] and [2, 3]
     first.num_computed_tokens = 4
     first.status = RequestStatus.RUNNING
-    hits, _ = m.get_computed_blocks(request("b", [0, 1, 2, 3, 4]))  # the prefix, as a hit
+    hits = m.get_computed_blocks(request("b", [0, 1, 2, 3, 4]))[0]  # the prefix, as a hit (0.34 answers 3 values)
     return m.allocate_slots(first, 1, 2, hits)  # offered to a request that runs and holds blocks
+
+
+def stale_hits(m: KVCacheManager):
+    first = request("a", [0, 1, 2, 3])
+    m.allocate_slots(first, 4)  # computed and cached
+    first.num_computed_tokens = 4
+    m.free(first)
+    second = request("b", [0, 1, 2, 3, 4])
+    hits, num_hits = m.get_computed_blocks(second)[:2]  # both blocks (0.34 answers a third value)
+    m.block_pool.evict_blocks({block.block_id for block in hits.blocks[0]})  # their keys go
+    return m.allocate_slots(second, 1, num_hits, hits)
+
+
+def hits_without_caching(m: KVCacheManager):
+    first = request("a", [0, 1, 2, 3])
+    m.allocate_slots(first, 4)
+    first.num_computed_tokens = 4
+    block = m.coordinator.single_type_managers[0].req_to_blocks["a"][0]
+    return m.allocate_slots(request("b", [0, 1, 2, 3, 4]), 1, BLOCK, m.create_kv_cache_blocks(([block],)))
 
 
 def main() -> int:
@@ -71,6 +93,9 @@ def main() -> int:
         attempt("allocate_slots(request, 2, delay_cache_blocks=1)",
                 lambda m: m.allocate_slots(request("a", [0, 1]), 2, delay_cache_blocks=1)),
         attempt("allocate_slots(running request, 1, 2, a hit of 1 block)", running_hits),
+        attempt("allocate_slots(request, 1, 4, a hit of 2 blocks evicted since the lookup)", stale_hits),
+        attempt("allocate_slots(request, 1, 2, a block of another request) with caching off", hits_without_caching,
+                caching=False),
     ]
     print("\n".join(lines))
     return 1 if any(line.startswith("BUG") for line in lines) else 0

@@ -42,7 +42,12 @@ from kvspec.conformance.machines.machinery import (
 from kvspec.conformance.machines.observe import MetricsLog, observe
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import recorded
-from kvspec.hashing import get_block_hash, get_request_block_hasher
+from kvspec.hashing import (
+    block_hashes_for_size,
+    get_block_hash,
+    get_request_block_hasher,
+    make_block_hash_with_group_id,
+)
 from kvspec.kv_cache_interface import AttentionKind
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
 from kvspec.spec import releases
@@ -271,7 +276,8 @@ def manager_machine(
                 if kinds:
                     kind = data.draw(one_of(tuple(kinds)), label="bad input")
                     if kind == "trusted_args":
-                        kind = data.draw(one_of(("past_max_len", "flag_type", "running_hits")), label="argument")
+                        kind = data.draw(one_of(("past_max_len", "flag_type", "running_hits", "stale_hits")),
+                                         label="argument")
                     self.bad_allocation(kind)
 
         @precondition(lambda self: not self.configured)
@@ -615,8 +621,9 @@ def manager_machine(
                 return
             args, kwargs = call
             # the kinds added after F4's trace was recorded: their acceptance is the verdict
-            checked = None if kind in ("no_tokens", "negative") else \
-                "hit-soundness" if kind == "running_hits" else "allocation-accounting"
+            checked = {"no_tokens": None, "negative": None, "running_hits": "hit-soundness",
+                       "stale_hits": "content-soundness" if layout.enable_caching else "hit-soundness"}.get(
+                kind, "allocation-accounting")
             try:
                 self.apply("allocate_slots", *args, must_refuse=checked, **kwargs)
             except Refused:
@@ -627,8 +634,14 @@ def manager_machine(
             """The arguments of an impossible ``allocate_slots``: no tokens, a
             negative count, and -- arguments a scheduler never sends -- a count
             past ``max_model_len``, a flag that is not a bool, hits for a
-            request already running (none running: nothing to send)."""
+            request already running (none running: nothing to send), and hits
+            for a new request that are no hits: a block not cached under the
+            request's hash (with caching off, any block)."""
             request = Request("bad", [0, 1], block_hasher=self.hasher)
+            if kind == "stale_hits":
+                stale = self.stale_block(request)
+                hits = tuple([stale] if g == 0 else [] for g in range(len(layout.managed_groups)))
+                return (request, 1, layout.managed_groups[0].block_size, hits), {}
             if kind == "running_hits":
                 if not self.running:
                     return None
@@ -637,6 +650,17 @@ def manager_machine(
                 return ((request, 1, sbs, hits), {}) if any(hits) else None
             counts = {"no_tokens": 0, "negative": -1, "past_max_len": layout.max_model_len + 1, "flag_type": 2}
             return (request, counts[kind]), {"delay_cache_blocks": 1} if kind == "flag_type" else {}
+
+        def stale_block(self, request: Request) -> int:
+            """A block (never the null block) that is no hit for ``request``'s
+            first block in group 0: one not keyed by that block's hash."""
+            snap = self.target.snapshot().pool
+            hashes = block_hashes_for_size(request.block_hashes, layout.hash_block_size,
+                                          layout.managed_groups[0].block_size)
+            if not hashes:  # no whole block to name: no block is a hit
+                return 1
+            hit = make_block_hash_with_group_id(hashes[0], 0)
+            return next(b for b in range(1, layout.num_blocks) if snap.key_of.get(b) != hit)
 
         def teardown(self) -> None:
             if not self.teardown_begins():

@@ -545,6 +545,24 @@ def _trusted_arguments(m, req):
     m.free(a)
     _prefill(m, c)
     m.free(c)
+    d = req("d", [0, 1] * 4 + [1, 1])
+    blocks, hit = m.get_computed_blocks(d)  # c's four blocks
+    m.evict_blocks(set(blocks[0][2:]))  # two of them lose their keys: no longer hits
+    _refused(m.allocate_slots, d, 2, hit, blocks)
+    _prefill(m, d)  # looked up again: the two blocks still cached
+    m.free(d)
+
+
+def _hits_with_caching_off(m, req):
+    """With prefix caching off there are no hits: blocks offered as one are refused (vLLM: F15)."""
+    a = req("a", [0, 1, 1, 0])
+    _prefill(m, a)
+    b = req("b", [0, 1, 1, 0, 1])
+    held = m.get_block_ids("a")
+    _refused(m.allocate_slots, b, 1, 2, tuple([table[0]] if g == 0 else [] for g, table in enumerate(held)))
+    _prefill(m, b)
+    for r in (a, b):
+        m.free(r)
 
 
 def _watermark(m, req):
@@ -624,7 +642,10 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("zero-token-adoption", "allocate_slots with no new tokens is refused, but from 0.31 accepted "
                 "when it adopts a local hit (delta zero-token-hit-adoption)", "full", _zero_token_adoption),
     ManagerCase("trusted-arguments", "allocate_slots refuses a count past max_model_len, a flag that is not a "
-                "bool and hits for a running request, and changes nothing", "full", _trusted_arguments, ("F15",)),
+                "bool, hits for a running request and hit blocks no longer cached, and changes nothing", "full",
+                _trusted_arguments, ("F15",)),
+    ManagerCase("hits-with-caching-off", "with prefix caching off, blocks offered as a hit are refused", "caching-off",
+                _hits_with_caching_off, ("F15",)),
     ManagerCase("watermark", "a watermark keeps a share of the pool free from a waiting request's admission "
                 "while others are scheduled, never from a running request", "full", _watermark, watermark=0.25),
     ManagerCase("reserved-blocks", "reserved_blocks keeps free blocks back from an allocation", "full",
