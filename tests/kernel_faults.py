@@ -23,12 +23,22 @@ from kvspec.testing import embedding_rows
 # --- broken managers ------------------------------------------------------------------------------------------
 
 
+def trusting_its_hits(target: ImplManagerTarget) -> None:
+    """Make ``target`` take the hits it is given, as vLLM's manager does.
+    impl checks each hit block against the request's hash and refuses a
+    stale or foreign one before any kernel reads it; a lookup fault must get
+    past that check to be the kernel stage's to catch."""
+    target.manager._check_hits = lambda request, hits: None
+
+
+
 class StaleHashOnReuse(ImplManagerTarget):
     """The pool hands a cached block out again but leaves its hash in the
     table: the next lookup of that hash is served whatever the block holds now."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        trusting_its_hits(self)
         pool = self.manager.block_pool
         table, take = pool.cached_block_hash_to_block._cache, pool.get_new_blocks
 
@@ -49,6 +59,10 @@ class StaleHashOnReuse(ImplManagerTarget):
 class IgnoresSalt(ImplManagerTarget):
     """Looks prefixes up without the cache salt and LoRA adapter: one
     tenant's blocks are served to another."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        trusting_its_hits(self)
 
     def get_computed_blocks(self, request: Request):
         return super().get_computed_blocks(without_tenant(request, self.manager.block_pool.hash_block_size))
