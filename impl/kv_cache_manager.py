@@ -179,6 +179,11 @@ def _require_count(name: str, value: Any) -> None:
         raise RuleError("allocation-accounting", f"{name} must be >= 0, got {value}")
 
 
+def _require_flag(name: str, value: Any) -> None:
+    if type(value) is not bool:
+        raise RuleTypeError("allocation-accounting", f"{name} must be a bool, got {value!r}")
+
+
 class KVCacheManager:
     """Blocks for every request over all KV-cache groups (vLLM's API).
 
@@ -215,8 +220,7 @@ class KVCacheManager:
             raise RuleError("block-size-coherence", f"max_model_len must be a positive int, got {max_model_len!r}")
         for name, flag in (("enable_caching", enable_caching), ("use_eagle", use_eagle),
                            ("enable_kv_cache_events", enable_kv_cache_events)):
-            if type(flag) is not bool:
-                raise RuleTypeError("allocation-accounting", f"{name} must be a bool, got {flag!r}")
+            _require_flag(name, flag)
         if max_num_batched_tokens is None:
             # Without it the admission cap is no tighter than max_model_len.
             max_num_batched_tokens = max_model_len
@@ -560,8 +564,7 @@ class KVCacheManager:
         for name, value in zip(_COUNT_NAMES, counts, strict=True):
             _require_count(name, value)
         for name, value in zip(_FLAG_NAMES, flags, strict=True):
-            if type(value) is not bool:
-                raise RuleTypeError("allocation-accounting", f"{name} must be a bool, got {value!r}")
+            _require_flag(name, value)
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and not (
                 self._adopts_zero_token_hits and num_new_computed_tokens):
             raise RuleError(

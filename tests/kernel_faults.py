@@ -31,7 +31,6 @@ def trusting_its_hits(target: ImplManagerTarget) -> None:
     target.manager._check_hits = lambda request, hits: None
 
 
-
 class StaleHashOnReuse(ImplManagerTarget):
     """The pool hands a cached block out again but leaves its hash in the
     table: the next lookup of that hash is served whatever the block holds now."""

@@ -141,6 +141,18 @@ def constructor_variants(takes: Callable[[str], bool] = lambda keyword: True) ->
     return tuple(v for v in found if all(takes(keyword) for keyword in v.layout.target_options()))
 
 
+def manager_machine_variants(layout: Layout, factory: Callable[..., Any]) -> tuple[Variant, ...]:
+    """Every configuration the manager machine may build for ``layout``
+    with a target ``factory``: the layout's incoherent sizes and the
+    constructor's other refusals, each only where the factory takes the
+    keywords it needs."""
+    def takes(keyword: str) -> bool:
+        return takes_keyword(factory, keyword)
+
+    return (manager_variants(layout, takes("retention_interval"), takes("dcp_world_size"))
+            + constructor_variants(takes))
+
+
 def pool_variants(layout: Any) -> tuple[Variant, ...]:
     """Incoherent variants of a pool (a ``PoolLayout``): no room for the
     null block, a hash block size that is not positive, a size that is no

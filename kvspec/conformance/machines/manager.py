@@ -26,8 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvspec.conformance.machines.configurations import (
     construct_badly,
-    constructor_variants,
-    manager_variants,
+    manager_machine_variants,
     sendable,
     takes_keyword,
 )
@@ -119,9 +118,7 @@ def manager_machine(
     has_rswa = any(group.kind == AttentionKind.RSWA for group in layout.views)
 
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
-    BAD_CONFIGS = manager_variants(layout, takes_keyword(target_factory, "retention_interval"),  # noqa: N806
-                                   takes_keyword(target_factory, "dcp_world_size"))
-    BAD_CONFIGS += constructor_variants(lambda keyword: takes_keyword(target_factory, keyword))  # noqa: N806
+    BAD_CONFIGS = manager_machine_variants(layout, target_factory)  # noqa: N806
     # observing is optional: only a factory that names the keyword is given a collector
     COLLECTS = takes_keyword(target_factory, "metrics_collector", named=True)  # noqa: N806
     # the oracle of what configuration is refused, at every level: the spec's (an upstream in lockstep

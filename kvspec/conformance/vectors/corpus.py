@@ -746,15 +746,18 @@ def config_vectors() -> list[Vector]:
     return out
 
 
-def _variants(scope: str, layout: str, constructor: bool = False) -> tuple[Any, ...]:
-    """The incoherent variants of ``layout`` -- with ``constructor``, and the
-    manager constructor's own, as the manager machine sends them all."""
-    from kvspec.conformance.machines.configurations import constructor_variants, manager_variants, pool_variants
+def _variants(scope: str, layout: str, machine: bool = False) -> tuple[Any, ...]:
+    """The incoherent variants of ``layout`` -- with ``machine``, every
+    configuration the manager machine builds there (its trace may name any)."""
+    from kvspec.conformance.machines.configurations import manager_machine_variants, manager_variants, pool_variants
     from kvspec.conformance.runner import manager_layout
+    from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
     if scope == "pool":
         return pool_variants(LAYOUTS[layout])
-    return manager_variants(manager_layout(layout)) + (constructor_variants() if constructor else ())
+    if machine:
+        return manager_machine_variants(manager_layout(layout), SpecManagerTarget)
+    return manager_variants(manager_layout(layout))
 
 
 def _config_vector(name: str, scope: str, variant: Any, description: str = "") -> Vector:
@@ -782,7 +785,7 @@ def finding_vectors() -> list[Vector]:
         trace = Trace.load(finding.trace_path)
         if [s.rule for s in trace.steps] == ["configure"]:  # a construction: its vector is a configuration's
             built = dict(trace.steps[0].draws)["configuration"]
-            variant = next(v for v in _variants(trace.scope, trace.layout, constructor=True) if v.name == built)
+            variant = next(v for v in _variants(trace.scope, trace.layout, machine=True) if v.name == built)
             out.append(_config_vector(f"{trace.scope}/findings/{finding.id}", trace.scope, variant,
                                       f"{finding.id} ({finding.target}): {finding.title}"))
             continue
