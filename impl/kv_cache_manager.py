@@ -676,6 +676,7 @@ class KVCacheManager:
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
         """Block ids covering the first ``num_computed_tokens`` tokens of each
         attention group (cross attention and Mamba: all of them)."""
+        _require_count("num_computed_tokens", num_computed_tokens)
         clipped = []
         for manager, ids in zip(self.coordinator.single_type_managers, self.get_block_ids(request_id), strict=True):
             spec = manager.kv_cache_spec

@@ -24,6 +24,7 @@ layouts, and the Shadow's record of writes.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id, prompt_embeds_bytes
@@ -34,6 +35,17 @@ from kvspec.spec.layout import GroupView, Layout
 NULL = NULL_BLOCK_ID
 ATTENTION_KINDS = (AttentionKind.FULL_ATTENTION, AttentionKind.RSWA, AttentionKind.SLIDING_WINDOW,
                    AttentionKind.CHUNKED_LOCAL_ATTENTION)
+
+
+def blocks_to_save(table: Sequence[int], kind: str, block_size: int, num_computed_tokens: int) -> list[int]:
+    """What a KV connector saves of one group's table once a request has
+    computed ``num_computed_tokens`` tokens (chapter 7): for an attention
+    kind the first ``cdiv(n, B)`` blocks -- the blocks of those tokens, no
+    more (positions out of the window stay null) --; for cross attention
+    and Mamba the whole table."""
+    if kind not in ATTENTION_KINDS:
+        return list(table)
+    return list(table[:cdiv(num_computed_tokens, block_size)])
 
 
 def hashes_for(request: Any, layout: Layout, g: int):

@@ -360,6 +360,28 @@ class HybridCoordinator(Coordinator):
         self.cut_full_attention(hits, hit_length)
         return tuple(h if h is not None else [] for h in hits), hit_length
 
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: list[bytes], max_length: int
+    ) -> tuple[Tables, tuple[int, ...]]:
+        """Each spec group's own longest hit, searched alone with maximum
+        ``max_length`` -- not reconciled into the common hit --, and its
+        length per group (what a hybrid model's KV connector is given).  An
+        EAGLE spec group drops its last block; from 0.32 (release delta
+        ``eagle-lookahead-hashes``) it first peeks one block past
+        ``max_length``, never past the request's last full hash block, as
+        the common search does."""
+        tables: list[list[int]] = [[] for _ in self.groups]
+        lengths = [0] * len(self.groups)
+        for sg in self.spec_groups:
+            limit = max_length
+            if sg.use_eagle and self.lookahead_hashes:
+                limit = min(max_length + sg.spec.block_size, len(block_hashes) * self.hash_block_size)
+            hit = sg.cls.find_hit(sg.spec, self.lookup(sg.spec, block_hashes, sg.group_ids), limit, sg.use_eagle,
+                                  self.scheduler_block_size)
+            for g, column in zip(sg.group_ids, self.columns(hit, len(sg.group_ids)), strict=True):
+                tables[g], lengths[g] = column, len(hit) * sg.spec.block_size
+        return tuple(tables), tuple(lengths)
+
     def cut_full_attention(self, hits: list[list[int] | None], hit_length: int) -> None:
         """Cut the blocks of every full-attention spec group to ``hit_length``
         (each was searched once, with a longer candidate)."""

@@ -268,3 +268,22 @@ class ManagerTarget(Protocol):
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]: ...
 
     def snapshot(self) -> ManagerSnapshot: ...
+
+
+class ManagerQueries(Protocol):
+    """The manager's optional queries, observed (and recorded into vectors)
+    where a target has them; their signatures name their arguments in a
+    vector.  Each changes nothing."""
+
+    def get_usage(self) -> float:
+        """The share of usable blocks (all but the null block) not free."""
+        ...
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
+        """What a KV connector saves of a request (spec chapter 7)."""
+        ...
+
+    def find_longest_cache_hit_per_group(self, request: Any) -> tuple[tuple[list[int], ...], tuple[int, ...]] | None:
+        """Each group's own longest hit, for a hybrid's KV connector (spec chapter 7)."""
+        ...
+

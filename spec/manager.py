@@ -59,6 +59,7 @@ from kvspec.kv_cache_interface import (
 )
 from kvspec.request import RequestStatus
 from kvspec.spec import releases
+from kvspec.spec.content import blocks_to_save
 from kvspec.spec.coordinator import (
     Coordinator,
     HybridCoordinator,
@@ -280,6 +281,10 @@ class SpecKVCacheManager:
 
     @property
     def usage(self) -> float:
+        return self.get_usage()
+
+    def get_usage(self) -> float:
+        """The share of usable blocks not free (chapter 2): ``1 - free / (num_blocks - 1)``."""
         return self.pool.get_usage()
 
     @contextmanager
@@ -672,6 +677,31 @@ class SpecKVCacheManager:
         request; the model does not)."""
         rid = self._require_request_id(running_request_id)
         return self.coordinator.common_prefix_blocks(rid)
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> Tables:
+        """What a KV connector saves of a request that computed
+        ``num_computed_tokens`` tokens: per group, the blocks of those tokens
+        for an attention kind, the whole table for cross attention and Mamba
+        (:func:`~kvspec.spec.content.blocks_to_save`; rule content-soundness).
+        Requires an id and a count >= 0; changes nothing."""
+        rid = self._require_request_id(request_id)
+        n = _require_int(num_computed_tokens, "num_computed_tokens")
+        return tuple(blocks_to_save(group.table(rid), group.kind, group.block_size, n) for group in self.groups)
+
+    def find_longest_cache_hit_per_group(self, request: Any) -> tuple[Tables, tuple[int, ...]] | None:
+        """Each group's own longest hit within the request's first
+        ``num_tokens - 1`` tokens, and its length, for a hybrid model's KV
+        connector (chapter 7; rule hit-soundness): ``None`` unless the
+        manager has several groups and caching is on -- only the hybrid
+        coordinator answers.  Requires hashes that cover the request's
+        tokens; changes nothing."""
+        self._require_request(request)
+        if not isinstance(self.coordinator, HybridCoordinator):
+            return None
+        self._require_hashes(request, request.num_tokens)
+        tables, lengths = self.coordinator.find_longest_cache_hit_per_group(request.block_hashes,
+                                                                            request.num_tokens - 1)
+        return tuple(list(t) for t in tables), lengths
 
     def snapshot(self) -> ManagerSnapshot:
         """The pool's snapshot and, for every request holding a non-empty

@@ -43,6 +43,7 @@ from kvspec.spec.content import (
     ATTENTION_KINDS,
     NULL,
     Shadow,
+    blocks_to_save,
     hashes_for,
     key_for,
     out_of_window,
@@ -904,15 +905,11 @@ def connector_saves_what_was_computed(step: ManagerStep, ctx: RequestContext) ->
     rid, n = step.args["request_id"], step.args["num_computed_tokens"]
     tables, problems = _tables_of(step.before, rid, len(ctx.layout.views)), []
     for g, (group, saved, table) in enumerate(zip(ctx.layout.views, step.result, tables, strict=True)):
-        saved = tuple(saved)
-        if group.kind not in ATTENTION_KINDS:
-            if saved != table:
-                problems.append(f"group {g}: saves {list(saved)}, not {rid}'s table {list(table)}")
-            continue
-        want = -(-n // group.block_size)
-        if saved != table[:want] or len(saved) != want:
-            problems.append(f"group {g}: saves {list(saved)} for {n} tokens, not the first {want} of {list(table)}")
-        elif ctx.shadow is not None and rid in ctx.requests:
+        want = blocks_to_save(table, group.kind, group.block_size, n)
+        if list(saved) != want:
+            problems.append(f"group {g}: saves {list(saved)} for {n} tokens, not {want} of {rid}'s table "
+                            f"{list(table)}")
+        elif group.kind in ATTENTION_KINDS and ctx.shadow is not None and rid in ctx.requests:
             problems += [f"group {g}: {p}" for p in ctx.shadow.backs(g, saved, ctx.requests[rid], n)]
     return problems
 

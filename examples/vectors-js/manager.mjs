@@ -918,7 +918,7 @@ export class Manager {
 
   reset_prefix_cache() { return this.atomic(() => this.pool.reset_prefix_cache()); }
 
-  // ---- what the manager reports about itself (spec 2, spec 7); no vector calls these ----
+  // ---- what the manager reports about itself (spec 2, spec 7) ----
 
   // spec 2: get_usage() is 1 - free / (num_blocks - 1).
   get_usage() { return this.numBlocks > 1 ? 1 - this.pool.free.length / (this.numBlocks - 1) : 0; }
@@ -966,21 +966,33 @@ export class Manager {
     });
   }
 
-  // spec 7 "Saving a finished request": the first cdiv(n, B) blocks per attention group, Mamba's whole table.
+  // spec 7 "Saving a finished request": the first cdiv(n, B) blocks per attention group, the whole
+  // table for cross attention and Mamba; n an int >= 0.
   get_block_ids_for_computed_tokens({ request_id, num_computed_tokens }) {
+    requireCount(num_computed_tokens, "num_computed_tokens");
     return this.groups.map((g) => {
       const table = g.table(request_id) ?? [];
-      return g instanceof Mamba ? [...table] : table.slice(0, cdiv(num_computed_tokens, g.B));
+      const whole = g instanceof Mamba || g instanceof CrossAttention;
+      return whole ? [...table] : table.slice(0, cdiv(num_computed_tokens, g.B));
     });
   }
 
-  // spec 7 "Per-group hits": each group's own longest hit and its length, searched alone.
+  // spec 7 "Per-group hits": null unless several groups and caching on; else each spec group's own
+  // search, once, with maximum M = num_tokens - 1 (from 0.32, an EAGLE spec group's min(M + B, hashed
+  // tokens)), alignment A, its EAGLE drop; every member gets the hit and len(hit) * B.
   find_longest_cache_hit_per_group({ request }) {
-    if (!this.caching || request.skip_reading_prefix_cache) return this.groups.map(() => [[], 0]);
-    return this.groups.map((g) => {
-      const [hit] = g.findHit(request, request.num_tokens - 1, g.eagle, [g.id]);
-      return [hit, hit.length * g.B];
-    });
+    if (!this.caching || this.groups.length < 2) return null;
+    const M = request.num_tokens - 1;
+    const hits = this.groups.map(() => []);
+    const lengths = this.groups.map(() => 0);
+    for (const sg of this.specGroups) {
+      const B = sg.head.B;
+      const peeks = sg.eagle && atLeast(this.release, "0.32.0");
+      const max = peeks ? Math.min(M + B, request.block_hashes.length * this.hashBlockSize) : M;
+      const result = sg.head.findHit(request, max, sg.eagle, sg.ids);
+      sg.ids.forEach((id, j) => { hits[id] = result[j]; lengths[id] = result[0].length * B; });
+    }
+    return [hits, lengths];
   }
 
   // spec 1 "What a Stored event says": a manager's Stored events also name the group's kind and its

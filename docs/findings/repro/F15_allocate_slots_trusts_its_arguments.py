@@ -11,13 +11,16 @@ checks its input refuses, changing nothing:
    blocks: an ``AssertionError`` (gone under ``python -O``), not a refusal;
 4. hit blocks that lost their keys between the lookup and the allocation
    (evicted by id): taken as hits all the same;
-5. blocks offered as a hit to a manager with prefix caching off: taken.
+5. blocks offered as a hit to a manager with prefix caching off: taken;
+6. (not ``allocate_slots``: the same trust, in what a KV connector asks)
+   ``get_block_ids_for_computed_tokens`` with a negative count: answered
+   (no blocks of the attention groups) instead of refused.
 
 Against vLLM alone (no kvspec import), on CPU:
 
     PYTHONHASHSEED=0 python docs/findings/repro/F15_allocate_slots_trusts_its_arguments.py
 
-Exit status 1 and "BUG" while any of the five is taken, 0 otherwise.
+Exit status 1 and "BUG" while any of the six is taken, 0 otherwise.
 """
 
 import sys
@@ -55,6 +58,8 @@ def attempt(what: str, call, caching: bool = True) -> str:
     except Exception as error:  # noqa: BLE001
         return f"BUG: {what}: raised {type(error).__name__} ({error or 'assert'}), not a refusal"
     taken = free - m.block_pool.get_num_free_blocks()
+    if isinstance(out, tuple):  # a query's answer (block ids per group)
+        return f"BUG: {what}: answered {out}"
     return f"BUG: {what}: accepted ({'None' if out is None else f'{taken} blocks taken'})"
 
 
@@ -86,6 +91,13 @@ def hits_without_caching(m: KVCacheManager):
     return m.allocate_slots(request("b", [0, 1, 2, 3, 4]), 1, BLOCK, m.create_kv_cache_blocks(([block],)))
 
 
+def negative_save(m: KVCacheManager):
+    first = request("a", [0, 1, 2, 3])
+    m.allocate_slots(first, 4)
+    first.num_computed_tokens = 4
+    return m.get_block_ids_for_computed_tokens("a", -1)  # what a connector saves of -1 computed tokens
+
+
 def main() -> int:
     lines = [
         attempt(f"allocate_slots(2-token request, 33) with max_model_len {MAX_MODEL_LEN}",
@@ -96,6 +108,7 @@ def main() -> int:
         attempt("allocate_slots(request, 1, 4, a hit of 2 blocks evicted since the lookup)", stale_hits),
         attempt("allocate_slots(request, 1, 2, a block of another request) with caching off", hits_without_caching,
                 caching=False),
+        attempt("get_block_ids_for_computed_tokens(request holding 2 blocks, -1)", negative_save),
     ]
     print("\n".join(lines))
     return 1 if any(line.startswith("BUG") for line in lines) else 0

@@ -17,6 +17,7 @@ must hold after every operation.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -273,9 +274,12 @@ def manager_machine(
                 if kinds:
                     kind = data.draw(one_of(tuple(kinds)), label="bad input")
                     if kind == "trusted_args":
-                        kind = data.draw(one_of(("past_max_len", "flag_type", "running_hits", "stale_hits")),
-                                         label="argument")
-                    self.bad_allocation(kind)
+                        kind = data.draw(one_of(("past_max_len", "flag_type", "running_hits", "stale_hits",
+                                                 "save_count")), label="argument")
+                    if kind == "save_count":
+                        self.bad_save()
+                    else:
+                        self.bad_allocation(kind)
 
         @precondition(lambda self: not self.configured)
         @rule(data=st.data())
@@ -435,7 +439,7 @@ def manager_machine(
             if len(layout.views) > 1 and hasattr(self.target, "find_longest_cache_hit_per_group") and \
                     not (layout.dcp_world_size > 1 and "context-parallel:hybrid-per-group-lookup" in self.avoid):
                 # What a hybrid model's KV connector is given: each group's own hit (optional; no draw).
-                self.apply("find_longest_cache_hit_per_group", request, lockstep=False)
+                self.apply("find_longest_cache_hit_per_group", request)
             room = request.num_tokens - hit
             external = 0
             connector = (resumed or not self.off("connector")) and \
@@ -586,8 +590,7 @@ def manager_machine(
             if status == RequestStatus.FINISHED_STOPPED and request in self.running and \
                     hasattr(self.target, "get_block_ids_for_computed_tokens") and not self.saves_past_computed(request):
                 # What a KV connector saves of a finished request (optional in a target; no draw).
-                self.apply("get_block_ids_for_computed_tokens", request.request_id, request.num_computed_tokens,
-                           lockstep=False)
+                self.apply("get_block_ids_for_computed_tokens", request.request_id, request.num_computed_tokens)
             self.each("free", request)
             (self.running if request in self.running else self.waiting).remove(request)
             request.status = status
@@ -626,6 +629,16 @@ def manager_machine(
             except Refused:
                 return
             self.fail(divergence=f"{describe_call('allocate_slots', args, kwargs)} was accepted; it must be refused")
+
+        def bad_save(self) -> None:
+            """A KV connector's save asked for a negative count of computed
+            tokens (a scheduler never sends one): refused, changing nothing
+            (optional in a target)."""
+            if not hasattr(self.target, "get_block_ids_for_computed_tokens"):
+                return
+            rid = self.running[0].request_id if self.running else "bad"
+            with contextlib.suppress(Refused):
+                self.apply("get_block_ids_for_computed_tokens", rid, -1, must_refuse="allocation-accounting")
 
         def bad_allocation_call(self, kind: str) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
             """The arguments of an impossible ``allocate_slots``: no tokens, a

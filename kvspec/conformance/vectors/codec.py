@@ -39,6 +39,7 @@ from kvspec.spec import releases
 from kvspec.spec.interface import (
     NULL_BLOCK_ID,
     Cleared,
+    ManagerQueries,
     ManagerSnapshot,
     ManagerTarget,
     PoolSnapshot,
@@ -53,6 +54,7 @@ FORMAT_VERSION = 1
 HASH_SEED = "0"
 """Every vector's hash chains are rooted as under ``PYTHONHASHSEED=0``."""
 PROTOCOLS = {"pool": PoolTarget, "manager": ManagerTarget}
+QUERIES = {"manager": ManagerQueries}  # optional operations, recorded where the recording target has them
 EVENT_TYPES = {"stored": Stored, "removed": Removed, "cleared": Cleared}
 MANAGER_ANNOTATIONS = ("spec_kind", "sliding_window")  # what a manager says of a Stored event's group; absent: unset
 SAFE_INT = 2**53
@@ -278,9 +280,14 @@ def target_of(scope: str, config: dict[str, Any], factory: Callable[..., Any]) -
 # --- recording --------------------------------------------------------------------------------
 
 
+def optional_query(scope: str, op: str) -> bool:
+    """Whether ``op`` is one of the scope's optional queries (a target may lack it)."""
+    return not hasattr(PROTOCOLS[scope], op) and hasattr(QUERIES.get(scope), op)
+
+
 def named_arguments(scope: str, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """``args``/``kwargs`` by the parameter names of the target protocol's ``op``."""
-    method = getattr(PROTOCOLS[scope], op, None)
+    method = getattr(PROTOCOLS[scope], op, None) or getattr(QUERIES.get(scope), op, None)
     if method is None:
         raise VectorError(f"{op!r} is not an operation of the {scope} target protocol")
     bound = inspect.signature(method).bind(None, *args, **kwargs)
@@ -314,11 +321,13 @@ class Recorder:
     :class:`Vector`: the arguments by name, the requests' progress, the
     outcome, the state that changed and the events."""
 
-    # Not recorded: what the state already says (the free count, usage: the ledger), and the snapshot and
-    # events themselves.  The common prefix is recorded as a bound (``at_most``): its contract is soundness,
-    # so a vector holds a target to the tables, not to the spec's exact count.
-    RECORDED = frozenset(n for p in PROTOCOLS.values() for n, _ in inspect.getmembers(p, inspect.isfunction)
-                         if not n.startswith("_")) - {"snapshot", "take_events", "get_num_free_blocks", "get_usage"}
+    # Not recorded: what the state already says (the free count), and the snapshot and events themselves.
+    # Usage is recorded although the ledger implies it: it is a float a port computes, and reports.  The
+    # common prefix is recorded as a bound (``at_most``): its contract is soundness, so a vector holds a
+    # target to the tables, not to the spec's exact count.
+    RECORDED = frozenset(n for p in (*PROTOCOLS.values(), *QUERIES.values())
+                         for n, _ in inspect.getmembers(p, inspect.isfunction)
+                         if not n.startswith("_")) - {"snapshot", "take_events", "get_num_free_blocks"}
     BOUNDED = frozenset({"get_num_common_prefix_blocks"})
 
     def __init__(self, inner: Any, vector: Vector):
@@ -546,9 +555,14 @@ def replay_vector(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]
                 requests[rid] = build_request(rid, doc["requests"][rid], config["hash_block_size"])
             if (problem := bring_up_to_date(requests[rid], progress)) is not None:
                 return [*problems, f"{where}: {problem}"]
+        method = getattr(target, step["op"], None)
+        if method is None and optional_query(scope, step["op"]):
+            continue  # a query the target does not offer: it changes nothing, so nothing is missed after it
+        if method is None:
+            return [*problems, f"{where}: the target has no operation {step['op']!r}"]
         kwargs = {k: from_json(v, requests) for k, v in step["args"].items()}
         try:
-            result, error = getattr(target, step["op"])(**kwargs), None
+            result, error = method(**kwargs), None
         except (ValueError, TypeError) as e:
             result, error = None, e
         except Exception as e:  # a crash is an observation too: it ends the replay

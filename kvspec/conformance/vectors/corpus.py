@@ -494,6 +494,9 @@ def _admission_cap(m, req):
     _compute(m, a, 28)  # 14 of the 23 blocks
     b = req("b", [1, 0] * 2)
     _compute(m, b, 4, full_sequence_must_fit=True)  # its whole sequence fits (2 blocks of 9): admitted
+    d = req("d", [1, 0, 0, 1] * 2)  # 4 blocks
+    _compute(m, d, 2, full_sequence_must_fit=True, reserved_blocks=4)  # the cap counts 4 of the 7 free, reserved
+    m.free(d)  # blocks not subtracted (they are at the chunk's own check: 1 of 7 - 4): admitted
     c = req("c", [1, 1] * 8)  # 8 blocks, 7 free
     _compute(m, c, 2, full_sequence_must_fit=True)  # its first chunk fits, its whole sequence does not: None
     _compute(m, c, 2)  # the same chunk without the cap: admitted
@@ -615,6 +618,61 @@ def _common_prefix(m, req):
     m.free(b)
 
 
+def _rswa_gap(m, req):
+    """R-SWA releases its gap inside allocate_slots (step 2): once decoding passes the prompt plus the
+    window, the blocks wholly between them become nulls, block by block; the prompt's stay."""
+    a = req("a", [0, 1, 1, 0])
+    _prefill(m, a)
+    a.status = RequestStatus.RUNNING
+    for _ in range(11):  # to 15 tokens: the gap reaches positions 2 to 4
+        a.append_output_token_ids(1)
+        _compute(m, a, 1)
+    m.free(a)
+
+
+def _mamba_align_moves(m, req):
+    """Align mode with two speculative state blocks (drafts): as decoding crosses a Mamba block boundary,
+    the previous step's speculative blocks move up behind the new state position (their old entries
+    become nulls), and the previous running state is freed a step later, in a free call of its own."""
+    a = req("a", [0, 1, 1, 0] * 4)
+    _compute(m, a, 4)  # the state at position 0, speculative blocks at 1 and 2
+    _compute(m, a, 12)  # the state moves to position 3: the speculative blocks move up to 3 and 4
+    a.status = RequestStatus.RUNNING
+    for _ in range(5):  # decoding with drafts: a boundary crossed at 17, the previous state freed after
+        a.append_output_token_ids(1)
+        _compute(m, a, 1, num_lookahead_tokens=2)
+    m.free(a)
+    b = req("b", [1, 1, 0, 0] * 3)
+    _compute(m, b, 4)
+    _compute(m, b, 8)  # the state moves to position 2, before the table's end: one block moves, to 3
+    m.free(b)
+
+
+def _connector_queries(m, req):
+    """What a KV connector asks of a hybrid (chapter 7), beside the fill: the blocks it saves of a request
+    -- the first cdiv(n, B) per attention group, nulls where the window released them, Mamba's whole
+    table --, and each group's own hit, searched alone."""
+    a = req("a", [0, 1, 1, 0] * 3)
+    _compute(m, a, 8)  # a chunk ending on a block boundary: Mamba keeps the state at 8
+    _compute(m, a, 4)
+    m.get_usage()
+    m.get_block_ids_for_computed_tokens("a", 9)  # 5 of the 6 attention blocks; the Mamba table whole
+    m.remove_skipped_blocks("a", 12)  # the blocks before the sliding window go: nulls
+    m.get_block_ids_for_computed_tokens("a", 12)
+    m.get_block_ids_for_computed_tokens("nobody", 4)  # a request holding nothing: empty lists
+    m.free(a)
+    m.new_step_starts()
+    b = req("b", [0, 1, 1, 0] * 2 + [0, 1, 1, 1, 1])  # a's first 10 tokens
+    m.find_longest_cache_hit_per_group(b)  # each group alone: attention's 10 tokens, Mamba's state at 8
+    # (the common hit is 8: the one every group serves)
+    _prefill(m, b)  # the common hit, which every group serves
+    m.get_usage()
+    _refused(m.get_block_ids_for_computed_tokens, "b", 2.5)
+    _refused(m.get_block_ids_for_computed_tokens, "b", -1)  # vLLM answers (F15): last, so that a replay on
+    m.free(b)  # vLLM, which stops at the first difference, has checked everything before it
+    m.get_usage()
+
+
 MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("external-after-hits", "hits in two groups taken before connector tokens are allocated",
                 "full+swa", _external_after_hits),
@@ -654,6 +712,14 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
                 "full", _admission_cap),
     ManagerCase("common-prefix", "get_num_common_prefix_blocks claims no more leading blocks per group than "
                 "every running request's table shares", "full+swa", _common_prefix),
+    ManagerCase("rswa-gap", "R-SWA releases the blocks between the prompt and the window inside "
+                "allocate_slots, as decoding passes the prompt plus the window", "rswa", _rswa_gap),
+    ManagerCase("mamba-align-moves", "Mamba align mode with speculative blocks: crossing a block boundary "
+                "moves the previous step's speculative blocks up and frees the previous state a step later",
+                "full+mamba-align-drafts", _mamba_align_moves),
+    ManagerCase("connector-queries", "what a KV connector asks of a hybrid: the blocks it saves of a request "
+                "(a count that is not an int >= 0 refused), each group's own hit, and the pool's fill",
+                "full+swa+mamba", _connector_queries, ("F15",)),
 )
 
 
