@@ -474,6 +474,7 @@ def _cross_attention(m, req):
     _compute(m, a, a.num_tokens, hit, blocks, num_encoder_tokens=6)  # the encoder's 6 tokens: 3 blocks, once
     a.append_output_token_ids(1)
     _compute(m, a, 1, num_encoder_tokens=6)  # decoding: no more cross-attention blocks
+    m.get_block_ids_for_computed_tokens("a", 2)  # a connector's save: 1 decoder block, the encoder's 3 whole
     m.free(a)
 
 
