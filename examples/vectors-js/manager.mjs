@@ -243,7 +243,7 @@ class SlidingWindow extends Group {
 
   // spec 3 "Sliding window, hit search".
   findHit(request, maxLen, eagle, memberIds) {
-    const A = this.m.A;
+    const A = this.m.hitAlignment;
     const B = this.B;
     const e = eagle ? 1 : 0;
     const k = Math.max(1, cdiv(this.w - 1, B) + e);
@@ -371,7 +371,7 @@ class Mamba extends Group {
   // cached: n - 1 null entries and that state block.
   findHit(request, maxLen, _eagle, memberIds) {
     for (let n = fdiv(maxLen, this.B); n >= 1; n--) {
-      if (this.B !== this.m.A && (n * this.B) % this.m.A !== 0) continue;
+      if (this.B !== this.m.hitAlignment && (n * this.B) % this.m.hitAlignment !== 0) continue;
       const found = this.cachedAt(request, n - 1, memberIds);
       if (found) return memberIds.map((_, j) => [...Array(n - 1).fill(NULL_BLOCK), found[j]]);
     }
@@ -650,10 +650,13 @@ export class Manager {
     return [...sgs.filter((s) => s.head.isFull), ...sgs.filter((s) => !s.head.isFull)];
   }
 
+  // spec 4: hits are aligned to A in a hybrid, to the group's own B with one group (UnitaryCoordinator).
+  get hitAlignment() { return this.groups.length === 1 ? this.groups[0].B : this.A; }
+
   // "cut back to a multiple of A" (spec 3 table, hit search).
   cutToAlignment(hits, B) {
     let n = hits[0].length;
-    while (n > 0 && (n * B) % this.A !== 0) n--;
+    while (n > 0 && (n * B) % this.hitAlignment !== 0) n--;
     return hits.map((h) => h.slice(0, n));
   }
 

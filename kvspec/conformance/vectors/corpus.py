@@ -387,6 +387,7 @@ class ManagerCase:
     run: Callable[[Any, Callable[..., Request]], None]
     findings: tuple[str, ...] = ()
     watermark: float = 0.0  # the layout's, where the case sets one
+    scheduler_block_size: int | None = None  # likewise
 
 
 def _compute(m, r, num_new, hit=0, blocks=None, **kw):
@@ -649,6 +650,16 @@ def _mamba_align_moves(m, req):
     m.free(b)
 
 
+def _one_group_alignment(m, req):
+    """One group ignores the scheduler block size: its hits and its caching are in its own blocks."""
+    a = req("a", [0, 1] * 3 + [1])
+    _prefill(m, a)  # 3 full blocks cached (6 tokens: not a multiple of the scheduler block, 4)
+    m.free(a)
+    b = req("b", [0, 1] * 3 + [1, 0])
+    _prefill(m, b)  # a hit of 6 tokens: 3 blocks, not cut to 4
+    m.free(b)
+
+
 def _connector_queries(m, req):
     """What a KV connector asks of a hybrid (chapter 7), beside the fill: the blocks it saves of a request
     -- the first cdiv(n, B) per attention group, nulls where the window released them, Mamba's whole
@@ -718,6 +729,9 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("mamba-align-moves", "Mamba align mode with speculative blocks: crossing a block boundary "
                 "moves the previous step's speculative blocks up and frees the previous state a step later",
                 "full+mamba-align-drafts", _mamba_align_moves),
+    ManagerCase("one-group-alignment", "with one group the scheduler block size (4) aligns nothing: the hit "
+                "and the caching are in the group's own blocks (2)", "full", _one_group_alignment,
+                scheduler_block_size=4),
     ManagerCase("connector-queries", "what a KV connector asks of a hybrid: the blocks it saves of a request "
                 "(a count that is not an int >= 0 refused), each group's own hit, and the pool's fill",
                 "full+swa+mamba", _connector_queries, ("F15",)),
@@ -728,6 +742,9 @@ def manager_case_vector(case: ManagerCase) -> Vector:
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
     layout = dataclasses.replace(MANAGER_LAYOUTS[case.layout], watermark=case.watermark)
+    if case.scheduler_block_size is not None:
+        layout = dataclasses.replace(layout, given_scheduler_block_size=case.scheduler_block_size,
+                                     given_hash_block_size=layout.hash_block_size)
     vector = Vector(f"manager/cases/{case.name}", "manager", config_of("manager", layout), case.description,
                     list(case.findings))
     manager = Recorder(layout.make_target(SpecManagerTarget), vector)
