@@ -923,8 +923,8 @@ export class Manager {
 
   // ---- what the manager reports about itself (spec 2, spec 7) ----
 
-  // spec 2: get_usage() is 1 - free / (num_blocks - 1).
-  get_usage() { return this.numBlocks > 1 ? 1 - this.pool.free.length / (this.numBlocks - 1) : 0; }
+  // spec 2: get_usage() is the pool's.
+  get_usage() { return this.pool.get_usage(); }
 
   // spec 2: how many free blocks allocate_slots with the same arguments takes -- a trial run on a copy
   // (hits taken out of the free queue count, new blocks count; nothing is cached, nothing kept).

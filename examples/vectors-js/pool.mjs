@@ -238,6 +238,10 @@ export class Pool {
     return null;
   }
 
+  // spec 2: the share of usable blocks not free -- the free queue's length, cached blocks in it
+  // included -- computed as written; 0 for a pool of the null block alone.
+  get_usage() { return this.numBlocks > 1 ? 1 - this.free.length / (this.numBlocks - 1) : 0; }
+
   reset_prefix_cache() {
     if (this.free.length !== this.numBlocks - 1) return false;
     this.keyOf.clear();

@@ -53,7 +53,9 @@ from kvspec.hashing import get_request_block_hasher, rooted_at
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
+from kvspec.spec.layout import Layout
 from kvspec.spec.pool import SpecBlockPool
+from kvspec.testing import full, swa
 
 SPEC_DIR = Path(kvspec.spec.__file__).resolve().parent
 
@@ -91,6 +93,7 @@ def _refused_until(delta: str, fn: Callable[..., Any], *args: Any) -> None:
 
 
 def _empty_pool(p, req):
+    p.get_usage()  # no usable block: 0.0
     p.get_new_blocks(0)
     _refused(p.get_new_blocks, 1)
     p.free_blocks([0])
@@ -383,7 +386,7 @@ class ManagerCase:
 
     name: str
     description: str
-    layout: str
+    layout: str | Layout  # a conformance layout's name, or a layout of the case's own
     run: Callable[[Any, Callable[..., Request]], None]
     findings: tuple[str, ...] = ()
     watermark: float = 0.0  # the layout's, where the case sets one
@@ -656,8 +659,26 @@ def _one_group_alignment(m, req):
     _prefill(m, a)  # 3 full blocks cached (6 tokens: not a multiple of the scheduler block, 4)
     m.free(a)
     b = req("b", [0, 1] * 3 + [1, 0])
+    m.find_longest_cache_hit_per_group(b)  # one group: no per-group answer (None)
     _prefill(m, b)  # a hit of 6 tokens: 3 blocks, not cut to 4
     m.free(b)
+
+
+def _window_eagle_cut(m, req):
+    """Sliding-window hit search, case (2), under EAGLE with B != A: a run of 4 cached positions, none
+    aligned with the window's last k = 5, gives n = cut(3) = 2, then EAGLE's cut(1) = 0 -- no hit,
+    though a shorter one is servable (vLLM's arithmetic, kept)."""
+    a = req("a", [0, 1, 1, 0] * 4)
+    _prefill(m, a)
+    m.free(a)
+    b = req("b", [0, 1, 1, 0] * 2 + [1, 1, 1, 1] * 2)  # a's first 8 tokens
+    _prefill(m, b)
+    m.free(b)
+    d = req("d", [0, 1, 1, 0] * 2)  # a's first 8 tokens, all hashed: what a connector is given
+    m.find_longest_cache_hit_per_group(d)  # full attention: 0 tokens; from 0.32 it peeks one block past 7: 4
+    c = req("c", [0, 1, 1, 0] * 4 + [1, 1])  # a's whole prompt: case (1), the window's last blocks
+    _prefill(m, c)
+    m.free(c)
 
 
 def _connector_queries(m, req):
@@ -676,6 +697,8 @@ def _connector_queries(m, req):
     m.new_step_starts()
     b = req("b", [0, 1, 1, 0] * 2 + [0, 1, 1, 1, 1])  # a's first 10 tokens
     m.find_longest_cache_hit_per_group(b)  # each group alone: attention's 10 tokens, Mamba's state at 8
+    skipping = req("skipping", [0, 1, 1, 0] * 2 + [1], skip_reading_prefix_cache=True)
+    m.find_longest_cache_hit_per_group(skipping)  # asked directly, the coordinator ignores the flag
     # (the common hit is 8: the one every group serves)
     _prefill(m, b)  # the common hit, which every group serves
     m.get_usage()
@@ -732,6 +755,9 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("one-group-alignment", "with one group the scheduler block size (4) aligns nothing: the hit "
                 "and the caching are in the group's own blocks (2)", "full", _one_group_alignment,
                 scheduler_block_size=4),
+    ManagerCase("window-eagle-cut", "a sliding window's hit search falls back to the run from 0 and cuts it "
+                "twice under EAGLE when its blocks (2) are smaller than the scheduler block (4)",
+                Layout((full(4), swa(2, window=8)), num_blocks=32, use_eagle=True), _window_eagle_cut),
     ManagerCase("connector-queries", "what a KV connector asks of a hybrid: the blocks it saves of a request "
                 "(a count that is not an int >= 0 refused), each group's own hit, and the pool's fill",
                 "full+swa+mamba", _connector_queries, ("F15",)),
@@ -741,7 +767,8 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
 def manager_case_vector(case: ManagerCase) -> Vector:
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
-    layout = dataclasses.replace(MANAGER_LAYOUTS[case.layout], watermark=case.watermark)
+    layout = MANAGER_LAYOUTS[case.layout] if isinstance(case.layout, str) else case.layout
+    layout = dataclasses.replace(layout, watermark=case.watermark)
     if case.scheduler_block_size is not None:
         layout = dataclasses.replace(layout, given_scheduler_block_size=case.scheduler_block_size,
                                      given_hash_block_size=layout.hash_block_size)
