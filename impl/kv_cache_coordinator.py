@@ -703,7 +703,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                           scheduler_block_size, hash_block_size)
         groups = kv_cache_config.kv_cache_groups
         spec_groups = _split_by_spec(kv_cache_config, self._eagle_groups(kv_cache_config, use_eagle))
-        if len(spec_groups) < 2:
+        if len(spec_groups) < 2 and "hybrid-one-spec-group" not in self.deltas:
             raise RuleError(
                 "block-size-coherence",
                 f"HybridKVCacheCoordinator needs at least two distinct KV-cache specs, got {len(groups)} group(s) "

@@ -263,7 +263,7 @@ class SpecKVCacheManager:
             for s in specs:
                 if s not in distinct:
                     distinct.append(s)
-            if len(distinct) < 2:
+            if len(distinct) < 2 and not releases.current().has("hybrid-one-spec-group"):
                 raise RuleError("hit-soundness", "a hybrid model needs at least two distinct KV-cache specs")
             if any(isinstance(s, ChunkedLocalAttentionSpec) and s.block_size != scheduler_block_size for s in specs):
                 raise RuleError("block-size-coherence",

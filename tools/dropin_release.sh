@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The drop-in on one vLLM release, by hand: that release's own block-manager tests (tools/peer_suite.py
 # --release) and vLLM's Scheduler on vLLM's block manager and on kvspec's, in lockstep (tests/test_dropin.py),
-# with the release installed alone under kvspec's cache and first on the path (about 750 MB a release).
+# with the release installed alone under kvspec's cache and first on the path (about 750 MB a release);
+# then the release's conformance vectors (generated for it) replayed on its own KVCacheManager and BlockPool.
 #
 #   bash tools/dropin_release.sh 0.26.0 [PYTHON]      # PYTHON: a vLLM environment (default .venv-vllm/bin/python)
 set -euo pipefail
@@ -24,3 +25,7 @@ except SetupError as error:
 export PYTHONHASHSEED=0
 "$python" tools/peer_suite.py --release "$release"
 PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" "$python" -m pytest -q -p no:cacheprovider tests/test_dropin.py
+vectors=$(mktemp -d)
+trap 'rm -rf "$vectors"' EXIT
+"$python" -m kvspec.cli vectors generate --out "$vectors" --release "$release" > /dev/null
+PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" "$python" -m kvspec.cli vectors check "$vectors" --target vllm --known-findings

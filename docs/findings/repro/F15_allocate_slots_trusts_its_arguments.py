@@ -14,13 +14,16 @@ checks its input refuses, changing nothing:
 5. blocks offered as a hit to a manager with prefix caching off: taken;
 6. (not ``allocate_slots``: the same trust, in what a KV connector asks)
    ``get_block_ids_for_computed_tokens`` with a negative count: answered
-   (no blocks of the attention groups) instead of refused.
+   (no blocks of the attention groups) instead of refused;
+7. a token count that is a float (1.5): from 0.32 taken, a block allocated
+   (0.25.1 to 0.31 fail with a ``TypeError`` inside the free queue, which
+   reads as a refusal).
 
 Against vLLM alone (no kvspec import), on CPU:
 
     PYTHONHASHSEED=0 python docs/findings/repro/F15_allocate_slots_trusts_its_arguments.py
 
-Exit status 1 and "BUG" while any of the six is taken, 0 otherwise.
+Exit status 1 and "BUG" while any of the seven is taken, 0 otherwise.
 """
 
 import sys
@@ -109,6 +112,7 @@ def main() -> int:
         attempt("allocate_slots(request, 1, 2, a block of another request) with caching off", hits_without_caching,
                 caching=False),
         attempt("get_block_ids_for_computed_tokens(request holding 2 blocks, -1)", negative_save),
+        attempt("allocate_slots(3-token request, 1.5)", lambda m: m.allocate_slots(request("a", [0, 1, 2]), 1.5)),
     ]
     print("\n".join(lines))
     return 1 if any(line.startswith("BUG") for line in lines) else 0
