@@ -172,8 +172,8 @@ DELTAS: tuple[Delta, ...] = (
         "0.29.0", "hybrid-one-spec-group",
         "A model of several groups whose specs are all equal builds with prefix caching on: the hybrid "
         "coordinator searches them as one spec group (it requires one cacheable group, no longer two).  The "
-        "base refuses such a model (vLLM 0.28 asserted that a hybrid coordinator has two attention groups, "
-        "the crash vllm-project/vllm#51888 reports on later builds).  Measured in the releases' source: 0.28.0 "
+        "base refuses such a model (vLLM 0.28 asserted that a hybrid coordinator has two attention groups: "
+        "the crash vllm-project/vllm#51888 reports, on a development build).  Measured in the releases' source: 0.28.0 "
         "asserts, 0.29.0 to 0.34.0 build it.",
         rules=("hit-soundness",), vectors=("manager/configs/constructor/two-groups-of-one-spec",)),
     Delta(
