@@ -428,7 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = vsub.add_parser("generate", help="derive the vectors corpus from the spec")
     gen.add_argument("--out", required=True, help="the directory to write (created; existing vectors are replaced)")
     gen.add_argument("--size", default="ci", choices=sorted(SIZES),
-                     help="how many machine walks per layout (default ci)")
+                     help="how many machine walks per layout: cases none (what vectors/ holds), quick 2 per "
+                     "manager layout, ci 8 (the default), long 15")
     gen.add_argument("--release", metavar="X.Y.Z",
                      help="the spec of vLLM release X.Y.Z (spec/README.md, chapter 9; default: the base release), "
                      "recorded in every vector so that a check judges by it")

@@ -939,7 +939,7 @@ class Corpus:
         return [c for c in CHAPTERS if not self.chapters.get(c)]
 
 
-SIZES = {"cases": (0, 0, 0, 0), "quick": (3, 15, 2, 6), "ci": (6, 25, 3, 8), "long": (30, 50, 15, 15)}
+SIZES = {"cases": (0, 0, 0, 0), "quick": (3, 15, 2, 6), "ci": (8, 25, 8, 12), "long": (30, 50, 15, 15)}
 """Per size: pool walks per layout and their steps, manager walks per layout
 and their steps.  ``cases``: the edge cases and findings alone -- what the
 repository keeps under ``vectors/`` (independent of Hypothesis's version)."""
