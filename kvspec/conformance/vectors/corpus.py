@@ -705,7 +705,8 @@ def _connector_queries(m, req):
     m.get_usage()
     _refused(m.get_block_ids_for_computed_tokens, "b", 2.5)
     _refused(m.get_block_ids_for_computed_tokens, "b", -1)  # vLLM answers (F15): last, so that a replay on
-    m.free(b)  # vLLM, which stops at the first difference, has checked everything before it
+    _refused(m.get_block_ids_for_computed_tokens, "b", True)  # vLLM, which stops at the first difference,
+    m.free(b)  # has checked everything before it
     m.get_usage()
 
 
