@@ -657,3 +657,32 @@ def test_from_0_33_hashes_cover_the_drafter_s_lookahead_and_only_hashed_blocks_a
         assert _cached_under_lookahead("0.33.0", kind) == [True] * 5 + [False], kind
     assert _cached_under_lookahead("0.32.0", "spec") == "content-soundness"
     assert _cached_under_lookahead("0.32.0", "impl") == "ValueError"
+
+
+@pytest.mark.parametrize(("version", "builds"), [("0.28.0", False), ("0.29.0", True), ("0.34.0", True)])
+def test_several_groups_of_one_spec_build_from_0_29(version, builds):
+    """Delta hybrid-one-spec-group: two full-attention groups of one spec
+    are refused with caching on until 0.28 and built from 0.29, by the spec
+    and by impl alike; built, the two groups are searched as one spec group
+    (one hit, the same length in both)."""
+    from kvspec.request import Request
+    from kvspec.spec.layout import Layout
+    from kvspec.testing import full
+
+    layout = Layout((full(2), full(2)))
+    with releases.judging(version) as release:
+        targets = [lambda: layout.make_target(SpecManagerTarget),
+                   lambda: layout.make_target(functools.partial(ImplManagerTarget, deltas=impl_deltas(release)))]
+        for make in targets:
+            if not builds:
+                with pytest.raises(ValueError, match="distinct"):
+                    make()
+                continue
+            manager = make()
+            hasher = hashing.get_request_block_hasher(layout.hash_block_size)
+            a = Request("a", [0, 1, 1, 0, 1], block_hasher=hasher)
+            assert manager.allocate_slots(a, 5) is not None
+            a.num_computed_tokens = 5
+            manager.free(a)
+            blocks, hit = manager.get_computed_blocks(Request("b", [0, 1, 1, 0, 1, 1], block_hasher=hasher))
+            assert hit == 4 and [len(group) for group in blocks] == [2, 2]
