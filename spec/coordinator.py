@@ -325,7 +325,7 @@ class HybridCoordinator(Coordinator):
         """
         hits: list[list[int] | None] = [None] * len(self.groups)
         hit_length = max_length
-        peek_limit = len(block_hashes) * self.hash_block_size if self.lookahead_hashes else max_length
+        peek_limit = self.peek_limit(block_hashes, max_length)
         simple_hybrid = len(self.spec_groups) == 2 and self.spec_groups[0].is_full_attention
         verified: set[int] = set()
         while True:
@@ -373,14 +373,19 @@ class HybridCoordinator(Coordinator):
         tables: list[list[int]] = [[] for _ in self.groups]
         lengths = [0] * len(self.groups)
         for sg in self.spec_groups:
-            limit = max_length
-            if sg.use_eagle and self.lookahead_hashes:
-                limit = min(max_length + sg.spec.block_size, len(block_hashes) * self.hash_block_size)
+            limit = min(max_length + sg.spec.block_size, self.peek_limit(block_hashes, max_length)) \
+                if sg.use_eagle else max_length
             hit = sg.cls.find_hit(sg.spec, self.lookup(sg.spec, block_hashes, sg.group_ids), limit, sg.use_eagle,
                                   self.scheduler_block_size)
             for g, column in zip(sg.group_ids, self.columns(hit, len(sg.group_ids)), strict=True):
                 tables[g], lengths[g] = column, len(hit) * sg.spec.block_size
         return tuple(tables), tuple(lengths)
+
+    def peek_limit(self, block_hashes: list[bytes], max_length: int) -> int:
+        """How far an EAGLE group's search may peek past its candidate:
+        ``max_length`` (no further than the lookup's maximum), or from 0.32
+        (``eagle-lookahead-hashes``) the end of the last full hash block."""
+        return len(block_hashes) * self.hash_block_size if self.lookahead_hashes else max_length
 
     def cut_full_attention(self, hits: list[list[int] | None], hit_length: int) -> None:
         """Cut the blocks of every full-attention spec group to ``hit_length``

@@ -18,10 +18,13 @@ from kvspec.conformance.runner import SetupError, layout_names
 from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.dropin_releases import impl_deltas
+from kvspec.request import Request
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 from kvspec.spec.interface import ManagerSnapshot
+from kvspec.spec.layout import Layout
 from kvspec.spec.request_rules import ManagerStep, stats_records
+from kvspec.testing import full
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = (ROOT / "spec" / "README.md").read_text().split("## 9. Releases", 1)[1].split("\n## ", 1)[0]
@@ -665,10 +668,6 @@ def test_several_groups_of_one_spec_build_from_0_29(version, builds):
     are refused with caching on until 0.28 and built from 0.29, by the spec
     and by impl alike; built, the two groups are searched as one spec group
     (one hit, the same length in both)."""
-    from kvspec.request import Request
-    from kvspec.spec.layout import Layout
-    from kvspec.testing import full
-
     layout = Layout((full(2), full(2)))
     with releases.judging(version) as release:
         targets = [lambda: layout.make_target(SpecManagerTarget),

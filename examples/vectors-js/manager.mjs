@@ -990,8 +990,7 @@ export class Manager {
     const lengths = this.groups.map(() => 0);
     for (const sg of this.specGroups) {
       const B = sg.head.B;
-      const peeks = sg.eagle && atLeast(this.release, "0.32.0");
-      const max = peeks ? Math.min(M + B, request.block_hashes.length * this.hashBlockSize) : M;
+      const max = sg.eagle ? Math.min(M + B, this.eaglePeek(request)) : M; // the base's peek is M itself
       const result = sg.head.findHit(request, max, sg.eagle, sg.ids);
       sg.ids.forEach((id, j) => { hits[id] = result[j]; lengths[id] = result[0].length * B; });
     }

@@ -390,7 +390,6 @@ class ManagerCase:
     run: Callable[[Any, Callable[..., Request]], None]
     findings: tuple[str, ...] = ()
     watermark: float = 0.0  # the layout's, where the case sets one
-    scheduler_block_size: int | None = None  # likewise
 
 
 def _compute(m, r, num_new, hit=0, blocks=None, **kw):
@@ -756,8 +755,8 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
                 "moves the previous step's speculative blocks up and frees the previous state a step later",
                 "full+mamba-align-drafts", _mamba_align_moves),
     ManagerCase("one-group-alignment", "with one group the scheduler block size (4) aligns nothing: the hit "
-                "and the caching are in the group's own blocks (2)", "full", _one_group_alignment,
-                scheduler_block_size=4),
+                "and the caching are in the group's own blocks (2)",
+                Layout((full(2),), given_scheduler_block_size=4, given_hash_block_size=2), _one_group_alignment),
     ManagerCase("window-eagle-cut", "a sliding window's hit search falls back to the run from 0 and cuts it "
                 "twice under EAGLE when its blocks (2) are smaller than the scheduler block (4)",
                 Layout((full(4), swa(2, window=8)), num_blocks=32, use_eagle=True), _window_eagle_cut),
@@ -772,9 +771,6 @@ def manager_case_vector(case: ManagerCase) -> Vector:
 
     layout = MANAGER_LAYOUTS[case.layout] if isinstance(case.layout, str) else case.layout
     layout = dataclasses.replace(layout, watermark=case.watermark)
-    if case.scheduler_block_size is not None:
-        layout = dataclasses.replace(layout, given_scheduler_block_size=case.scheduler_block_size,
-                                     given_hash_block_size=layout.hash_block_size)
     vector = Vector(f"manager/cases/{case.name}", "manager", config_of("manager", layout), case.description,
                     list(case.findings))
     manager = Recorder(layout.make_target(SpecManagerTarget), vector)
