@@ -716,13 +716,26 @@ def test_a_budget_too_small_for_every_layout_says_which_were_not_searched(capsys
     "not searched", the summary names it, and the run exits 3 -- 0 only
     with --allow-unsearched."""
     argv = ["conform", "--target", "impl", "--scope", "pool", "--budget", "0.3", "--seed", "1"]
-    assert main(argv) == 3
-    out = capsys.readouterr().out
+    code, out = _budgeted_run(argv, capsys)
+    assert code == 3
     assert "not searched (the budget is spent)" in out and "all layouts conform" not in out
     assert "were not searched" in out and "exit 3; --allow-unsearched accepts it" in out
     searched = [line.split() for line in out.splitlines() if line.startswith("pool ") and "conforms" in line]
     assert all(int(parts[2]) >= 25 for parts in searched)  # a layout that conforms ran at least the floor
-    assert main([*argv, "--allow-unsearched"]) == 0
+    assert _budgeted_run([*argv, "--allow-unsearched"], capsys)[0] == 0
+
+
+def _budgeted_run(argv: list[str], capsys, tries: int = 5) -> tuple[int, str]:
+    """``main(argv)`` and its output, run again while a loaded machine spent the
+    whole (tiny) budget on loading the target -- exit 2 with that one line, a
+    setup outcome that is not what these tests are about.  Fails after
+    ``tries`` such runs."""
+    for _ in range(tries):
+        code = main(argv)
+        captured = capsys.readouterr()
+        if not (code == 2 and "cannot cover loading the target" in captured.err):
+            return code, captured.out
+    pytest.fail(f"{tries} runs of {argv} each spent the budget loading the target: {captured.err.strip()}")
 
 
 def test_a_layout_below_the_operation_floor_is_not_searched_never_conforms(tmp_path, monkeypatch, capsys):
