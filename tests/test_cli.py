@@ -3,6 +3,7 @@
 import importlib.util
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -229,9 +230,10 @@ def test_a_budgeted_run_without_a_seed_prints_the_seed_it_chose(tmp_path, capsys
     import json
     import re
 
-    assert main(["conform", "--scope", "pool", "--layout", "tiny-pool", "--budget", "1",
-                 "--report-dir", str(tmp_path)]) == 0
-    header = capsys.readouterr().out.splitlines()[0]
+    code, captured = _budgeted_run(["conform", "--scope", "pool", "--layout", "tiny-pool", "--budget", "1",
+                                    "--report-dir", str(tmp_path)], capsys)
+    assert code == 0
+    header = captured.out.splitlines()[0]
     seed = re.search(r" seed=(\d+)$", header)
     assert seed, header
     assert json.loads((tmp_path / "report.json").read_text())["seed"] == int(seed[1])
@@ -250,8 +252,10 @@ def test_a_seeded_run_repeats(capsys):
 
 
 def test_the_progress_bar_is_drawn_on_request(capsys):
-    assert main(["conform", "--scope", "pool", "--layout", "tiny-pool", "--budget", "1.5", "--progress"]) == 0
-    err = capsys.readouterr().err
+    code, captured = _budgeted_run(["conform", "--scope", "pool", "--layout", "tiny-pool", "--budget", "1.5",
+                                    "--progress"], capsys)
+    assert code == 0
+    err = captured.err
     assert "tiny-pool" in err and "[" in err and "ops" in err
 
 
@@ -716,8 +720,9 @@ def test_a_budget_too_small_for_every_layout_says_which_were_not_searched(capsys
     "not searched", the summary names it, and the run exits 3 -- 0 only
     with --allow-unsearched."""
     argv = ["conform", "--target", "impl", "--scope", "pool", "--budget", "0.3", "--seed", "1"]
-    code, out = _budgeted_run(argv, capsys)
+    code, captured = _budgeted_run(argv, capsys)
     assert code == 3
+    out = captured.out
     assert "not searched (the budget is spent)" in out and "all layouts conform" not in out
     assert "were not searched" in out and "exit 3; --allow-unsearched accepts it" in out
     searched = [line.split() for line in out.splitlines() if line.startswith("pool ") and "conforms" in line]
@@ -725,8 +730,8 @@ def test_a_budget_too_small_for_every_layout_says_which_were_not_searched(capsys
     assert _budgeted_run([*argv, "--allow-unsearched"], capsys)[0] == 0
 
 
-def _budgeted_run(argv: list[str], capsys, tries: int = 5) -> tuple[int, str]:
-    """``main(argv)`` and its output, run again while a loaded machine spent the
+def _budgeted_run(argv: list[str], capsys, tries: int = 5) -> tuple[int, Any]:
+    """``main(argv)`` and what it printed (``.out``, ``.err``), run again while a loaded machine spent the
     whole (tiny) budget on loading the target -- exit 2 with that one line, a
     setup outcome that is not what these tests are about.  Fails after
     ``tries`` such runs."""
@@ -734,7 +739,7 @@ def _budgeted_run(argv: list[str], capsys, tries: int = 5) -> tuple[int, str]:
         code = main(argv)
         captured = capsys.readouterr()
         if not (code == 2 and "cannot cover loading the target" in captured.err):
-            return code, captured.out
+            return code, captured
     pytest.fail(f"{tries} runs of {argv} each spent the budget loading the target: {captured.err.strip()}")
 
 
