@@ -55,7 +55,7 @@ from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 from kvspec.spec.layout import Layout
 from kvspec.spec.pool import SpecBlockPool
-from kvspec.testing import full, swa
+from kvspec.testing import chunked, full, swa
 
 SPEC_DIR = Path(kvspec.spec.__file__).resolve().parent
 
@@ -508,6 +508,22 @@ def _admission_cap(m, req):
         m.free(r)
 
 
+def _admission_cap_windows(m, req):
+    """The full-sequence check counts a sliding window at most ``cdiv(min(w - 1 + T, M), B) + 1`` blocks and a
+    chunk at most ``cdiv(min(c + T, M), B)`` (``T`` = max_num_batched_tokens = 4): 5 + 4 = 9 for a request
+    of 24 tokens, where the uncapped count is 12 + 12."""
+    a = req("a", [0, 1] * 7)
+    _compute(m, a, 14)  # 7 blocks in each group: 10 of the 24 free
+    x = req("x", [1, 1])
+    _compute(m, x, 2)  # 8 free
+    b = req("b", [1, 0] * 12)
+    _compute(m, b, 4, full_sequence_must_fit=True)  # 9 > 8: None
+    m.free(x)  # 10 free
+    _compute(m, b, 4, full_sequence_must_fit=True)  # 9 <= 10 (24 uncapped, 17 or 16 with one cap): admitted
+    for r in (a, b):
+        m.free(r)
+
+
 def _allocation_refusals(m, req):
     """Chapter 2 step 0's refusals where vLLM 0.25.1 agrees, one a call, each changing nothing (the
     rows where it answers otherwise are the case trusted-arguments, F15)."""
@@ -586,7 +602,12 @@ def _watermark(m, req):
     _compute(m, a, 2)  # a running request's next block: no watermark (1 + 6 > 5 would refuse it)
     c = req("c", [1, 1])
     _compute(m, c, 2)  # 1 block + 6 > 4: None
-    for r in (a, b):
+    # The full-sequence check (step 1) adds the same watermark, under the same two conditions:
+    a.append_output_token_ids([0, 0])
+    _compute(m, a, 2, full_sequence_must_fit=True)  # running: no watermark at either check (1 of 4): admitted
+    _compute(m, c, 2, full_sequence_must_fit=True)  # waiting while others run: 1 + 6 > 3, None
+    _compute(m, c, 2, full_sequence_must_fit=True, has_scheduled_reqs=False)  # nobody scheduled: admitted
+    for r in (a, b, c):
         m.free(r)
 
 
@@ -742,11 +763,16 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("hits-with-caching-off", "with prefix caching off, blocks offered as a hit are refused", "caching-off",
                 _hits_with_caching_off, ("F15",)),
     ManagerCase("watermark", "a watermark keeps a share of the pool free from a waiting request's admission "
-                "while others are scheduled, never from a running request", "full", _watermark, watermark=0.25),
+                "while others are scheduled, never from a running request, at the full-sequence check too", "full",
+                _watermark, watermark=0.25),
     ManagerCase("reserved-blocks", "reserved_blocks keeps free blocks back from an allocation", "full",
                 _reserved_blocks),
     ManagerCase("admission-cap", "full_sequence_must_fit admits a request only if its whole sequence fits",
                 "full", _admission_cap),
+    ManagerCase("admission-cap-windows", "full_sequence_must_fit counts a sliding window and a chunk at most "
+                "what they ever hold with max_num_batched_tokens per step",
+                Layout((swa(2, window=4), chunked(2, chunk=4)), num_blocks=25, max_num_batched_tokens=4),
+                _admission_cap_windows),
     ManagerCase("common-prefix", "get_num_common_prefix_blocks claims no more leading blocks per group than "
                 "every running request's table shares", "full+swa", _common_prefix),
     ManagerCase("rswa-gap", "R-SWA releases the blocks between the prompt and the window inside "
