@@ -338,8 +338,12 @@ class SpecKVCacheManager:
         groups = len(self.groups)
         if new_computed_blocks is None:
             return tuple([] for _ in range(groups))
-        if not isinstance(new_computed_blocks, tuple | list) or len(new_computed_blocks) != groups:
-            raise RuleTypeError("hit-soundness", f"new_computed_blocks must hold one block list per group ({groups})")
+        if not isinstance(new_computed_blocks, tuple | list):
+            raise RuleTypeError("hit-soundness", f"new_computed_blocks must be a list of block lists, got "
+                                f"{new_computed_blocks!r}")
+        if len(new_computed_blocks) != groups:
+            raise RuleError("hit-soundness", f"new_computed_blocks must hold one block list per group ({groups}), "
+                            f"got {len(new_computed_blocks)}")
         hits = []
         for column in new_computed_blocks:
             if not isinstance(column, tuple | list):

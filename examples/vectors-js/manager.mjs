@@ -798,14 +798,14 @@ export class Manager {
       // spec 2 step 3: the watermark applies to a waiting or preempted request while others are scheduled.
       watermark: requireBool(has_scheduled_reqs, "has_scheduled_reqs") &&
         ["WAITING", "PREEMPTED"].includes(request.status) ? this.watermarkBlocks : 0,
-      hitBlocks: new_computed_blocks ?? this.groups.map(() => []),
       running: this.groups.some((g) => g.st.numCached.has(request.id)),
     };
+    // Checks 2 to 5, in the prose's order (the first that applies decides the error's kind).
     // From 0.31 (spec 9 delta zero-token-hit-adoption) a call that adopts a local hit needs no new tokens.
     const adoptsHit = c.hits > 0 && atLeast(this.release, "0.31.0");
     if (c.newTokens === 0 && c.external === 0 && !adoptsHit) refuse("ValueError", "nothing to allocate (allocation-accounting)");
-    if (c.computed + c.hits + c.external + c.newTokens > c.M) refuse("ValueError", "past max_model_len (allocation-accounting)");
-    const anyHit = c.hits > 0 || c.hitBlocks.some((h) => h.length);
+    c.hitBlocks = this.requireHitLists(new_computed_blocks);
+    const anyHit = c.hitBlocks.some((h) => h.length); // the blocks decide: the count is trusted
     if (anyHit && c.running) refuse("ValueError", "hits for a running request (hit-soundness)");
     if (anyHit && !this.caching) refuse("ValueError", "hits with caching off (hit-soundness)");
     this.groups.forEach((g, gi) => {
@@ -816,12 +816,24 @@ export class Manager {
         if (!key || !(this.pool.table.get(key) ?? []).includes(b)) refuse("ValueError", `hit block ${b} no longer cached (content-soundness)`);
       });
     });
-    if (c.running) c.external = 0; // external tokens for a running request are ignored
-    c.local = c.computed + c.hits; // step 1
+    if (c.computed + c.hits + c.external + c.newTokens > c.M) refuse("ValueError", "past max_model_len (allocation-accounting)");
+    c.local = c.computed + c.hits; // step 1 (a running request's external tokens count here too)
     c.total = Math.min(c.local + c.external, c.M);
     c.slots = Math.min(c.total + c.newTokens + c.lookahead, c.M); // step 3, 5
     c.main = c.total + c.newTokens; // spec 5 formula 6: the tokens without lookahead
     return c;
+  }
+
+  // spec 2 step 0, check 3: one list of block ids per group, each id an int inside the pool.
+  requireHitLists(lists) {
+    if (lists === null || lists === undefined) return this.groups.map(() => []);
+    if (!Array.isArray(lists) || !lists.every(Array.isArray)) refuse("TypeError", "new_computed_blocks: not a list of lists (hit-soundness)");
+    if (lists.length !== this.groups.length) refuse("ValueError", `new_computed_blocks: ${lists.length} lists for ${this.groups.length} groups (hit-soundness)`);
+    for (const b of lists.flat()) {
+      if (!Number.isInteger(b)) refuse("TypeError", `hit block id ${JSON.stringify(b)} is not an int (hit-soundness)`);
+      if (b < 0 || b >= this.pool.numBlocks) refuse("ValueError", `hit block ${b} is outside the pool (hit-soundness)`);
+    }
+    return lists;
   }
 
   // spec 2 step 1: with full_sequence_must_fit, the blocks the whole request needs (min(num_tokens, M)
@@ -850,7 +862,7 @@ export class Manager {
   // blocks for the external tokens.
   takeHitsThenExternal(c) {
     this.groups.forEach((g, gi) => g.takeHits(c.id, c.hitBlocks[gi], c.local + c.external));
-    for (const g of this.groups) g.allocateExternal(c.id, c.local, c.external);
+    for (const g of this.groups) g.allocateExternal(c.id, c.local, c.running ? 0 : c.external);
   }
 
   // spec 2 step 5: each group takes new blocks up to min(total + new + lookahead, M) tokens.

@@ -17,13 +17,15 @@ checks its input refuses, changing nothing:
    (no blocks of the attention groups) instead of refused;
 7. a token count that is a float (1.5): from 0.32 taken, a block allocated
    (0.25.1 to 0.31 fail with a ``TypeError`` inside the free queue, which
-   reads as a refusal).
+   reads as a refusal);
+8. hit blocks as two lists for a manager of one group (a list per group is
+   the argument's shape): taken, the second list ignored.
 
 Against vLLM alone (no kvspec import), on CPU:
 
     PYTHONHASHSEED=0 python docs/findings/repro/F15_allocate_slots_trusts_its_arguments.py
 
-Exit status 1 and "BUG" while any of the seven is taken, 0 otherwise.
+Exit status 1 and "BUG" while any of the eight is taken, 0 otherwise.
 """
 
 import sys
@@ -101,6 +103,16 @@ def negative_save(m: KVCacheManager):
     return m.get_block_ids_for_computed_tokens("a", -1)  # what a connector saves of -1 computed tokens
 
 
+def hits_for_two_groups(m: KVCacheManager):
+    first = request("a", [0, 1, 2, 3])
+    m.allocate_slots(first, 4)  # computed and cached
+    first.num_computed_tokens = 4
+    m.free(first)
+    second = request("b", [0, 1, 2, 3, 4])
+    hits, num_hits = m.get_computed_blocks(second)[:2]
+    return m.allocate_slots(second, 1, num_hits, m.create_kv_cache_blocks((hits.blocks[0], [])))
+
+
 def main() -> int:
     lines = [
         attempt(f"allocate_slots(2-token request, 33) with max_model_len {MAX_MODEL_LEN}",
@@ -113,6 +125,8 @@ def main() -> int:
                 caching=False),
         attempt("get_block_ids_for_computed_tokens(request holding 2 blocks, -1)", negative_save),
         attempt("allocate_slots(3-token request, 1.5)", lambda m: m.allocate_slots(request("a", [0, 1, 2]), 1.5)),
+        attempt("allocate_slots(request, 1, 4, a hit of 2 blocks and an empty list) with one group",
+                hits_for_two_groups),
     ]
     print("\n".join(lines))
     return 1 if any(line.startswith("BUG") for line in lines) else 0

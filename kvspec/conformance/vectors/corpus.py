@@ -414,7 +414,9 @@ def _external_after_hits(m, req):
     b = req("b", [0, 1] * 6 + [1, 1] * 4)
     blocks, hit = m.get_computed_blocks(b)
     _compute(m, b, b.num_tokens - hit - 4, hit, blocks, num_external_computed_tokens=4)
-    m.free(b)
+    b.append_output_token_ids([1] * 4)
+    _compute(m, b, 2, num_external_computed_tokens=2)  # running: external tokens take no blocks of their own
+    m.free(b)  # (step 4) but count in total -- blocks up to 24 tokens, the window's release at 22
 
 
 def _eagle_drop(m, req):
@@ -533,6 +535,9 @@ def _allocation_refusals(m, req):
     b = req("b", [0, 1] * 4 + [1])
     m.get_computed_blocks(b)
     _refused(m.allocate_slots, b, "2")  # a count not an int (1.5 is F15's from 0.32: case trusted-arguments)
+    blocks, hit = m.get_computed_blocks(b)
+    _refused(m.allocate_slots, b, 1, hit, ([*blocks[0][:-1], str(blocks[0][-1])],))  # an id not an int
+    _refused(m.allocate_slots, b, 1, hit, ([*blocks[0][:-1], 24],))  # an id outside the pool (of 24)
     _prefill(m, b)
     m.free(b)
 
@@ -575,6 +580,9 @@ def _trusted_arguments(m, req):
     _prefill(m, d)  # looked up again: the two blocks still cached
     m.free(d)
     _refused(m.allocate_slots, req("e", [0, 1, 1]), 1.5)  # a count not an int: vLLM takes it from 0.32
+    f = req("f", [0, 1] * 4 + [1])
+    blocks, hit = m.get_computed_blocks(f)
+    _refused(m.allocate_slots, f, 1, hit, (*blocks, []))  # not one hit list per group: vLLM ignores the extra one
 
 
 def _hits_with_caching_off(m, req):
@@ -757,8 +765,8 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("zero-token-adoption", "allocate_slots with no new tokens is refused, but from 0.31 accepted "
                 "when it adopts a local hit (delta zero-token-hit-adoption)", "full", _zero_token_adoption),
     ManagerCase("trusted-arguments", "allocate_slots refuses a count past max_model_len, a flag that is not a "
-                "bool, hits for a running request, hit blocks no longer cached and a count that is a float, and "
-                "changes nothing", "full",
+                "bool, hits for a running request, hit blocks no longer cached, a count that is a float and a hit "
+                "list past the groups, and changes nothing", "full",
                 _trusted_arguments, ("F15",)),
     ManagerCase("hits-with-caching-off", "with prefix caching off, blocks offered as a hit are refused", "caching-off",
                 _hits_with_caching_off, ("F15",)),
