@@ -117,8 +117,10 @@ def validate_retention_interval(
 
 
 def _positive_int(name: str, value: Any) -> None:
-    if type(value) is not int or value <= 0:
-        raise RuleError("block-size-coherence", f"{name} must be a positive int, got {value!r}")
+    if type(value) is not int:
+        raise RuleTypeError("block-size-coherence", f"{name} must be an int, got {value!r}")
+    if value <= 0:
+        raise RuleError("block-size-coherence", f"{name} must be positive, got {value}")
 
 
 def _require_config(kv_cache_config: Any) -> None:

@@ -216,19 +216,22 @@ class KVCacheManager:
         deltas: Iterable[str] | None = None,
         num_hash_lookahead_tokens: int = 0,
     ) -> None:
-        if type(max_model_len) is not int or max_model_len <= 0:
-            raise RuleError("block-size-coherence", f"max_model_len must be a positive int, got {max_model_len!r}")
+        if type(max_model_len) is not int:
+            raise RuleTypeError("block-size-coherence", f"max_model_len must be an int, got {max_model_len!r}")
+        if max_model_len <= 0:
+            raise RuleError("block-size-coherence", f"max_model_len must be positive, got {max_model_len}")
         for name, flag in (("enable_caching", enable_caching), ("use_eagle", use_eagle),
                            ("enable_kv_cache_events", enable_kv_cache_events)):
             _require_flag(name, flag)
         if max_num_batched_tokens is None:
             # Without it the admission cap is no tighter than max_model_len.
             max_num_batched_tokens = max_model_len
-        if type(max_num_batched_tokens) is not int or max_num_batched_tokens <= 0:
-            raise RuleError(
-                "allocation-accounting",
-                f"max_num_batched_tokens must be a positive int, got {max_num_batched_tokens!r}",
-            )
+        if type(max_num_batched_tokens) is not int:
+            raise RuleTypeError("block-size-coherence",
+                                f"max_num_batched_tokens must be an int, got {max_num_batched_tokens!r}")
+        if max_num_batched_tokens < 0:
+            raise RuleError("block-size-coherence",
+                            f"max_num_batched_tokens must be >= 0, got {max_num_batched_tokens}")
         if not isinstance(watermark, (int, float)) or isinstance(watermark, bool) or not 0.0 <= watermark < math.inf:
             raise RuleError("allocation-accounting", f"watermark must be a finite number >= 0, got {watermark!r}")
         self.max_model_len = max_model_len

@@ -39,6 +39,7 @@ loses nothing and lets other requests use them.
 from __future__ import annotations
 
 import copy
+import math
 import pickle
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -125,7 +126,7 @@ class SpecKVCacheManager:
         - [hit-soundness] a hybrid model has at least two distinct specs;
           chunked local attention is not an EAGLE group (with caching on);
         - [hash-map-consistency] cross attention only with caching off;
-        - [allocation-accounting] ``watermark >= 0``;
+        - [allocation-accounting] ``watermark`` a finite number ``>= 0``;
         - [block-size-coherence] ``retention_interval`` ``None`` or a
           multiple of the scheduler block size ``>= 0``, and only for models
           with a sliding-window or Mamba group (from 0.29.0, release delta
@@ -161,8 +162,8 @@ class SpecKVCacheManager:
         for name, value in (("enable_caching", enable_caching), ("use_eagle", use_eagle),
                             ("enable_kv_cache_events", enable_kv_cache_events)):
             _require_bool(value, name)
-        if isinstance(watermark, bool) or not isinstance(watermark, int | float) or watermark < 0:
-            raise RuleError("allocation-accounting", f"watermark must be a number >= 0, got {watermark!r}")
+        if isinstance(watermark, bool) or not isinstance(watermark, int | float) or not 0 <= watermark < math.inf:
+            raise RuleError("allocation-accounting", f"watermark must be a finite number >= 0, got {watermark!r}")
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max_model_len
         _require_int(max_num_batched_tokens, "max_num_batched_tokens", "block-size-coherence")

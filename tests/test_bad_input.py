@@ -162,8 +162,8 @@ def test_caching_disabled_pool_refuses_to_cache(kind):
 
 @pytest.mark.parametrize(
     "args, error",
-    [((0, True, 2), RuleError), ((-3, True, 2), RuleError), (("8", True, 2), RuleError),
-     ((8, True, 0), RuleError), ((8, True, 2.0), RuleError)],
+    [((0, True, 2), RuleError), ((-3, True, 2), RuleError), (("8", True, 2), RuleTypeError),
+     ((8, True, 0), RuleError), ((8, True, 2.0), RuleTypeError)],
 )
 def test_bad_construction(args, error):
     with pytest.raises(error):

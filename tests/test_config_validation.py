@@ -85,19 +85,55 @@ def test_unitary_coordinator_needs_exactly_one_group():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(sbs=0), r"scheduler_block_size must be a positive int, got 0"),
-        (dict(sbs=4, hbs=-4), r"hash_block_size must be a positive int, got -4"),
-        (dict(max_model_len=0), r"max_model_len must be a positive int, got 0"),
-        (dict(max_num_batched_tokens=0), r"max_num_batched_tokens must be a positive int, got 0"),
+        (dict(sbs=0), r"scheduler_block_size must be positive, got 0"),
+        (dict(sbs=4, hbs=-4), r"hash_block_size must be positive, got -4"),
+        (dict(max_model_len=0), r"max_model_len must be positive, got 0"),
+        (dict(max_num_batched_tokens=-1), r"max_num_batched_tokens must be >= 0, got -1"),
         (dict(watermark=-0.1), r"watermark must be a finite number >= 0, got -0.1"),
+        (dict(watermark=float("inf")), r"watermark must be a finite number >= 0, got inf"),
+        (dict(watermark=float("nan")), r"watermark must be a finite number >= 0, got nan"),
     ],
 )
 def test_non_positive_sizes(kwargs, match):
     sbs, hbs = kwargs.pop("sbs", 4), kwargs.pop("hbs", 4)
     max_model_len = kwargs.pop("max_model_len", 64)
-    rule = "block-size-coherence" if "block_size" in match or "max_model_len" in match else "allocation-accounting"
+    rule = "allocation-accounting" if "watermark" in match else "block-size-coherence"
     with refused(match, rule):
         KVCacheManager(config(full(4)), max_model_len, sbs, hbs, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(sbs=4.0), r"scheduler_block_size must be an int, got 4.0"),
+        (dict(hbs=True), r"hash_block_size must be an int, got True"),
+        (dict(max_model_len=64.0), r"max_model_len must be an int, got 64.0"),
+        (dict(max_num_batched_tokens="8"), r"max_num_batched_tokens must be an int, got '8'"),
+    ],
+)
+def test_sizes_that_are_not_ints_are_type_errors(kwargs, match):
+    """Chapter 2's constructor table: a size that is not an ``int`` is a
+    ``TypeError``, one that is not positive a ``ValueError`` (vectors
+    ``manager/configs/constructor/max-model-len-not-an-int`` and the pool's)."""
+    sbs, hbs = kwargs.pop("sbs", 4), kwargs.pop("hbs", 4)
+    max_model_len = kwargs.pop("max_model_len", 64)
+    with refused(match, error=RuleTypeError):
+        KVCacheManager(config(full(4)), max_model_len, sbs, hbs, **kwargs)
+
+
+def test_a_zero_token_budget_is_a_size_the_constructor_takes():
+    """``max_num_batched_tokens`` is refused only when negative (chapter 2);
+    0 caps a window's admission at what its window holds."""
+    assert KVCacheManager(config(full(4)), 64, 4, 4, max_num_batched_tokens=0).max_model_len == 64
+
+
+def test_a_pool_size_that_is_not_an_int_is_a_type_error():
+    with refused(r"num_gpu_blocks must be an int, got 12.5", "null-exclusion", RuleTypeError):
+        BlockPool(12.5, True, 4)
+    with refused(r"hash_block_size must be an int, got 2.5", error=RuleTypeError):
+        BlockPool(12, True, 2.5)
+    with refused(r"num_gpu_blocks must be >= 1 \(block 0 is the null block\), got 0", "null-exclusion"):
+        BlockPool(0, True, 4)
 
 
 def test_non_positive_pool_and_block_sizes_are_refused_by_the_config():
@@ -135,7 +171,7 @@ def test_context_parallelism_is_refused_where_a_block_cannot_be_split(spec, what
 
 
 def test_world_sizes_must_be_positive():
-    with refused(r"dcp_world_size must be an int >= 1, got 0"):
+    with refused(r"dcp_world_size must be >= 1, got 0"):
         manager(full(4), dcp_world_size=0)
 
 

@@ -16,6 +16,7 @@ from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.machines.pool import LAYOUTS
 from kvspec.conformance.runner import resolve_target
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
+from kvspec.conformance.vectors.codec import refusal_kind
 from kvspec.spec.pool import SpecBlockPool
 
 VARIANTS = [("manager", name, manager_variants(layout), SpecManagerTarget) for name, layout in MANAGER_LAYOUTS.items()]
@@ -26,9 +27,12 @@ VARIANTS += [("pool", name, pool_variants(layout), SpecBlockPool) for name, layo
 def test_every_variant_is_refused_by_spec_and_impl_naming_a_rule(scope, name, variants, spec):
     impl = resolve_target("impl", scope)
     for variant in variants:
-        assert spec_refusal(variant, spec).rule
-        with pytest.raises(ValueError):
+        refusal = spec_refusal(variant, spec)
+        assert refusal.rule
+        with pytest.raises((ValueError, TypeError)) as refused:
             variant.layout.make_target(impl)
+        assert refusal_kind(refused.value) == refusal_kind(refusal), (variant.name, refused.value, refusal)
+        assert refused.value.rule == refusal.rule, (variant.name, refused.value, refusal)
 
 
 def test_the_avoid_name_leaves_out_exactly_the_non_positive_sizes():

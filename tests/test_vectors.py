@@ -91,6 +91,33 @@ def test_a_tampered_expectation_is_a_difference(corpus, tmp_path):
     assert "returned [1, 2, 3, 4], expected [4, 3, 2, 1]" in report.differences[path][0]
 
 
+def test_a_configuration_refused_with_the_wrong_error_is_a_difference(tmp_path):
+    """A configuration vector names the error as well as the rule: a pool
+    that refuses a size that is not an int with a ValueError (the spec's
+    table says TypeError) differs; one that refuses it by ``assert``, read
+    as a refusal by its adapter (vLLM's constructors), is not held to a kind."""
+    from kvspec.impl.block_pool import BlockPool
+
+    def value_error_pool(num_blocks, *args, **kwargs):
+        if type(num_blocks) is not int:
+            raise ValueError(f"num_blocks {num_blocks!r}")
+        return resolve_target("spec", "pool")(num_blocks, *args, **kwargs)
+
+    def asserting_pool(num_blocks, *args, **kwargs):
+        try:
+            assert type(num_blocks) is int
+        except AssertionError as error:
+            raise ValueError("the adapter's reading of an assert") from error
+        return BlockPool(num_blocks, *args, **kwargs)
+
+    path = Path(__file__).parent.parent / "vectors/pool/configs/two-groups/a-pool-size-not-an-int.json"
+    assert read(path)["refused_with"] == "TypeError"
+    differences = check(path, {"pool": value_error_pool}).differences[path]
+    assert differences == ["construction: refused with ValueError (num_blocks 12.5), expected a TypeError "
+                           "(null-exclusion)"]
+    assert check(path, {"pool": asserting_pool}).ok and check(path, targets("spec")).ok
+
+
 def test_an_unreadable_file_fails_the_check(corpus, tmp_path, capsys):
     root = tmp_path / "corpus"
     shutil.copytree(corpus.root / "pool/cases", root)

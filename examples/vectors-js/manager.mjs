@@ -562,7 +562,7 @@ export class Manager {
     this.retentionInterval = retention_interval;
     this.maxNumBatchedTokens = max_num_batched_tokens ?? max_model_len;
     // spec 2 step 3: the watermark is watermark * num_blocks blocks, rounded down.
-    if (typeof watermark !== "number" || watermark < 0) refuse("ValueError", "watermark must be a number >= 0 (allocation-accounting)");
+    if (typeof watermark !== "number" || !Number.isFinite(watermark) || watermark < 0) refuse("ValueError", "watermark must be a finite number >= 0 (allocation-accounting)");
     this.watermarkBlocks = Math.floor(watermark * num_blocks);
     this.groups = groups.map((spec, id) => new (GROUP_CLASS[spec.type])(this, id, spec, sizes[id]));
     this.useEagle = use_eagle; // spec 9 mamba-boundary-remarked: the boundary with a drafter

@@ -83,8 +83,11 @@ function replay(vector) {
     try {
       build(vector);
     } catch (error) {
-      if (error instanceof Refusal) return null;
-      return `construction: crashed (${error.stack})`;
+      if (!(error instanceof Refusal)) return `construction: crashed (${error.stack})`;
+      if (vector.refused_with !== undefined && error.kind !== vector.refused_with) {
+        return `construction: refused with ${error.kind} (${error.message}), expected a ${vector.refused_with} (${vector.refused})`;
+      }
+      return null;
     }
     return `construction: built a ${vector.scope}; the configuration breaks ${vector.refused} and must be refused`;
   }

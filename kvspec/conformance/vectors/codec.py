@@ -307,9 +307,10 @@ class Vector:
     requests: dict[str, dict[str, Any]] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     refused: str | None = None  # a configuration the target must refuse to be built with: the rule it breaks
+    refused_with: str | None = None  # ... and the error it must raise (refusal_kind)
 
     def to_dict(self) -> dict[str, Any]:
-        refused = {} if self.refused is None else {"refused": self.refused}
+        refused = {} if self.refused is None else {"refused": self.refused, "refused_with": self.refused_with}
         return {"kvspec_vectors": FORMAT_VERSION, "name": self.name, "scope": self.scope,
                 "description": self.description, "findings": self.findings, "rules": sorted(exercised(self)),
                 "config": self.config, **refused, "initial_state": self.initial_state, "requests": self.requests,
@@ -524,12 +525,17 @@ def write(vector: Vector, path: Path) -> None:
     path.write_text(f"{{\n{head},\n \"steps\": [\n{body}\n ]\n}}\n")
 
 
-def _replay_refusal(scope: str, config: dict[str, Any], rule: str, factory: Callable[..., Any]) -> list[str]:
-    """A configuration vector: building the target must be refused."""
+def _replay_refusal(scope: str, config: dict[str, Any], rule: str, kind: str | None,
+                    factory: Callable[..., Any]) -> list[str]:
+    """A configuration vector: building the target must be refused, with
+    the error ``kind`` names (any refusal where the vector names none)."""
     from kvspec.conformance.machines.configurations import build_outcome
 
     outcome, got = build_outcome(lambda: target_of(scope, config, factory))
     if outcome == "refused":
+        asserted = isinstance(got.__cause__, AssertionError)  # an adapter's reading of an assert, which has no kind
+        if kind is not None and not asserted and refusal_kind(got) != kind:
+            return [f"construction: refused with {type(got).__name__} ({got}), expected a {kind} ({rule})"]
         return []
     if outcome == "crashed":
         return [f"construction: raised {type(got).__name__}: {got}; a refusal must raise ValueError or TypeError"]
@@ -541,7 +547,7 @@ def replay_vector(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]
     observation that differs, as one line each (empty: it conforms)."""
     scope, config = doc["scope"], doc["config"]
     if "refused" in doc:
-        return _replay_refusal(scope, config, doc["refused"], factory)
+        return _replay_refusal(scope, config, doc["refused"], doc.get("refused_with"), factory)
     target = target_of(scope, config, factory)
     expected = dict(doc["initial_state"])
     got = state_of(target.snapshot())

@@ -47,6 +47,7 @@ from kvspec.conformance.vectors.codec import (
     chapters,
     config_of,
     exercised,
+    refusal_kind,
     write,
 )
 from kvspec.hashing import get_request_block_hasher, rooted_at
@@ -912,7 +913,8 @@ def _config_vector(name: str, scope: str, variant: Any, description: str = "") -
     findings = [f.id for f in FINDINGS if variant.non_positive_size and f.avoid == NON_POSITIVE_SIZE
                 or variant.engine_checked and f.avoid == ENGINE_CHECKED]
     return Vector(name, scope, config_of(scope, variant.layout),
-                  description or f"built with {variant.name}: refused ({refusal})", findings, refused=refusal.rule)
+                  description or f"built with {variant.name}: refused ({refusal})", findings, refused=refusal.rule,
+                  refused_with=refusal_kind(refusal))
 
 
 def finding_vectors() -> list[Vector]:
