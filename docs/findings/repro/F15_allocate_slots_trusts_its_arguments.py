@@ -77,13 +77,20 @@ def running_hits(m: KVCacheManager):
     return m.allocate_slots(first, 1, 2, hits)  # offered to a request that runs and holds blocks
 
 
-def stale_hits(m: KVCacheManager):
+def cached_prefix_hit(m: KVCacheManager):
+    """A request whose 4-token prefix another, finished request cached:
+    the request, its hit (both blocks) and the hit's length."""
     first = request("a", [0, 1, 2, 3])
     m.allocate_slots(first, 4)  # computed and cached
     first.num_computed_tokens = 4
     m.free(first)
     second = request("b", [0, 1, 2, 3, 4])
-    hits, num_hits = m.get_computed_blocks(second)[:2]  # both blocks (0.34 answers a third value)
+    hits, num_hits = m.get_computed_blocks(second)[:2]  # (0.34 answers a third value)
+    return second, hits, num_hits
+
+
+def stale_hits(m: KVCacheManager):
+    second, hits, num_hits = cached_prefix_hit(m)
     m.block_pool.evict_blocks({block.block_id for block in hits.blocks[0]})  # their keys go
     return m.allocate_slots(second, 1, num_hits, hits)
 
@@ -104,12 +111,7 @@ def negative_save(m: KVCacheManager):
 
 
 def hits_for_two_groups(m: KVCacheManager):
-    first = request("a", [0, 1, 2, 3])
-    m.allocate_slots(first, 4)  # computed and cached
-    first.num_computed_tokens = 4
-    m.free(first)
-    second = request("b", [0, 1, 2, 3, 4])
-    hits, num_hits = m.get_computed_blocks(second)[:2]
+    second, hits, num_hits = cached_prefix_hit(m)
     return m.allocate_slots(second, 1, num_hits, m.create_kv_cache_blocks((hits.blocks[0], [])))
 
 
