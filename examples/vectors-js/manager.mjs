@@ -152,9 +152,8 @@ class Group {
 
   // Cache the full blocks of the first numTokens tokens (spec 2 step 6; pool cache_full_blocks).
   cacheBlocks(request, numTokens) {
-    const table = this.table(request.id);
-    if (!table) return;
-    const numFull = Math.min(fdiv(numTokens, this.B), table.length);
+    const table = this.table(request.id) ?? []; // a table too short for the tokens: the pool refuses (spec 7)
+    const numFull = fdiv(numTokens, this.B);
     const numCached = this.st.numCached.get(request.id) ?? 0;
     if (numCached >= numFull) return;
     const mask = this.cacheMask(request, numCached, numFull);

@@ -187,8 +187,8 @@ FINDINGS: tuple[Finding, ...] = (
         "F15", "vllm", "KVCacheManager.allocate_slots trusts its arguments: a count past max_model_len is capped, "
         "a flag that is not a bool is read as true or false, hits for a running request fail an assert, hit blocks "
         "no longer cached are taken, hits with caching off fail an assert, from 0.32 a float count is taken, a hit "
-        "list past the groups is ignored; and "
-        "get_block_ids_for_computed_tokens answers a negative count",
+        "list past the groups is ignored; get_block_ids_for_computed_tokens answers a negative count; "
+        "cache_blocks of blocks the request does not hold does nothing (with KV events, an IndexError)",
         ("allocation-accounting",), "bad-input:trusted_args", "F15-manager-allocation-trusts-its-arguments.json",
     ),
     Finding(

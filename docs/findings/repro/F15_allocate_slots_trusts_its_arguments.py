@@ -19,13 +19,17 @@ checks its input refuses, changing nothing:
    (0.25.1 to 0.31 fail with a ``TypeError`` inside the free queue, which
    reads as a refusal);
 8. hit blocks as two lists for a manager of one group (a list per group is
-   the argument's shape): taken, the second list ignored.
+   the argument's shape): taken, the second list ignored;
+9. (not ``allocate_slots``: the same trust, in what a KV connector's
+   scheduler calls once a load is done) ``cache_blocks`` for 4 tokens of a
+   request that holds no block: taken, nothing cached;
+10. the same with KV-cache events on: an ``IndexError``, not a refusal.
 
 Against vLLM alone (no kvspec import), on CPU:
 
     PYTHONHASHSEED=0 python docs/findings/repro/F15_allocate_slots_trusts_its_arguments.py
 
-Exit status 1 and "BUG" while any of the eight is taken, 0 otherwise.
+Exit status 1 and "BUG" while any of the ten is taken, 0 otherwise.
 """
 
 import sys
@@ -43,18 +47,18 @@ kv_cache_utils.init_none_hash(sha256_cbor)
 HASHER = kv_cache_utils.get_request_block_hasher(BLOCK, sha256_cbor)
 
 
-def manager(caching: bool = True) -> KVCacheManager:
+def manager(caching: bool = True, events: bool = False) -> KVCacheManager:
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     config = KVCacheConfig(num_blocks=24, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
-    return KVCacheManager(config, MAX_MODEL_LEN, BLOCK, BLOCK, enable_caching=caching)
+    return KVCacheManager(config, MAX_MODEL_LEN, BLOCK, BLOCK, enable_caching=caching, enable_kv_cache_events=events)
 
 
 def request(rid: str, tokens: list[int]) -> Request:
     return Request(rid, tokens, SamplingParams(max_tokens=4), None, block_hasher=HASHER)
 
 
-def attempt(what: str, call, caching: bool = True) -> str:
-    m = manager(caching)
+def attempt(what: str, call, caching: bool = True, events: bool = False) -> str:
+    m = manager(caching, events)
     free = m.block_pool.get_num_free_blocks()
     try:
         out = call(m)
@@ -129,6 +133,10 @@ def main() -> int:
         attempt("allocate_slots(3-token request, 1.5)", lambda m: m.allocate_slots(request("a", [0, 1, 2]), 1.5)),
         attempt("allocate_slots(request, 1, 4, a hit of 2 blocks and an empty list) with one group",
                 hits_for_two_groups),
+        attempt("cache_blocks(request holding no block, 4)",
+                lambda m: m.cache_blocks(request("a", [0, 1, 2, 3, 4]), 4)),
+        attempt("cache_blocks(request holding no block, 4) with KV-cache events on",
+                lambda m: m.cache_blocks(request("a", [0, 1, 2, 3, 4]), 4), events=True),
     ]
     print("\n".join(lines))
     return 1 if any(line.startswith("BUG") for line in lines) else 0

@@ -584,6 +584,8 @@ def _trusted_arguments(m, req):
     f = req("f", [0, 1] * 4 + [1])
     blocks, hit = m.get_computed_blocks(f)
     _refused(m.allocate_slots, f, 1, hit, (*blocks, []))  # not one hit list per group: vLLM ignores the extra one
+    _refused(m.cache_blocks, req("g", [0, 1] * 2 + [1]), 4)  # caching blocks a request does not hold (vLLM: an
+    # IndexError)
 
 
 def _hits_with_caching_off(m, req):
@@ -767,7 +769,7 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
                 "when it adopts a local hit (delta zero-token-hit-adoption)", "full", _zero_token_adoption),
     ManagerCase("trusted-arguments", "allocate_slots refuses a count past max_model_len, a flag that is not a "
                 "bool, hits for a running request, hit blocks no longer cached, a count that is a float and a hit "
-                "list past the groups, and changes nothing", "full",
+                "list past the groups; cache_blocks refuses blocks the request does not hold; nothing changes", "full",
                 _trusted_arguments, ("F15",)),
     ManagerCase("hits-with-caching-off", "with prefix caching off, blocks offered as a hit are refused", "caching-off",
                 _hits_with_caching_off, ("F15",)),
