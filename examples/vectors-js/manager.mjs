@@ -828,10 +828,7 @@ export class Manager {
     if (lists === null || lists === undefined) return this.groups.map(() => []);
     if (!Array.isArray(lists) || !lists.every(Array.isArray)) refuse("TypeError", "new_computed_blocks: not a list of lists (hit-soundness)");
     if (lists.length !== this.groups.length) refuse("ValueError", `new_computed_blocks: ${lists.length} lists for ${this.groups.length} groups (hit-soundness)`);
-    for (const b of lists.flat()) {
-      if (!Number.isInteger(b)) refuse("TypeError", `hit block id ${JSON.stringify(b)} is not an int (hit-soundness)`);
-      if (b < 0 || b >= this.pool.numBlocks) refuse("ValueError", `hit block ${b} is outside the pool (hit-soundness)`);
-    }
+    for (const b of lists.flat()) this.pool.requireBlock(b);
     return lists;
   }
 
