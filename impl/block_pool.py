@@ -25,7 +25,7 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from kvspec.errors import RuleError, RuleTypeError
+from kvspec.errors import RuleError, RuleTypeError, require_int
 from kvspec.hashing import (
     MAX_GROUP_ID,
     BlockHash,
@@ -173,15 +173,8 @@ class BlockPool:
         *,
         num_hash_lookahead_tokens: int = 0,
     ):
-        if type(num_gpu_blocks) is not int:
-            raise RuleTypeError("null-exclusion", f"num_gpu_blocks must be an int, got {num_gpu_blocks!r}")
-        if num_gpu_blocks < 1:
-            raise RuleError("null-exclusion", f"num_gpu_blocks must be >= 1 (block 0 is the null block), got "
-                                              f"{num_gpu_blocks}")
-        if type(hash_block_size) is not int:
-            raise RuleTypeError("block-size-coherence", f"hash_block_size must be an int, got {hash_block_size!r}")
-        if hash_block_size < 1:
-            raise RuleError("block-size-coherence", f"hash_block_size must be >= 1, got {hash_block_size}")
+        require_int("null-exclusion", "num_gpu_blocks", num_gpu_blocks, 1, " (block 0 is the null block)")
+        require_int("block-size-coherence", "hash_block_size", hash_block_size, 1)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size

@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from kvspec.errors import RuleError, RuleTypeError
+from kvspec.errors import RuleError, RuleTypeError, require_int
 from kvspec.hashing import block_hashes_for_size
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_utils import KVCacheBlock
@@ -117,10 +117,7 @@ def validate_retention_interval(
 
 
 def _positive_int(name: str, value: Any) -> None:
-    if type(value) is not int:
-        raise RuleTypeError("block-size-coherence", f"{name} must be an int, got {value!r}")
-    if value <= 0:
-        raise RuleError("block-size-coherence", f"{name} must be positive, got {value}")
+    require_int("block-size-coherence", name, value, 1)
 
 
 def _require_config(kv_cache_config: Any) -> None:

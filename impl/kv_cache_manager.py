@@ -54,7 +54,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-from kvspec.errors import RuleError, RuleTypeError
+from kvspec.errors import RuleError, RuleTypeError, require_int
 from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id
 from kvspec.impl import kv_events
 from kvspec.impl.block_pool import BlockPool
@@ -173,10 +173,7 @@ def _all_pool_blocks(blocks: Sequence[Any], pool_blocks: list[KVCacheBlock]) -> 
 
 
 def _require_count(name: str, value: Any) -> None:
-    if type(value) is not int:
-        raise RuleTypeError("allocation-accounting", f"{name} must be an int, got {value!r}")
-    if value < 0:
-        raise RuleError("allocation-accounting", f"{name} must be >= 0, got {value}")
+    require_int("allocation-accounting", name, value)
 
 
 def _require_flag(name: str, value: Any) -> None:
@@ -216,22 +213,14 @@ class KVCacheManager:
         deltas: Iterable[str] | None = None,
         num_hash_lookahead_tokens: int = 0,
     ) -> None:
-        if type(max_model_len) is not int:
-            raise RuleTypeError("block-size-coherence", f"max_model_len must be an int, got {max_model_len!r}")
-        if max_model_len <= 0:
-            raise RuleError("block-size-coherence", f"max_model_len must be positive, got {max_model_len}")
+        require_int("block-size-coherence", "max_model_len", max_model_len, 1)
         for name, flag in (("enable_caching", enable_caching), ("use_eagle", use_eagle),
                            ("enable_kv_cache_events", enable_kv_cache_events)):
             _require_flag(name, flag)
         if max_num_batched_tokens is None:
             # Without it the admission cap is no tighter than max_model_len.
             max_num_batched_tokens = max_model_len
-        if type(max_num_batched_tokens) is not int:
-            raise RuleTypeError("block-size-coherence",
-                                f"max_num_batched_tokens must be an int, got {max_num_batched_tokens!r}")
-        if max_num_batched_tokens < 0:
-            raise RuleError("block-size-coherence",
-                            f"max_num_batched_tokens must be >= 0, got {max_num_batched_tokens}")
+        require_int("block-size-coherence", "max_num_batched_tokens", max_num_batched_tokens)
         if not isinstance(watermark, (int, float)) or isinstance(watermark, bool) or not 0.0 <= watermark < math.inf:
             raise RuleError("allocation-accounting", f"watermark must be a finite number >= 0, got {watermark!r}")
         self.max_model_len = max_model_len

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from math import gcd
 from typing import Any
 
-from kvspec.errors import RuleError, RuleTypeError
+from kvspec.errors import RuleError, RuleTypeError, require_int
 from kvspec.hashing import BlockHashWithGroupId
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_utils import KVCacheBlock
@@ -64,10 +64,7 @@ def context_parallel_ranks(dcp_world_size: int, pcp_world_size: int, deltas: fro
     context parallelism; from 0.26, release delta ``pcp-outside-the-block``,
     decode alone); each holds ``block_size`` of them."""
     for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
-        if type(size) is not int:
-            raise RuleTypeError("block-size-coherence", f"{name} must be an int, got {size!r}")
-        if size < 1:
-            raise RuleError("block-size-coherence", f"{name} must be >= 1, got {size}")
+        require_int("block-size-coherence", name, size, 1)
     return dcp_world_size * (1 if "pcp-outside-the-block" in deltas else pcp_world_size)
 
 

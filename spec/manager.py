@@ -45,7 +45,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kvspec.errors import RuleError, RuleTypeError
+from kvspec.errors import RuleError, RuleTypeError, require_int
 from kvspec.hashing import block_hashes_for_size, make_block_hash_with_group_id
 from kvspec.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -75,11 +75,7 @@ from kvspec.spec.pool import SpecBlockPool, TrialPool
 
 
 def _require_int(value: Any, what: str, rule: str = "allocation-accounting") -> int:
-    if type(value) is not int:
-        raise RuleTypeError(rule, f"{what} must be an int, got {value!r}")
-    if value < 0:
-        raise RuleError(rule, f"{what} must be >= 0, got {value}")
-    return value
+    return require_int(rule, what, value)
 
 
 def _require_bool(value: Any, what: str) -> bool:
@@ -156,9 +152,7 @@ class SpecKVCacheManager:
         for name, value in (("max_model_len", max_model_len), ("scheduler_block_size", scheduler_block_size),
                             ("hash_block_size", hash_block_size), ("dcp_world_size", dcp_world_size),
                             ("pcp_world_size", pcp_world_size)):
-            _require_int(value, name, "block-size-coherence")
-            if value == 0:
-                raise RuleError("block-size-coherence", f"{name} must be positive")
+            require_int("block-size-coherence", name, value, 1)
         for name, value in (("enable_caching", enable_caching), ("use_eagle", use_eagle),
                             ("enable_kv_cache_events", enable_kv_cache_events)):
             _require_bool(value, name)

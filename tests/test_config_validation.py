@@ -85,9 +85,9 @@ def test_unitary_coordinator_needs_exactly_one_group():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(sbs=0), r"scheduler_block_size must be positive, got 0"),
-        (dict(sbs=4, hbs=-4), r"hash_block_size must be positive, got -4"),
-        (dict(max_model_len=0), r"max_model_len must be positive, got 0"),
+        (dict(sbs=0), r"scheduler_block_size must be >= 1, got 0"),
+        (dict(sbs=4, hbs=-4), r"hash_block_size must be >= 1, got -4"),
+        (dict(max_model_len=0), r"max_model_len must be >= 1, got 0"),
         (dict(max_num_batched_tokens=-1), r"max_num_batched_tokens must be >= 0, got -1"),
         (dict(watermark=-0.1), r"watermark must be a finite number >= 0, got -0.1"),
         (dict(watermark=float("inf")), r"watermark must be a finite number >= 0, got inf"),
