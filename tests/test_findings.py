@@ -195,6 +195,47 @@ def test_a_label_is_given_only_to_a_failure_that_breaks_the_findings_rules():
     assert matching_finding("vllm", "pool", trace.layout, trace) == f1
 
 
+def test_a_finding_labels_only_a_failure_on_a_layout_that_can_show_it():
+    """F5 is Mamba *align* mode with external tokens: the same kind of
+    failure on an ``all``-mode layout is not F5 -- a fork's LRU change on
+    full+mamba-all was labelled F5 (issue 52) -- nor on a layout with no
+    Mamba group; on an align-mode layout it is."""
+    f5 = next(f for f in FINDINGS if f.id == "F5")
+    trace = Trace.load(f5.trace_path)
+    assert "align" in trace.layout
+    assert matching_finding("vllm", "manager", trace.layout, trace) == f5
+    for other in ("full+mamba-all", "full+mamba-all-drafts", "full", "full+swa"):
+        assert not f5.shows_on("manager", other), other
+        assert matching_finding("vllm", "manager", other, trace) is None, other
+    trace.failure = {**trace.failure, "rules": []}  # a bare divergence on the right layout and input: still F5
+    assert matching_finding("vllm", "manager", trace.layout, trace) == f5
+    assert matching_finding("vllm", "manager", "full+mamba-all", trace) is None
+
+
+def test_a_divergence_from_an_upstream_run_in_lockstep_is_never_a_finding():
+    """Under ``--against`` the upstream runs the same code the target
+    inherited, findings and all: a difference from it is the target's
+    change, whatever input it met (issue 52: a fork's LRU regression read
+    as F5)."""
+    f5 = next(f for f in FINDINGS if f.id == "F5")
+    trace = Trace.load(f5.trace_path)
+    trace.failure = {**trace.failure, "rules": []}
+    trace.against = "vllm==0.25.1"
+    assert matching_finding("vllm", "manager", trace.layout, trace) is None
+    trace.failure = {**trace.failure, "rules": list(f5.rules)}  # a rule broken there is still the finding's
+    assert matching_finding("vllm", "manager", trace.layout, trace) == f5
+
+
+def test_every_finding_says_its_component_and_shows_on_some_layout():
+    from kvspec.conformance.findings import COMPONENTS
+    from kvspec.conformance.machines.layouts import LATER_LAYOUTS
+
+    for finding in FINDINGS:
+        assert finding.component in COMPONENTS, finding.id
+        names = layout_names(finding.scope) + list(LATER_LAYOUTS)
+        assert any(finding.shows_on(finding.scope, name) for name in names), finding.id
+
+
 S2_BY_PREEMPTION = Path(__file__).parent / "traces" / "S2-by-preemption.json"
 
 

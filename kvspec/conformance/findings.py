@@ -84,6 +84,16 @@ def in_releases(version: str, releases: tuple[str, str | None]) -> bool:
     return version_key(first) <= version_key(version) and (fixed is None or version_key(version) < version_key(fixed))
 
 
+COMPONENTS: dict[str, str] = {
+    "vllm-block-manager": "vLLM's block manager",
+    "vllm-scheduler": "vLLM's scheduler",
+}
+"""The components a finding can live in, and how a report names each.  A
+target replaces some of them with its own code and runs on the others:
+``impl`` replaces vLLM's block manager and, at scheduler scope, runs under
+vLLM's scheduler -- whose findings are then not impl's (:func:`inherited_findings`)."""
+
+
 @dataclass(frozen=True)
 class Finding:
     id: str
@@ -94,6 +104,7 @@ class Finding:
     trace: str  # file name under docs/findings/
     also: tuple[str, ...] = ()  # further scopes whose machines send its input (steered there too)
     releases: tuple[str, str | None] = (BASE, None)  # the first release it is in, the first it is fixed in
+    component: str = "vllm-block-manager"  # where it lives (COMPONENTS)
 
     def affects(self, version: str) -> bool:
         """Whether vLLM ``version`` has it (as far as the releases measured say)."""
@@ -107,6 +118,21 @@ class Finding:
     @property
     def trace_path(self) -> Path:
         return FINDINGS_DIR / self.trace
+
+    def shows_on(self, scope: str, layout: str) -> bool:
+        """Whether a run at ``scope`` on ``layout`` can show this finding at
+        all: its scopes, and for an input that needs a kind of model (a
+        Mamba group in align mode, context parallelism) or one layout, that
+        model or that layout.  A bad input shows on any layout of its scopes."""
+        if scope not in (self.scope, *self.also):
+            return False
+        if self.avoid.startswith("layout:"):
+            return self.avoid == f"layout:{layout}"
+        if self.avoid == "mamba-align-external":
+            return "align" in _layout_of(layout, lambda found: found.mamba_cache_modes, ())
+        if self.avoid.startswith("context-parallel:"):
+            return _layout_of(layout, lambda found: found.context_parallel_ranks, 1) > 1
+        return True
 
 
 FINDINGS: tuple[Finding, ...] = (
@@ -201,6 +227,17 @@ FINDINGS: tuple[Finding, ...] = (
 )
 
 
+def _layout_of(name: str, read, default):
+    """``read(layout)`` for the manager layout ``name`` (built-in or a
+    model's), or ``default`` where ``name`` names none (a pool layout)."""
+    layout = MANAGER_LAYOUTS.get(name) or LATER_LAYOUTS.get(name)
+    if layout is None and name.startswith("model:"):
+        from kvspec.models.architectures import setup
+
+        layout = setup(name.removeprefix("model:")).layout
+    return default if layout is None else read(layout)
+
+
 def is_avoidable(name: str, layouts: list[str]) -> bool:
     """Whether ``name`` is an input the machines can avoid."""
     if name.startswith("layout:"):
@@ -209,19 +246,34 @@ def is_avoidable(name: str, layouts: list[str]) -> bool:
 
 
 def known_findings(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "manager")) -> tuple[Finding, ...]:
-    """``target``'s known findings at ``scopes``: at scheduler scope, those
-    of vLLM's scheduler (kvspec.conformance.vllm.scheduler_findings), which
-    every block manager under it inherits.  Only those of the release
-    judged: a finding fixed before it (or not yet in it) is not steered
-    around, so that its return is seen."""
+    """``target``'s own known findings at ``scopes``: vLLM's block manager's,
+    and at scheduler scope its scheduler's
+    (kvspec.conformance.vllm.scheduler_findings) -- a block manager of
+    another's under that scheduler inherits those instead
+    (:func:`inherited_findings`).  Only those of the release judged: a
+    finding fixed before it (or not yet in it) is not steered around, so
+    that its return is seen."""
     version = releases.current().version
     found = tuple(f for f in FINDINGS if f.target == target and ({f.scope, *f.also} & set(scopes))
                   and f.affects(version))
-    if "scheduler" in scopes:
+    if target == "vllm" and "scheduler" in scopes:
         from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS
 
         found += tuple(SCHEDULER_FINDINGS.values())
     return found
+
+
+def inherited_findings(target: str, scopes: list[str] | tuple[str, ...]) -> tuple:
+    """The known findings of components ``target`` runs on but does not
+    replace: vLLM's scheduler's, for a block manager other than vLLM's
+    judged under it (scheduler scope).  They are not the target's: a run
+    steers around their inputs and reports them as the component's
+    (``--strict`` sends them, and counts what they break)."""
+    if target == "vllm" or "scheduler" not in scopes:
+        return ()
+    from kvspec.conformance.vllm.scheduler_findings import SCHEDULER_FINDINGS
+
+    return tuple(SCHEDULER_FINDINGS.values())
 
 
 def inputs_to_avoid(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "manager")) -> frozenset[str]:
@@ -230,12 +282,19 @@ def inputs_to_avoid(target: str, scopes: list[str] | tuple[str, ...] = ("pool", 
 
 
 def matching_finding(target: str, scope: str, layout: str, trace: object) -> Finding | None:
-    """The known finding of ``target`` that a failing run is: its layout is
-    the finding's, or its failing step sends the finding's input -- and it
-    breaks only rules the finding breaks (a fork's leak met on a finding's
-    input is the fork's, not the finding).  A label for reports, not a
-    verdict: the run is still a failure."""
+    """The known finding that a failing run is, where it fits the finding
+    in all three ways: the component (one of ``target``'s own findings, or
+    one of a component it runs on, :func:`inherited_findings`), the layout
+    (:meth:`Finding.shows_on`) and the rules -- it breaks only rules the
+    finding breaks (a fork's leak met on a finding's input is the fork's)
+    and its failing step sends the finding's input.  A divergence from an
+    upstream run in lockstep (``--against``) is never a finding: the upstream
+    has every finding the target inherited from it.  A label for reports,
+    not a verdict: the run is still a failure."""
     if trace is None or not getattr(trace, "steps", None):
+        return None
+    broken = set((trace.failure or {}).get("rules") or ())
+    if getattr(trace, "against", "") and not broken:
         return None
     if scope == "scheduler":
         return _matching_scheduler_finding(layout, trace)
@@ -243,22 +302,19 @@ def matching_finding(target: str, scope: str, layout: str, trace: object) -> Fin
     failing = trace.steps[min(step, len(trace.steps)) - 1]
     values = set(map(str, failing.args.values())) | {str(v) for _, v in failing.draws}
     labels = {label for label, _ in failing.draws}
-    broken = set((trace.failure or {}).get("rules") or ())
     for finding in known_findings(target, (scope,)):
-        if not broken <= set(finding.rules):
+        if not broken <= set(finding.rules) or not finding.shows_on(scope, layout):
             continue
-        if finding.avoid.startswith("layout:") and finding.avoid == f"layout:{layout}":
+        if finding.avoid.startswith("layout:"):
             return finding
         if finding.avoid.startswith("bad-input:") and finding.scope == scope and finding.avoid.split(":")[1] in values:
             return finding
-        if finding.avoid == "mamba-align-external" and "mamba" in layout and "external blocks" in labels:
+        if finding.avoid == "mamba-align-external" and "external blocks" in labels:
             return finding
         if finding.avoid == "context-parallel:hybrid-per-group-lookup" and layout in LATER_LAYOUTS and \
-                LATER_LAYOUTS[layout].dcp_world_size > 1 and \
                 any("find_longest_cache_hit_per_group" in op for op in failing.operations):
             return finding
         if finding.avoid == "context-parallel:save-past-computed" and layout in MANAGER_LAYOUTS and \
-                MANAGER_LAYOUTS[layout].context_parallel_ranks > 1 and \
                 any("get_block_ids_for_computed_tokens" in op for op in failing.operations):
             return finding
     return None

@@ -29,6 +29,7 @@ class SchedulerFinding:
     target: str = "vllm"  # found in vLLM's scheduler; every block manager under it inherits it
     engine: Engine = Engine()  # the engine configuration the trace runs under
     scope = "scheduler"
+    component = "vllm-scheduler"  # kvspec.conformance.findings.COMPONENTS
 
 
 def _hybrid(mode: str) -> Layout:
