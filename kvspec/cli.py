@@ -14,7 +14,9 @@ Exit codes: 0 conforms, 1 a rule was broken (or the target diverged from
 the spec), 2 usage or environment error (one line, no traceback), 3
 (``conform``) nothing broke but some layout was not searched -- its turn
 never came within the budget, or it ran fewer operations than its scope's
-floor -- so the run is no pass for it (``--allow-unsearched``: exit 0).
+floor -- so the run is no pass for it (``--allow-unsearched``: exit 0), 4
+interrupted (SIGINT or SIGTERM) before a verdict: ``conform`` still writes
+its reports with what it searched, and exits 1 if it had found a failure.
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvspec import __version__
-from kvspec.conformance.findings import AVOIDABLE, Finding, known_findings
+from kvspec.conformance.findings import AVOIDABLE, COMPONENTS, Finding, known_findings
 from kvspec.conformance.gate import (
     FirstFailure,
     GateOptions,
     Listener,
     run_gate,
 )
-from kvspec.conformance.machines.machinery import unnamed_failure
+from kvspec.conformance.machines.machinery import TargetImportError, unnamed_failure
 from kvspec.conformance.report import BUDGET_SPENT, FAIL_FAST, STEERED, TOO_FEW, LayoutResult
 from kvspec.conformance.runner import (
     BLOCK_SCOPES,
@@ -57,6 +59,7 @@ from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
+INTERRUPTED_EXIT = 4  # SIGINT or SIGTERM stopped the command before its verdict
 
 
 class ConformPrinter(Listener):
@@ -65,6 +68,9 @@ class ConformPrinter(Listener):
     so that worker processes can print first failures too."""
 
     def begin(self, options: GateOptions, steered: tuple[Finding, ...], avoid: frozenset[str]) -> None:
+        if options.cross_release_of:
+            print(f"warning: the vLLM under test is {options.cross_release_of}, judged by the rules of vLLM "
+                  f"{options.release} (--cross-release)")
         header = f"kvspec conform: target={options.target} level={options.level} profile={options.profile}"
         if options.budget:
             header += f" budget={options.budget:g}s"
@@ -79,12 +85,18 @@ class ConformPrinter(Listener):
                   "every difference is the target's change")
         if steered:
             print(f"steering around known findings {', '.join(f.id for f in steered)} (docs/findings.md)")
+        for component in dict.fromkeys(f.component for f in options.inherited):
+            ids = ", ".join(f.id for f in options.inherited if f.component == component)
+            print(f"steering around {COMPONENTS[component]}'s known findings {ids}: {options.target} runs under "
+                  f"{COMPONENTS[component]} and does not replace it; a failure that {COMPONENTS[component]} "
+                  "shows with its own block manager too is reported as its, not the target's (--strict counts "
+                  "both)")
         if avoid:
             print(f"the machines do not send: {'; '.join(sorted(avoid))}")
         print(f"{'scope':<8} {'layout':<24} {'operations':>10} {'seconds':>8}  result", flush=True)
 
     def first_failure(self, f: FirstFailure) -> None:
-        label = f" (looks like known finding {f.known})" if f.known else ""
+        label = f" (looks like known finding {f.known}; replaying it decides whose it is)" if f.known else ""
         print(f"{f.scope:<8} {f.layout:<24} first failing check at {f.seconds:.1f} s{label}: {f.broken} -- "
               f"shrinking; the run as found ({f.steps} steps): {f.path}", flush=True)
 
@@ -106,13 +118,15 @@ def conform(args: argparse.Namespace) -> int:
     options = GateOptions(
         target=args.target, scope=args.scope, level=args.level, layouts=args.layout, profile=args.profile,
         examples=args.examples, budget=args.budget, seed=args.seed, known_findings=args.known_findings,
+        strict=args.strict,
         avoid=args.avoid or [], database=args.database, fail_fast=args.fail_fast, workers=args.workers,
-        shard=args.shard, release=args.release, against=args.against, report_dir=args.report_dir,
+        shard=args.shard, release=args.release, cross_release=args.cross_release, against=args.against,
+        report_dir=args.report_dir,
         trace_dir=args.trace_dir, progress=args.progress if args.progress is not None else sys.stderr.isatty(),
         coverage=args.coverage,
         command=" ".join(["kvspec", *map(shlex.quote, args.argv)]), started=args.started)
     report = run_gate(options, ConformPrinter())
-    failures = sum(not r.conforms for r in report.results)
+    failures = len(report.failures)
     print()
     print("\n".join(report.rule_table(report.checked)))
     print()
@@ -123,12 +137,17 @@ def conform(args: argparse.Namespace) -> int:
             print(f"rules never past their guards (no state they judge arose): {', '.join(c['never_met'])}")
         print()
     for finding, layouts in report.known_groups().items():
-        print(f"known finding {finding}\n    on {len(layouts)} layout(s): {', '.join(layouts)}"
-              " (--known-findings steers around it)")
+        steer = "" if args.known_findings else " (--known-findings steers around it)"
+        print(f"looks like known finding {finding}\n    on {len(layouts)} layout(s): {', '.join(layouts)}{steer}")
+    for r in report.others_failures:
+        print(f"not {args.target}'s: {r.scope}/{r.layout} -- {r.known_label} ({r.trace_file})")
     unsearched = report.unsearched
+    if report.interrupted:
+        print(f"interrupted by {report.interrupted}: the report holds the {len(report.results) - len(unsearched)} "
+              f"layout(s) done and any failure found so far; {len(unsearched)} not searched")
     if failures:
         print(f"{failures} layout(s) failed")
-    elif unsearched:
+    elif unsearched and not report.interrupted:
         print(f"nothing broke, but {len(unsearched)} of {len(report.results)} layout(s) were not searched: "
               f"{', '.join(f'{r.scope}/{r.layout}' for r in unsearched)} -- no pass for them"
               + ("" if args.allow_unsearched else " (exit 3; --allow-unsearched accepts it)"))
@@ -138,6 +157,8 @@ def conform(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     if failures:
         return 1
+    if report.interrupted:
+        return INTERRUPTED_EXIT
     return 3 if unsearched and not args.allow_unsearched else 0
 
 
@@ -324,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--known-findings", action="store_true",
                      help="steer around the inputs of the target's known findings (docs/findings.md) "
                      "and search the rest")
+    run.add_argument("--strict", action="store_true",
+                     help="also send the inputs of the known findings of components the target runs on and does "
+                     "not replace (impl under vLLM's scheduler: vLLM's scheduler's findings), and count every "
+                     "failure against the target, whoever's it is")
     run.add_argument("--avoid", action="append", metavar="INPUT",
                      help="an input the machines must not send (repeatable): " + "; ".join(
                          f"{name} ({what})" for name, what in AVOIDABLE.items()))
@@ -346,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="judge by the rules of vLLM release X.Y.Z (spec/README.md, chapter Releases; default: "
                      "the installed vLLM's for --target vllm, else the base release); a release newer than "
                      "every known one is judged by the newest known one's, with a warning")
+    run.add_argument("--cross-release", action="store_true",
+                     help="with --target vllm: judge the installed vLLM by the rules of --release X although it is "
+                     "another release (refused without this flag; said on the first line and in the report)")
     run.add_argument("--against", metavar="UPSTREAM",
                      help="run the target in lockstep with an upstream vLLM instead of the spec, at pool and "
                      "manager scope: vllm==X.Y.Z (that release, installed alone under ~/.cache/kvspec) or the "
@@ -578,9 +606,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"kvspec: error: {error}", file=sys.stderr)
         return 2
+    except TargetImportError as error:  # outside conform's gate (replay, vectors): one line, the target's failure
+        print(f"kvspec: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("kvspec: interrupted", file=sys.stderr)
-        return 2
+        return INTERRUPTED_EXIT
     except BrokenPipeError:  # the reader went away (`kvspec conform | head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

@@ -341,28 +341,54 @@ def test_kernels_name_the_check_that_caught_a_broken_manager(capsys):
     assert "Falsifying example" in out or "Failing test case" in out  # Hypothesis's wording, by version
 
 
+TARGETS_FAILING_AT_IMPORT = {
+    "raises_at_import": ("raise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here", 1),
+    "syntax_error": ("def make(:\n", "SyntaxError", 1),
+    "exits_at_import": ("import sys\nsys.exit(3)\n", "SystemExit: 3", 2),
+    "imports_a_removed_name": ("from kvspec.impl import NoSuchBlockPool\n", "ImportError: cannot import name", 1),
+}
+
 BROKEN_TARGETS = {
-    "raises_at_import": ("raise RuntimeError('no GPU here')\n", "importing target module 'raises_at_import' failed: "
-                         "RuntimeError: no GPU here"),
-    "syntax_error": ("def make(:\n", "importing target module 'syntax_error' failed: SyntaxError"),
-    "exits_at_import": ("import sys\nsys.exit(3)\n", "importing target module 'exits_at_import' failed: SystemExit: 3"),
     "returns_none": ("def make(*args):\n    return None\n", "target factory returns_none:make returned None"),
     "factory_raises": ("def make(*args):\n    raise KeyError('config')\n",
                        "target factory_raises:make could not build a pool target: KeyError: 'config'"),
     "not_a_pool": ("def make(*args):\n    return object()\n",
                    "returned a object, which is neither a PoolTarget nor a pool with vLLM's BlockPool API"),
+    "imports_what_is_not_installed": ("import no_such_dependency\n",
+                                      "cannot import target module 'imports_what_is_not_installed': No module named "
+                                      "'no_such_dependency'"),
 }
 
 
 @pytest.mark.parametrize("module", sorted(BROKEN_TARGETS))
 def test_a_target_that_cannot_load_is_a_usage_error(module, tmp_path, monkeypatch, capsys):
-    """Whatever goes wrong loading a target -- at import, in the factory, in
-    what it returns -- is one line and exit 2, before any layout runs."""
+    """What goes wrong loading a target that is the environment's or the
+    caller's -- a module or dependency not installed, a factory that raises
+    or returns no target -- is one line and exit 2, before any layout runs."""
     source, message = BROKEN_TARGETS[module]
     assert main(["conform", "--target", target_module(tmp_path, monkeypatch, module, source), "--scope", "pool"]) == 2
     captured = capsys.readouterr()
     assert message in captured.err and captured.err.count("\n") == 1, captured.err
     assert "layout" not in captured.out  # nothing ran
+
+
+@pytest.mark.parametrize("module", sorted(TARGETS_FAILING_AT_IMPORT))
+def test_a_target_installed_but_failing_to_import_is_the_targets_failure(module, tmp_path, monkeypatch, capsys):
+    """A target that is there but whose code does not import -- a pull
+    request that breaks vLLM's import -- is red, exit 1, with the reports
+    naming the error and the line that raised it (issue 52); only a target
+    or dependency that is not installed is the environment's (exit 2)."""
+    source, message, line = TARGETS_FAILING_AT_IMPORT[module]
+    target = target_module(tmp_path, monkeypatch, module, source)
+    assert main(["conform", "--target", target, "--scope", "pool", "--report-dir", str(tmp_path / "r")]) == 1
+    out = capsys.readouterr().out
+    assert "import" in out and message in out and "FAILED" in out, out
+    where = f"{module}.py:{line}"
+    assert where in out, out
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "does NOT conform" in md and message in md and where in md, md
+    assert 'failures="1"' in (tmp_path / "r" / "junit.xml").read_text()
+    assert main(["replay", str(tmp_path / "no-trace.json"), "--target", target]) == 2  # the missing trace first
 
 
 def test_a_pool_target_under_the_manager_scope_is_told_so(tmp_path, monkeypatch, capsys):
@@ -854,3 +880,91 @@ def test_the_kernel_stage_steers_around_known_findings(tmp_path, capsys, monkeyp
     rows = {r["layout"]: r for r in json.loads((tmp_path / "report.json").read_text())["results"]}
     assert rows["full+mamba-eagle"]["skipped"] == "steered around F7" and rows["full"]["operations"] > 0
     assert "F7: EAGLE with a Mamba group" in (tmp_path / "report.md").read_text()
+
+
+def _interrupted(tmp_path, argv: list[str], signum: int, when: str) -> tuple[int, str]:
+    """Run ``kvspec`` with ``argv`` in a process of its own (from tests/, so
+    that its broken targets import), send ``signum`` once a line of its
+    output holds ``when``, and return its exit code and output."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    process = subprocess.Popen([sys.executable, "-m", "kvspec.cli", *argv, "--report-dir", str(tmp_path)],
+                               cwd=Path(__file__).parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out = []
+    for line in process.stdout:
+        out.append(line)
+        if when in line:
+            time.sleep(1.0)
+            process.send_signal(signum)
+            break
+    rest, _ = process.communicate(timeout=120)
+    assert signum != signal.SIGINT or process.returncode != 2, "".join(out) + rest
+    return process.returncode, "".join(out) + rest
+
+
+def test_an_interrupted_run_keeps_the_failure_it_found(tmp_path):
+    """SIGINT after a failure was found: the reports are written, the
+    failure in them, the layouts not searched named as such, exit 1
+    (issue 52: an interrupt used to exit 2 and write nothing)."""
+    import json
+    import signal
+
+    argv = ["conform", "--target", "broken_pools:StaleHash", "--scope", "pool", "--level", "L1", "--examples",
+            "100000", "--no-progress"]
+    code, out = _interrupted(tmp_path, argv, signal.SIGINT, "first failing check")
+    assert code == 1, out
+    assert "interrupted by SIGINT" in out and "hash-map-consistency" in out, out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["interrupted"] == "SIGINT" and not report["conforms"]
+    failed = [r for r in report["results"] if not r["conforms"]]
+    assert failed and "hash-map-consistency" in failed[0]["rules"] and failed[0]["steps"], failed
+    assert report["unsearched"], report["results"]
+    assert "interrupted by SIGINT" in (tmp_path / "report.md").read_text()
+    assert "<failure" in (tmp_path / "junit.xml").read_text()
+
+
+def test_a_terminated_run_reports_what_it_searched_and_exits_4(tmp_path):
+    """SIGTERM (a CI job cancelled) before a verdict: the reports say the
+    run was interrupted and that nothing is a pass, exit 4 -- neither a
+    usage error (2) nor 143 with no report."""
+    import json
+    import signal
+
+    argv = ["conform", "--target", "impl", "--scope", "pool", "--examples", "100000", "--no-progress"]
+    code, out = _interrupted(tmp_path, argv, signal.SIGTERM, "scope")
+    assert code == 4, out
+    assert "interrupted by SIGTERM" in out, out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["interrupted"] == "SIGTERM" and report["conforms"] and report["unsearched"]
+    assert "was INTERRUPTED by SIGTERM" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (tools/install_vllm.sh)")
+def test_judging_the_installed_vllm_by_another_releases_rules_is_refused_unless_asked(tmp_path, capsys):
+    """``--release 0.34.0`` with vLLM 0.25.1 installed judged 0.25.1 by
+    0.34.0's rules and said "conforms" (issue 52): now refused, exit 2,
+    naming both releases -- and with --cross-release run, said on the first
+    line and in the report."""
+    import json
+
+    from kvspec.conformance.vllm import installed
+    from kvspec.spec import releases
+
+    version = installed.version()
+    other = next(v for v in (releases.KNOWN[-1], releases.BASE) if releases.judged(v).known !=
+                 releases.judged(version).known)
+    argv = ["conform", "--target", "vllm", "--scope", "pool", "--layout", "tiny-pool", "--examples", "3",
+            "--known-findings", "--release", other, "--no-progress", "--report-dir", str(tmp_path)]
+    with releases.judging(releases.BASE):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"the vLLM under test is {version}" in err and "--cross-release" in err and err.count("\n") == 1, err
+        main([*argv, "--cross-release"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"warning: the vLLM under test is {version}, judged by the rules of vLLM {other}"), out
+    versions = json.loads((tmp_path / "report.json").read_text())["versions"]
+    assert versions["judged across releases"].startswith(f"vLLM {version} by the rules of {other}")

@@ -291,3 +291,54 @@ def test_a_fault_in_kvspecs_harness_is_a_usage_error_not_the_targets_failure(mon
 def test_the_scheduler_scope_takes_vllm_or_impl_only(capsys):
     assert main(["conform", "--target", "spec", "--scope", "scheduler"]) == 2
     assert "scheduler scope runs vLLM's scheduler" in capsys.readouterr().err
+
+
+# --- whose failure: impl under vLLM's scheduler (issue 52) -------------------------------------------------
+
+
+def test_impl_under_vllms_scheduler_steers_around_the_schedulers_findings_without_being_asked(tmp_path):
+    """The README's main job where vLLM is installed: impl runs under vLLM's
+    scheduler, whose known findings are not impl's -- their inputs are not
+    sent, with no flag, and the report names them as the scheduler's."""
+    report = _gate(tmp_path, target="impl", layouts=["full+mamba-all"], examples=30)
+    (result,) = report.results
+    assert result.conforms, result.details
+    assert report.conforms and not report.steered_around
+    assert {"S1", "S1-align", "S2", "S2-fail", "S3"} == {line.split(": ")[1] for line in report.inherited}
+    assert all(line.startswith("vLLM's scheduler: ") for line in report.inherited)
+    assert "Not the target's" in report.to_markdown()
+
+
+def test_strict_sends_the_schedulers_findings_and_attributes_them_to_the_scheduler(tmp_path):
+    """With --strict the scheduler's findings' inputs are sent; the failure
+    met is replayed with vLLM's own block manager in impl's place, fails
+    there too, and is said to be vLLM's scheduler's -- counted, since
+    --strict asked for it, and not counted without it."""
+    report = _gate(tmp_path, target="impl", layouts=["full+mamba-all"], examples=60, strict=True)
+    (result,) = report.results
+    assert not result.conforms and result.owner == "vllm-scheduler", result.details
+    assert result.failed(strict=True) and not result.failed(strict=False)
+    assert not report.conforms  # --strict counts it
+    assert "vLLM's scheduler: known finding S" in result.known_label, result.known_label
+
+
+def test_a_fault_planted_in_vllms_scheduler_is_not_impls(tmp_path):
+    """vLLM's scheduler with a planted fault, impl under it: the failure
+    replays on vLLM's own block manager too, so the gate on impl stays
+    green and names the scheduler -- impl is never red for vLLM's bug."""
+    with applied(MUTANTS_BY_NAME["rollback-one-block-short"], Family("vllm")):
+        report = _gate(tmp_path, target="impl", layouts=["full"], budget=40)
+    (result,) = report.results
+    assert not result.conforms and result.owner == "vllm-scheduler", result.details
+    assert "content-soundness" in result.rules
+    assert report.conforms and report.others_failures == [result]
+
+
+def test_a_fault_planted_in_impl_under_vllms_scheduler_is_impls(tmp_path):
+    """The same gate with the fault in impl: vLLM's own block manager holds
+    on the failing run, so the failure is impl's -- red, exit 1."""
+    with applied(MUTANTS_BY_NAME["reuse-keeps-hash"], Family("impl")):
+        report = _gate(tmp_path, target="impl", layouts=["full"], budget=40)
+    (result,) = report.results
+    assert not result.conforms and result.owner is None, result.details
+    assert not report.conforms and report.failures == [result]

@@ -45,11 +45,20 @@ from typing import Any
 
 from kvspec import __version__
 from kvspec.conformance import spec_coverage
-from kvspec.conformance.findings import AVOIDABLE, Finding, is_avoidable, known_findings, matching_finding
-from kvspec.conformance.machines.machinery import ConformanceError, unnamed_failure
+from kvspec.conformance.findings import (
+    AVOIDABLE,
+    COMPONENTS,
+    Finding,
+    inherited_findings,
+    is_avoidable,
+    known_findings,
+    matching_finding,
+)
+from kvspec.conformance.machines.machinery import ConformanceError, TargetImportError, unnamed_failure
 from kvspec.conformance.report import (
     BUDGET_SPENT,
     FAIL_FAST,
+    INTERRUPTED,
     STEERED,
     LayoutResult,
     RunReport,
@@ -82,6 +91,7 @@ from kvspec.conformance.settings import PROFILES, DatabaseError, example_databas
 from kvspec.conformance.trace import Trace, trace_file_name
 from kvspec.dropin_releases import impl_deltas
 from kvspec.spec import releases
+from kvspec.spec.catalogue import RULES
 
 WORKER_GRACE = 5.0  # seconds past the budget before a worker that has not answered is stopped
 FIRST_SLICE = (0.25, 2.0)  # seconds: the bounds of a layout's first slice under a budget
@@ -104,12 +114,15 @@ class GateOptions:
     budget: float | None = None  # ... or seconds for the whole run, shrinking included
     seed: int | None = None
     known_findings: bool = False
+    strict: bool = False  # send the inputs of findings of components the target runs on, and count them
     avoid: list[str] = field(default_factory=list)
     database: str | None = None
     fail_fast: bool = False
     workers: int = 1
     shard: str | None = None  # "I/N"
     release: str | None = None  # the vLLM release whose rules judge (None: the installed vLLM's, or the base)
+    cross_release: bool = False  # judge an installed vLLM by the rules of another release (--release), on purpose
+    cross_release_of: str | None = None  # set by the gate: the installed release so judged
     against: str | None = None  # an upstream vLLM to run in lockstep with instead of the spec (vllm==X, a python)
     report_dir: str | None = None
     trace_dir: str | None = None
@@ -117,6 +130,7 @@ class GateOptions:
     coverage: bool = False  # measure what the run exercises of the spec (kvspec.conformance.spec_coverage)
     coverage_dir: str | None = None  # where each process's measurement goes (set by run_gate)
     findings_of: str | None = None  # whose known findings apply: set by run_gate (runner.findings_target)
+    inherited: tuple[Any, ...] = ()  # the findings of components the target runs on, steered: set by run_gate
     minimise: bool = True  # cut a failing layout's run by replay (kvspec mutate needs the verdict only)
     command: str = "kvspec conform"  # recorded in the report
     started: float = field(default_factory=time.perf_counter)  # the budget counts from here
@@ -161,7 +175,10 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     """Search every layout of the plan and return the report (written to
     ``options.report_dir`` too, its paths in ``report.written``)."""
     listener = listener or Listener()
-    plan = make_plan(options)
+    try:
+        plan = make_plan(options)
+    except TargetImportError as error:
+        return _import_failure(options, error, listener)
     if options.budget and options.seed is None:  # a budgeted search is random: its seed is chosen here, and told
         options.seed = int.from_bytes(os.urandom(4), "big")
     quiet_loggers()
@@ -173,23 +190,114 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
         # the upstream's own findings would read as the target's differences from it
         steered += tuple(f for f in known_findings("vllm", [s for s in scopes if s in BLOCK_SCOPES])
                          if f not in steered)
-    avoid = frozenset(f.avoid for f in steered if f.avoid) | frozenset(options.avoid)
+    inherited = options.inherited = () if options.strict else inherited_findings(options.target, scopes)
+    avoid = frozenset(f.avoid for f in (*steered, *inherited) if f.avoid) | frozenset(options.avoid)
     deadline = options.started + options.budget if options.budget else None
     report = RunReport(options.target, options.level, options.profile, seed=options.seed,
                        steered_around=[f"{f.id}: {f.title}" for f in steered],
+                       inherited=[f"{COMPONENTS[f.component]}: {f.id}: {f.title}" for f in inherited],
+                       strict=options.strict,
                        checked={scope: compared(scope, options.level, options.against) for scope in scopes},
                        command=options.command, versions=versions(options.findings_of, scopes),
                        against=_upstream(options))
+    if options.cross_release_of:
+        report.versions["judged across releases"] = f"vLLM {options.cross_release_of} by the rules of " \
+                                                    f"{options.release} (--cross-release)"
     _check_budget_covers_loading(options, deadline)
     listener.begin(options, steered, avoid)
-    with _measured(options) as measure:
-        _search(options, plan, steered, avoid, deadline, report, listener)
+    found = _FirstFailures(listener)
+    with _measured(options) as measure, _terminated_as_interrupt():
+        try:
+            _search(options, plan, steered, avoid, deadline, report, found)
+        except (KeyboardInterrupt, Terminated) as stop:
+            if isinstance(stop, KeyboardInterrupt) and type(stop) is not KeyboardInterrupt:
+                raise  # the budget's or the harness's own stop (machinery.BudgetSpent, HarnessFault), no interrupt
+            report.interrupted = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
+            _keep_what_was_found(report, plan, found.failures)
     report.coverage = measure.get("report")
     order = {key: i for i, key in enumerate(plan)}
     report.results.sort(key=lambda r: order[(r.scope, r.layout)])  # the report in plan order
     if options.report_dir:
         report.written = write_reports(report, options.report_dir)
     return report
+
+
+def _import_failure(options: GateOptions, error: TargetImportError, listener: Listener) -> RunReport:
+    """The report of a target that is installed but does not import: one
+    failure, named by the error and the line that raised it, and the
+    reports written -- a red gate for the change that broke the import."""
+    report = RunReport(options.target, options.level, options.profile, command=options.command,
+                       versions={"kvspec": __version__, "Python": platform.python_version()})
+    failed = LayoutResult("import", options.target, 0, 0.0, False, details=[str(error)], labelled=True)
+    report.results.append(failed)
+    listener.layout_done(failed)
+    if options.report_dir:
+        report.written = write_reports(report, options.report_dir)
+    return report
+
+
+class Terminated(BaseException):  # noqa: N818 (a signal, as KeyboardInterrupt is: no failure of the target)
+    """SIGTERM arrived (a CI job cancelled, a timeout): the run stops where
+    it is and reports what it found, as for SIGINT."""
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` in this process
+    (the main thread only: elsewhere a signal handler cannot be set)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _FirstFailures(Listener):
+    """The caller's listener, and what it was told of first failures: the
+    failures an interrupted run still reports, shrunk or not."""
+
+    def __init__(self, listener: Listener):
+        self.listener, self.failures = listener, {}
+
+    def begin(self, *args: Any) -> None:
+        self.listener.begin(*args)
+
+    def first_failure(self, failure: FirstFailure) -> None:
+        self.failures[(failure.scope, failure.layout)] = failure
+        self.listener.first_failure(failure)
+
+    def layout_done(self, result: LayoutResult) -> None:
+        self.listener.layout_done(result)
+
+
+def _keep_what_was_found(report: RunReport, plan: list[tuple[str, str]],
+                         failures: dict[tuple[str, str], FirstFailure]) -> None:
+    """An interrupted run's report: every layout it finished as it was, a
+    layout whose first failure was found but not yet shrunk as that failure
+    (the run as found, saved), the rest :data:`INTERRUPTED` -- not searched."""
+    done = {(r.scope, r.layout) for r in report.results}
+    for key in plan:
+        if key in done:
+            continue
+        scope, layout = key
+        if (f := failures.get(key)) is None:
+            report.results.append(LayoutResult(scope, layout, 0, 0.0, True, skipped=INTERRUPTED))
+            continue
+        trace = Trace.load(f.path) if f.path.exists() else None
+        report.results.append(LayoutResult(
+            scope, layout, f.steps, f.seconds, False, rules=[rule for rule in f.broken.split(", ") if rule in RULES],
+            details=[f.broken, "the run was interrupted before this failure was shrunk: the run below is as found"],
+            trace=trace, trace_file=str(f.path), shrinking_stopped=True, first_failure_at=round(f.seconds, 3)))
 
 
 def _upstream(options: GateOptions) -> str | None:
@@ -325,6 +433,7 @@ def judge_by(options: GateOptions) -> releases.Release:
     (:func:`kvspec.spec.releases.use`): ``--release`` when given, else the
     installed vLLM's for the vllm target (set when the target was checked),
     else the base release -- impl and the spec are the base's API."""
+    _check_release_is_installed(options)
     try:
         if options.release:
             release = releases.use(options.release)
@@ -339,6 +448,29 @@ def judge_by(options: GateOptions) -> releases.Release:
             raise SetupError(str(error)) from None
     options.release = release.version  # the workers judge by the same
     return release
+
+
+def _check_release_is_installed(options: GateOptions) -> None:
+    """``--release X`` judges vLLM by X's rules; with another release of
+    vLLM installed that is a judgement of one release by another's rules,
+    which a run makes only when asked (``cross_release``) -- and says so.
+    Releases the spec judges by the same rules (a fork's dev version over
+    the release it is based on) are no mismatch."""
+    if not options.release or options.target != "vllm":
+        return
+    installed = releases.current().version  # the target's check set it (runner.require_vllm)
+    try:
+        same = releases.judged(options.release).known == releases.judged(installed).known
+    except ValueError as error:
+        raise SetupError(f"--release: {error}") from None
+    if same:
+        return
+    if not options.cross_release:
+        raise SetupError(f"--release {options.release} judges by vLLM {options.release}'s rules, but the vLLM under "
+                         f"test is {installed}: run it from an environment with vLLM {options.release} "
+                         f"(VLLM_VERSION={options.release} tools/install_vllm.sh), or add --cross-release to judge "
+                         f"{installed} by {options.release}'s rules on purpose")
+    options.cross_release_of = installed
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -432,9 +564,7 @@ class _Run:
         layout's trace minimised, saved and labelled; the listener told."""
         self.minimise(r)
         if self.report is None:  # a worker: the parent finishes it (labelled here too, for fail-fast)
-            if r.skipped is None and r.trace is not None:
-                known = matching_finding(self.options.findings_of, r.scope, r.layout, r.trace)
-                r.known_finding = f"{known.id}: {known.title}" if known else None
+            self.label(r)
             self.collected.append(r)
             return
         o = self.options
@@ -449,14 +579,57 @@ class _Run:
         if r.skipped is None and r.trace is not None:
             _stamp(r.trace, o)
             r.trace_file = str(r.trace.save(o.traces() / trace_file_name(r.scope, r.layout)))
-            known = matching_finding(o.findings_of, r.scope, r.layout, r.trace)
-            r.known_finding = f"{known.id}: {known.title}" if known else None
+            self.label(r)
         self.listener.layout_done(r)
         self.see(r)
 
+    def label(self, r: LayoutResult) -> None:
+        """Say whose a failing layout's failure is: the known finding it
+        fits (component, layout and rules: :func:`matching_finding`), and --
+        under a scheduler the target does not replace -- the component it
+        belongs to when it is not the target's (:func:`attribute`).  Once per
+        result: a worker's label stands in its parent."""
+        if r.skipped is not None or r.trace is None or r.conforms or r.labelled:
+            return
+        o = self.options
+        known = matching_finding(o.findings_of, r.scope, r.layout, r.trace)
+        r.known_finding = f"{known.id}: {known.title}" if known else None
+        r.owner = attribute(r, o, self.deadline)
+        r.labelled = True
+
     def see(self, r: LayoutResult) -> None:
-        if self.options.fail_fast and not r.conforms and r.known_finding is None and r.skipped is None:
+        if self.options.fail_fast and r.failed(self.options.strict) and r.known_finding is None and \
+                r.skipped is None:
             self.stopped = True
+
+
+ATTRIBUTION_SECONDS = 30.0  # at most, replaying a failure on vLLM's own block manager to attribute it
+
+
+def attribute(r: LayoutResult, options: GateOptions, deadline: float | None) -> str | None:
+    """The component a failing layout's failure belongs to when it is not
+    the target's (a key of :data:`~kvspec.conformance.findings.COMPONENTS`),
+    else ``None``.  Only a block manager judged under vLLM's scheduler can
+    fail for another component's fault: its minimal run is replayed with
+    vLLM's own block manager in its place, and where that fails too, on the
+    same rules, the failure is vLLM's scheduler's -- whatever it looks like.
+    A replay that passes, fails otherwise or cannot finish leaves the
+    failure the target's: never green for the target's own bug."""
+    if r.scope != "scheduler" or options.target == "vllm":
+        return None
+    from kvspec import dropin
+
+    if dropin.installed():  # the replay would run the target again, not vLLM's block manager
+        return None
+    seconds = ATTRIBUTION_SECONDS if deadline is None else \
+        min(ATTRIBUTION_SECONDS, max(SHRINK_FLOOR, deadline - time.perf_counter()))
+    try:
+        outcome = replay_trace(r.trace, "vllm", options.level, seconds=seconds)
+    except (SetupError, ConformanceError, ValueError, TypeError):  # the trace does not fit vLLM's (a release gap)
+        return None
+    if outcome.conforms or HANGS in outcome.message or set(outcome.rules) != set(r.rules):
+        return None
+    return "vllm-scheduler"
 
 
 class _Announcer:
@@ -676,6 +849,9 @@ def _worker(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[
     """Some layouts' search in a worker process (see _search_in_parallel):
     their results, for the parent to finish.  The only worker of a budgeted
     run draws the progress bar the sequential search would (relayed)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler came with the fork: its stop ends us
     quiet_loggers()
     if options.release:  # inherited where the worker forked; set where it did not
         releases.use(options.release)

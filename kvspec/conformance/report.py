@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kvspec.conformance.findings import COMPONENTS
 from kvspec.conformance.machines.machinery import DIVERGENCE, unnamed_failure
 from kvspec.conformance.trace import Trace
 
@@ -20,6 +21,7 @@ BUDGET_SPENT = "the budget was spent"  # why a layout was not searched
 FAIL_FAST = "--fail-fast: the run stopped at the first failure"
 STEERED = "steered around "  # + the findings (or --avoid) a skipped layout was steered around for
 TOO_FEW = "too few operations: "  # + how many ran and the scope's floor
+INTERRUPTED = "the run was interrupted (SIGINT or SIGTERM) before its turn ended"
 
 OPERATION_FLOOR = {"pool": 25, "manager": 25, "scheduler": 10, "kernels": 1}
 """Per scope, the fewest operations a layout's search must run for the run
@@ -64,6 +66,24 @@ class LayoutResult:
     finished: float | None = None
     distinct_states: int = 0  # abstract states the search reached (CheckingMachine.cover)
     minimised_from: int | None = None  # the steps of Hypothesis's failing run, when replays cut it shorter
+    owner: str | None = None  # a failure that is not the target's: the component it is (findings.COMPONENTS)
+    labelled: bool = False  # known_finding and owner are said (by the worker that ran it, or the gate)
+
+    def failed(self, strict: bool = False) -> bool:
+        """Whether this layout fails the target: it broke, and the failure
+        is the target's own -- not that of a component it runs on and does
+        not replace (``owner``), unless ``strict`` counts those too."""
+        return not self.conforms and (strict or self.owner is None)
+
+    @property
+    def known_label(self) -> str:
+        """How a report names the known finding or the component a failure
+        is, ``""`` where it is neither: "known finding F1", "vLLM's
+        scheduler: known finding S2, not the target's"."""
+        known = f"known finding {self.known_finding.split(':')[0]}" if self.known_finding else ""
+        if self.owner is None:
+            return known
+        return f"{COMPONENTS[self.owner]}: {known or 'fails with its own block manager too'}, not the target's"
 
     @property
     def unsearched(self) -> bool:
@@ -71,7 +91,7 @@ class LayoutResult:
         budget, --fail-fast) or its search ran fewer operations than the
         floor.  A layout steered around a known finding, or one the target
         or release does not have, is skipped on purpose, not unsearched."""
-        return self.skipped is not None and (self.skipped in (BUDGET_SPENT, FAIL_FAST)
+        return self.skipped is not None and (self.skipped in (BUDGET_SPENT, FAIL_FAST, INTERRUPTED)
                                              or self.skipped.startswith(TOO_FEW))
 
     def verdict(self) -> str:
@@ -79,8 +99,9 @@ class LayoutResult:
         what broke, the failing run step by step, where it is saved, the seed."""
         if self.conforms:
             return "conforms"
-        known = f" (looks like known finding {self.known_finding.split(':')[0]})" if self.known_finding else ""
-        lines = ["FAILED" + known, *("    " + line for line in self.details)]
+        label = self.known_label
+        known = f" ({label})" if self.owner else f" (looks like {label})" if label else ""
+        lines = [("failed" if self.owner else "FAILED") + known, *("    " + line for line in self.details)]
         if self.shrinking_stopped:
             lines += ["    shrinking stopped at the budget: the run below is the smallest found in time"]
         if self.minimised_from is not None and self.trace is not None:
@@ -108,6 +129,8 @@ class RunReport:
     profile: str
     seed: int | None = None
     steered_around: list[str] = field(default_factory=list)  # known findings whose inputs were not sent
+    inherited: list[str] = field(default_factory=list)  # ... those of components the target runs on
+    strict: bool = False  # failures of components the target runs on count against it
     checked: dict[str, list[str]] = field(default_factory=dict)  # scope -> the rules checked
     results: list[LayoutResult] = field(default_factory=list)
     command: str = ""  # the command line, as typed
@@ -116,14 +139,25 @@ class RunReport:
     coverage: dict | None = None  # --coverage: what the run exercised of the spec (kvspec.conformance.spec_coverage)
     command_name: str = "conform"  # the kvspec command the report is of: conform, or kernels (no level)
     against: str | None = None  # the upstream the target ran in lockstep with (--against), as it names itself
+    interrupted: str | None = None  # the signal that stopped the run before its end (SIGINT, SIGTERM)
 
     @property
     def searched(self) -> list[LayoutResult]:
         return [r for r in self.results if r.skipped is None]
 
     @property
+    def failures(self) -> list[LayoutResult]:
+        """The layouts that fail the target (:meth:`LayoutResult.failed`)."""
+        return [r for r in self.results if r.failed(self.strict)]
+
+    @property
+    def others_failures(self) -> list[LayoutResult]:
+        """Failures of components the target runs on, not counted against it."""
+        return [r for r in self.results if not r.conforms and not r.failed(self.strict)]
+
+    @property
     def conforms(self) -> bool:
-        return all(r.conforms for r in self.results)
+        return not self.failures
 
     @property
     def unsearched(self) -> list[LayoutResult]:
@@ -136,7 +170,10 @@ class RunReport:
         layout was not searched -- ``was NOT fully searched``: a run that
         did not search a layout never reads as a pass for it."""
         if not self.conforms:
-            return "does NOT conform"
+            return "does NOT conform" + (f" (interrupted by {self.interrupted})" if self.interrupted else "")
+        if self.interrupted:
+            return f"was INTERRUPTED by {self.interrupted} ({len(self.unsearched)} of {len(self.results)} layouts " \
+                   "not searched)"
         if self.unsearched:
             return f"was NOT fully searched ({len(self.unsearched)} of {len(self.results)} layouts not searched)"
         return "conforms"
@@ -145,7 +182,7 @@ class RunReport:
         """Failures that look like known findings: finding -> layouts."""
         groups: dict[str, list[str]] = {}
         for r in self.results:
-            if not r.conforms and r.known_finding:
+            if r.failed(self.strict) and r.known_finding:
                 groups.setdefault(r.known_finding, []).append(f"{r.scope}/{r.layout}")
         return groups
 
@@ -163,7 +200,7 @@ class RunReport:
         return out
 
     def _broken_rules(self, r: LayoutResult) -> list[str]:
-        if r.conforms or r.rules:
+        if not r.failed(self.strict) or r.rules:
             return r.rules
         if self.against and unnamed_failure(" ".join(r.details)) == DIVERGENCE["upstream"]:
             return ["upstream-equivalence"]
@@ -190,6 +227,7 @@ class RunReport:
             + (f"; {versions}" if versions else "") + ".",
             "",
             *self._steered_markdown(),
+            *self._others_markdown(),
             *([f"In lockstep with the upstream **{self.against}** instead of the spec (pool and manager scope): "
                "every difference is the target's change.", ""] if self.against else []),
         ]
@@ -235,6 +273,19 @@ class RunReport:
             lines += ["", "</details>"]
         return "\n".join(lines) + "\n"
 
+    def _others_markdown(self) -> list[str]:
+        """The findings of components the target runs on (steered around),
+        and failures that replaying on vLLM's own block manager showed are
+        that component's: a section of their own, not the target's verdict."""
+        lines = []
+        if self.inherited:
+            lines += [f"Not the target's (components it runs on and does not replace; `--strict` sends their "
+                      f"inputs): steered around {'; '.join(self.inherited)}.", ""]
+        for r in self.others_failures:
+            lines += [f"**{r.scope}/{r.layout}**: {r.known_label} -- {', '.join(r.rules) or 'a divergence'} "
+                      f"(`kvspec replay {r.trace_file}`).", ""]
+        return lines
+
     def _steered_markdown(self) -> list[str]:
         """The known findings steered around: a line, or -- more than a few
         -- a folded list (a vLLM run steers around sixteen, titles and all)."""
@@ -254,8 +305,9 @@ class RunReport:
             results = [r for r in self.results if r.scope == scope]
             suite = ET.SubElement(
                 suites, "testsuite", name=f"kvspec.{scope}", tests=str(len(results)),
-                failures=str(sum(not r.conforms for r in results)), errors="0",
-                skipped=str(sum(r.skipped is not None for r in results)),
+                failures=str(sum(r.failed(self.strict) for r in results)), errors="0",
+                skipped=str(sum(r.skipped is not None or (not r.conforms and not r.failed(self.strict))
+                                for r in results)),
                 time=f"{sum(r.seconds for r in results):.3f}",
             )
             for r in results:
@@ -263,6 +315,8 @@ class RunReport:
                                      time=f"{r.seconds:.3f}")
                 if r.skipped is not None:
                     ET.SubElement(case, "skipped", message=r.skipped)
+                elif not r.conforms and not r.failed(self.strict):
+                    ET.SubElement(case, "skipped", message=r.known_label)
                 elif not r.conforms:
                     failure = ET.SubElement(case, "failure", message=_result_text(r))
                     failure.text = "\n".join(r.details + (r.trace.readable() if r.trace else []))
@@ -280,8 +334,8 @@ def _result_text(r: LayoutResult) -> str:
         return f"skipped ({r.skipped})"
     if r.conforms:
         return "conforms"
-    text = "FAILED: " + (", ".join(r.rules) or unnamed_failure(" ".join(r.details)))
-    return text + (f" (known finding {r.known_finding.split(':')[0]})" if r.known_finding else "")
+    text = ("failed" if r.owner else "FAILED") + ": " + (", ".join(r.rules) or unnamed_failure(" ".join(r.details)))
+    return text + (f" ({r.known_label})" if r.known_label else "")
 
 
 def unwritable(flag: str, directory: Path) -> str | None:
@@ -313,10 +367,13 @@ def write_reports(report: RunReport, directory: str | Path) -> list[Path]:
                 "target": report.target, "level": report.level, "profile": report.profile, "seed": report.seed,
                 "command": report.command, "versions": report.versions,
                 **({"against": report.against} if report.against else {}),
-                "steered_around": report.steered_around, "known_findings": report.known_groups(),
+                "steered_around": report.steered_around, "inherited_steered_around": report.inherited,
+                "strict": report.strict, "known_findings": report.known_groups(),
+                "not_the_targets": {f"{r.scope}/{r.layout}": r.known_label for r in report.others_failures},
                 "rules": [{"rule": rule, "layouts_checked": n, "broken_in": broken}
                           for rule, n, broken in report.rule_summary(report.checked)],
-                "conforms": report.conforms, "unsearched": [f"{r.scope}/{r.layout}" for r in report.unsearched],
+                "conforms": report.conforms, "interrupted": report.interrupted,
+                "unsearched": [f"{r.scope}/{r.layout}" for r in report.unsearched],
                 "results": [r.to_json() for r in report.results],
                 **({"coverage": report.coverage} if report.coverage is not None else {}),
             },

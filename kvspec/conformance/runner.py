@@ -39,7 +39,9 @@ from kvspec.conformance.machines.machinery import (
     HarnessError,
     HarnessFault,
     SetupError,
+    TargetImportError,
     in_final_replay,
+    missing_dependency,
     stopped_on,
 )
 from kvspec.conformance.machines.manager import manager_machine
@@ -146,8 +148,11 @@ def require_vllm(who: str = "the vllm target") -> None:
     the chains' root depends on it, not Python's own ``hash``)."""
     from kvspec.conformance.vllm import installed
 
-    problem = installed.problem()
-    if problem is not None:
+    error = installed.import_error()
+    if error is not None and not missing_dependency(error, "vllm"):
+        raise TargetImportError("vllm", error)  # installed, and its code fails: the target's failure
+    if error is not None:
+        problem = f"{type(error).__name__}: {error}"
         raise SetupError(
             f"{who} needs vLLM {compat.REFERENCE_RELEASE} importable in this Python ({problem}); "
             "install it with tools/install_vllm.sh and run kvspec from that environment"
@@ -208,9 +213,11 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
+        if not missing_dependency(error, module_name.partition(".")[0]):
+            raise TargetImportError(name, error) from None  # the module is there and fails: the target's failure
         raise SetupError(f"cannot import target module {module_name!r}: {error}") from None
     except (Exception, SystemExit) as error:  # the module itself fails: a syntax error, a raise, sys.exit
-        raise SetupError(f"importing target module {module_name!r} failed: {_one_line(error)}") from None
+        raise TargetImportError(name, error) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise SetupError(f"module {module_name!r} has no callable {attr!r}")
@@ -707,9 +714,16 @@ def _batches(search: Search, start: float):
 
 
 def quiet_loggers() -> None:
-    """Keep kvspec's and vLLM's log lines out of a run's output."""
+    """Keep kvspec's and the engines' log lines out of a run's output: only
+    their errors, and those on stderr -- vLLM writes its log to stdout,
+    which is kvspec's verdict (its error lines for every failed load a
+    search plays would bury the table)."""
     for noisy in ("kvspec", "vllm", "lmdeploy", "sglang"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
+        logger = logging.getLogger(noisy)
+        logger.setLevel(logging.ERROR)
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.__stdout__):
+                handler.setStream(sys.stderr)
 
 
 class Progress:
@@ -807,6 +821,8 @@ def replay(
             pass
         finally:  # the caller judges by what it judged before (a test process replays many traces)
             releases.use(judged_before)
+            if machine is not None:
+                machine.release()  # a failing replay is not torn down: the drop-in must not outlive it
     hung = machine.hung_in if machine is not None else None
     where = f"{hung} did not return" if hung else "the replay did not finish"
     message = f"{where} within {seconds:g} s ({HANGS})"

@@ -27,6 +27,39 @@ class SetupError(Exception):
     """The run cannot start: a target, layout or file that is not usable."""
 
 
+class TargetImportError(Exception):
+    """The target is installed but its code does not import (a syntax
+    error, a name a change removed): the target's failure -- a pull request
+    that breaks vLLM's import is red, exit 1 -- not the environment's, as a
+    target that is not installed is (:class:`SetupError`, exit 2)."""
+
+    def __init__(self, target: str, error: BaseException):
+        self.target, self.error, self.where = target, error, failing_line(error)
+        text = " ".join(str(error).split())
+        super().__init__(f"target {target} is installed but does not import: {type(error).__name__}: {text}"
+                         + (f" (at {self.where})" if self.where else ""))
+
+
+def failing_line(error: BaseException) -> str | None:
+    """``file:line`` where ``error`` was raised: a syntax error's own, else
+    the innermost frame of its traceback outside Python's import machinery."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}:{error.lineno}"
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+def missing_dependency(error: BaseException, package: str) -> bool:
+    """Whether ``error`` says that ``package`` itself, or a module outside
+    it, is not installed: the environment's problem (an install step), not
+    the code's -- where a module *of* ``package`` that is missing is."""
+    if not isinstance(error, ModuleNotFoundError) or error.name is None:
+        return False
+    return error.name == package or not error.name.startswith(package + ".")
+
+
 class HarnessError(SetupError):
     """kvspec's own harness failed (its code raised, not the target's): a
     usage or environment error, never the target's failure."""
@@ -312,6 +345,11 @@ class CheckingMachine(RuleBasedStateMachine):
                 type(self).hung_in = where
                 self.trace.operation(f"{where} -> did not return")
             raise
+
+    def release(self) -> None:
+        """Give back what the machine holds outside itself (a scheduler
+        harness's drop-in): Hypothesis tears every run down, a replay that
+        fails does not, and calls this instead.  Nothing by default."""
 
     def teardown_begins(self) -> bool:
         """Start judging the end of a run: the depths handed to targeting,

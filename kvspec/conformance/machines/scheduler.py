@@ -560,6 +560,9 @@ def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple
 
         def teardown(self) -> None:
             self.steer()
+            self.release()
+
+        def release(self) -> None:
             if self.harness is not None:
                 self.harness.close()
 

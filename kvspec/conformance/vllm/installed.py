@@ -18,12 +18,20 @@ import os
 def problem(module: str = "vllm.v1.core.block_pool") -> str | None:
     """Why ``module`` of vLLM does not import here (``"ImportError: ..."``,
     or whatever a broken install raises), or ``None`` when it does."""
+    error = import_error(module)
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def import_error(module: str = "vllm.v1.core.block_pool") -> BaseException | None:
+    """What importing ``module`` of vLLM raises here (``ModuleNotFoundError``
+    where vLLM is not installed), or ``None`` when it imports."""
     if importlib.util.find_spec("vllm") is None:
-        return "ModuleNotFoundError: No module named 'vllm'"
+        return ModuleNotFoundError("No module named 'vllm'", name="vllm")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is kvspec's (runner.quiet_loggers)
     try:
         importlib.import_module(module)
     except Exception as error:  # ImportError, or a broken install's own error
-        return f"{type(error).__name__}: {error}"
+        return error
     return None
 
 
