@@ -64,8 +64,13 @@ INTERRUPTED_EXIT = 4  # SIGINT or SIGTERM stopped the command before its verdict
 
 class ConformPrinter(Listener):
     """``kvspec conform``'s lines: the header, a line per layout as it
-    finishes, a failure the moment it is found.  Module-level and stateless,
-    so that worker processes can print first failures too."""
+    finishes, a failure the moment it is found -- in full the first time
+    its cause is seen, in a line after that (one bug on sixteen layouts is
+    one minimal run to read, not sixteen).  Module-level, so that worker
+    processes can print first failures too."""
+
+    def __init__(self) -> None:
+        self.shown: dict[str, str] = {}  # a cause printed in full -> the layout it was printed for
 
     def begin(self, options: GateOptions, steered: tuple[Finding, ...], avoid: frozenset[str]) -> None:
         if options.cross_release_of:
@@ -111,7 +116,11 @@ class ConformPrinter(Listener):
             print(f"{r.scope:<8} {r.layout:<24} {operations:>10} {seconds:>8}  {shown}", flush=True)
             return
         reached = f"  ({r.distinct_states} distinct states)" if r.conforms and r.distinct_states else ""
-        print(f"{r.scope:<8} {r.layout:<24} {r.operations:>10} {r.seconds:>8.1f}  {r.verdict()}{reached}", flush=True)
+        verdict = r.verdict()
+        if not r.conforms and (first := self.shown.setdefault(r.cause, f"{r.scope}/{r.layout}")) != \
+                f"{r.scope}/{r.layout}":
+            verdict = f"FAILED: {r.cause}, as {first} above" + (f" -- saved: {r.trace_file}" if r.trace_file else "")
+        print(f"{r.scope:<8} {r.layout:<24} {r.operations:>10} {r.seconds:>8.1f}  {verdict}{reached}", flush=True)
 
 
 def conform(args: argparse.Namespace) -> int:
@@ -141,6 +150,13 @@ def conform(args: argparse.Namespace) -> int:
         print(f"looks like known finding {finding}\n    on {len(layouts)} layout(s): {', '.join(layouts)}{steer}")
     for r in report.others_failures:
         print(f"not {args.target}'s: {r.scope}/{r.layout} -- {r.known_label} ({r.trace_file})")
+    if causes := report.causes():
+        print(f"{len(causes)} cause(s):")
+        for cause, results in causes.items():
+            clearest = results[0]
+            print(f"  {cause}: {len(results)} layout(s) ({', '.join(f'{r.scope}/{r.layout}' for r in results)}); "
+                  f"clearest: {clearest.scope}/{clearest.layout}" + (f", {clearest.trace_file}"
+                                                                     if clearest.trace_file else ""))
     unsearched = report.unsearched
     if report.interrupted:
         print(f"interrupted by {report.interrupted}: the report holds the {len(report.results) - len(unsearched)} "

@@ -120,8 +120,30 @@ def test_the_fork_template_has_what_a_vllm_fork_needs():
     assert any(s.get("uses", "").startswith("actions/cache") and "pip" in s["with"]["path"] for s in steps)
     comment = workflow["jobs"]["comment"]
     assert comment["needs"] == "conform" and "always()" in comment["if"]
-    (post,) = [s for s in comment["steps"] if "gh pr comment" in s.get("run", "")]
-    assert "--edit-last --create-if-none" in post["run"]
+    (post,) = [s for s in comment["steps"] if "gh api" in s.get("run", "")]
+    assert 'startswith("<!-- kvspec gate -->")' in post["run"] and "PATCH" in post["run"]  # its own comment, by marker
+    assert post["if"] == "github.event.pull_request.head.repo.full_name == github.repository"  # no write token: no red
+    ref = workflow["env"]["KVSPEC_REF"]
+    assert ref not in ("main", "master") and re.fullmatch(r"v\d+\.\d+\.\d+|[0-9a-f]{40}", ref), ref
+
+
+def test_the_fork_templates_comment_fits_what_github_takes(tmp_path):
+    """Shards' reports merged past GitHub's 65,536 characters are cut at a
+    line, a code block left open is closed, and the comment says where the
+    rest is (issue 52)."""
+    workflow = yaml.safe_load(FORK_TEMPLATE.read_text())
+    for shard in (1, 2):
+        (tmp_path / "reports" / f"kvspec-shard-{shard}").mkdir(parents=True)
+        steps = [f"step {i}: x" * 8 for i in range(900)]
+        lines = ["## kvspec conform: `vllm` does NOT conform at L3", "", "```", *steps]
+        (tmp_path / "reports" / f"kvspec-shard-{shard}" / "report.md").write_text("\n".join(lines) + "\n")
+    (merge,) = [s for s in workflow["jobs"]["comment"]["steps"] if "> comment.md" in s.get("run", "")]
+    script = merge["run"].replace("${{ needs.conform.result == 'success' && 'passed' || 'FAILED' }}", "FAILED")
+    subprocess.run(["bash", "-c", script], cwd=tmp_path, check=True, env={**os.environ, "GITHUB_STEP_SUMMARY": ""})
+    text = (tmp_path / "comment.md").read_text()
+    assert 60_000 < len(text) <= 65_536 and text.startswith("<!-- kvspec gate -->")
+    assert sum(line.startswith("```") for line in text.splitlines()) % 2 == 0
+    assert text.rstrip().endswith("artifacts (kvspec-shard-*)._")
 
 
 def test_the_fork_templates_gate_and_comment_steps_run_as_written(tmp_path):

@@ -221,3 +221,98 @@ def test_failures_shrink_within_a_share_of_the_budget():
     unbudgeted = _Run(GateOptions(), frozenset(), None, None, Listener())
     unbudgeted.shrunk(1000)
     assert unbudgeted.shrink_seconds(SHRINK_SECONDS) == SHRINK_SECONDS
+
+
+def _failing(layout: str, rules: list[str], operation: str, steps: int, details: str = "") -> object:
+    """A failing layout's result whose run of ``steps`` steps ends in ``operation``."""
+    from kvspec.conformance.report import LayoutResult
+    from kvspec.conformance.trace import Trace, TraceStep
+
+    trace = Trace("manager", layout, steps=[TraceStep("schedule", operations=[f"{operation}(r{i}) -> []" * 3])
+                                             for i in range(steps)])
+    trace.failure = {"step": steps, "rules": rules, "message": details}
+    return LayoutResult("manager", layout, 100, 1.0, False, rules=rules,
+                        details=[details or ", ".join(rules)], trace=trace, trace_file=f"traces/{layout}.json")
+
+
+def test_failures_are_grouped_by_cause_the_clearest_first():
+    """Two bugs on many layouts are two causes (rule and operation), each
+    shown by its clearest run: a rule's verdict before a bare divergence
+    after the same operation (one bug, seen first by the lockstep there),
+    then the shorter run (issue 52: 25 FAILED sections for two bugs)."""
+    from kvspec.conformance.report import RunReport
+
+    report = RunReport("impl", "L3", "ci")
+    report.results = [_failing(f"lru-{i}", ["free-order"], "free", 3 + i) for i in range(16)]
+    report.results += [_failing("swa-long", ["content-soundness"], "allocate_slots", 9),
+                       _failing("swa-short", ["content-soundness"], "allocate_slots", 4),
+                       _failing("swa-diverged", [], "allocate_slots", 1,
+                                "divergence from the spec: allocate_slots(r1): target returned ([4],), spec ([5],)")]
+    causes = report.causes()
+    assert list(causes) == ["free-order after free", "content-soundness after allocate_slots"], list(causes)
+    assert [r.layout for r in causes["content-soundness after allocate_slots"]] == \
+        ["swa-short", "swa-long", "swa-diverged"]
+    assert causes["free-order after free"][0].layout == "lru-0"
+    markdown = report.to_markdown()
+    assert "**2 cause(s)** of 19 failing layout(s)" in markdown
+    assert markdown.count("Failing run (") == 2  # one minimal run a cause, the others named
+    assert "The same cause on: manager/swa-long" in markdown
+
+
+def test_report_md_fits_a_pull_request_comment():
+    """However many causes and however long their runs, report.md stays
+    under 60,000 characters -- GitHub's comment takes 65,536 -- its code
+    blocks closed, and says where the rest is."""
+    from kvspec.conformance.report import MARKDOWN_LIMIT, RunReport
+
+    report = RunReport("impl", "L3", "ci")
+    report.results = [_failing(f"layout-{i}", [f"rule-{i}"], f"operation_{i}", 400) for i in range(40)]
+    markdown = report.to_markdown()
+    assert len(markdown) <= MARKDOWN_LIMIT == 60_000
+    assert markdown.count("```") % 2 == 0 and "report.json and junit.xml" in markdown.splitlines()[-1]
+
+
+def test_two_planted_bugs_are_two_causes_in_the_terminal_and_report(tmp_path, capsys):
+    """A fork's two realistic bugs -- LRU order in free_blocks and a sliding
+    window freeing one block too many -- as the gate prints them: each
+    cause's minimal run once, every other layout of it a line, two causes
+    in the summary and report.md (issue 52)."""
+    from kvspec.cli import ConformPrinter
+    from kvspec.conformance.mutation.mutants import MUTANTS_BY_NAME, Family, applied
+
+    layouts = ["full", "mla", "full+chunked", "full+swa", "full+swa-eagle", "full+swa-marked", "full+swa-budget6"]
+    with applied(MUTANTS_BY_NAME["free-head-first"], Family("impl")), \
+            applied(MUTANTS_BY_NAME["swa-skips-one-more"], Family("impl")):
+        report = run_gate(GateOptions(target="impl", scope="manager", layouts=layouts, budget=30, seed=1, workers=2,
+                                      trace_dir=str(tmp_path)), ConformPrinter())
+    out = capsys.readouterr().out
+    causes = report.causes()
+    assert len(causes) == 2 and "free-order after free" in causes, list(causes)
+    assert len(report.failures) >= 5
+    assert out.count("minimal failing run:") == len({r.cause for r in report.failures}), out
+    assert out.count(", as manager/") == len(report.failures) - out.count("minimal failing run:")
+    assert "**2 cause(s)**" in report.to_markdown()
+
+
+def test_fail_fast_keeps_a_failure_that_was_still_shrinking(tmp_path):
+    """--fail-fast stopped the run when one layout's bare divergence was
+    done; another layout had already failed content-soundness and was
+    shrinking.  That failure stays in the report, as found (issue 52: the
+    clearest failure was dropped for a bare divergence)."""
+    from kvspec.conformance import gate
+    from kvspec.conformance.report import FAIL_FAST, LayoutResult, RunReport
+    from kvspec.conformance.trace import Trace, TraceStep
+
+    trace = Trace("manager", "full+swa", steps=[TraceStep("schedule", operations=["allocate_slots(r0) -> []"])])
+    trace.failure = {"step": 1, "rules": ["content-soundness"], "message": "content-soundness: ..."}
+    path = trace.save(tmp_path / "manager-full_swa.unshrunk.json")
+    report = RunReport("impl", "L3", "ci")
+    report.results = [_failing("full", [], "allocate_slots", 1, "divergence from the spec: block ids differ"),
+                      LayoutResult("manager", "full+swa", 0, 0.0, True, skipped=FAIL_FAST),
+                      LayoutResult("manager", "mla", 0, 0.0, True, skipped=FAIL_FAST)]
+    found = {("manager", "full+swa"): FirstFailure("manager", "full+swa", 2.0, "content-soundness", 1, path, None)}
+    gate._keep_failures_cut_short(report, found, GateOptions(target="impl", findings_of="impl"), None)
+    kept = report.results[1]
+    assert not kept.conforms and kept.rules == ["content-soundness"] and kept.trace_file == str(path)
+    assert report.results[2].skipped == FAIL_FAST
+    assert next(iter(report.causes())) == "content-soundness after allocate_slots"  # the clearest leads

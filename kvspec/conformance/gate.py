@@ -214,6 +214,7 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
                 raise  # the budget's or the harness's own stop (machinery.BudgetSpent, HarnessFault), no interrupt
             report.interrupted = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
             _keep_what_was_found(report, plan, found.failures)
+    _keep_failures_cut_short(report, found.failures, options, deadline)
     report.coverage = measure.get("report")
     order = {key: i for i, key in enumerate(plan)}
     report.results.sort(key=lambda r: order[(r.scope, r.layout)])  # the report in plan order
@@ -284,20 +285,35 @@ def _keep_what_was_found(report: RunReport, plan: list[tuple[str, str]],
                          failures: dict[tuple[str, str], FirstFailure]) -> None:
     """An interrupted run's report: every layout it finished as it was, a
     layout whose first failure was found but not yet shrunk as that failure
-    (the run as found, saved), the rest :data:`INTERRUPTED` -- not searched."""
+    (:func:`_as_found`), the rest :data:`INTERRUPTED` -- not searched."""
     done = {(r.scope, r.layout) for r in report.results}
     for key in plan:
-        if key in done:
-            continue
-        scope, layout = key
-        if (f := failures.get(key)) is None:
-            report.results.append(LayoutResult(scope, layout, 0, 0.0, True, skipped=INTERRUPTED))
-            continue
-        trace = Trace.load(f.path) if f.path.exists() else None
-        report.results.append(LayoutResult(
-            scope, layout, f.steps, f.seconds, False, rules=[rule for rule in f.broken.split(", ") if rule in RULES],
-            details=[f.broken, "the run was interrupted before this failure was shrunk: the run below is as found"],
-            trace=trace, trace_file=str(f.path), shrinking_stopped=True, first_failure_at=round(f.seconds, 3)))
+        if key not in done:
+            found = failures.get(key)
+            report.results.append(_as_found(found, "the run was interrupted") if found else
+                                  LayoutResult(*key, 0, 0.0, True, skipped=INTERRUPTED))
+
+
+def _keep_failures_cut_short(report: RunReport, failures: dict[tuple[str, str], FirstFailure],
+                             options: GateOptions, deadline: float | None) -> None:
+    """After ``--fail-fast`` stopped the run: a layout whose search had
+    already failed when the stop came keeps that failure, as found and
+    labelled -- the clearest failure of a run may be the one still
+    shrinking when another finished first."""
+    for i, r in enumerate(report.results):
+        if r.skipped == FAIL_FAST and (found := failures.get((r.scope, r.layout))) is not None:
+            report.results[i] = _as_found(found, "--fail-fast stopped the run")
+            label(report.results[i], options, deadline)
+
+
+def _as_found(f: FirstFailure, why: str) -> LayoutResult:
+    """A layout's failure as it was first found (its run saved then), for a
+    run that stopped before the failure was shrunk."""
+    trace = Trace.load(f.path) if f.path.exists() else None
+    return LayoutResult(
+        f.scope, f.layout, f.steps, f.seconds, False, rules=[rule for rule in f.broken.split(", ") if rule in RULES],
+        details=[f.broken, f"{why} before this failure was shrunk: the run below is as found"],
+        trace=trace, trace_file=str(f.path), shrinking_stopped=True, first_failure_at=round(f.seconds, 3))
 
 
 def _upstream(options: GateOptions) -> str | None:
@@ -589,18 +605,22 @@ class _Run:
         under a scheduler the target does not replace -- the component it
         belongs to when it is not the target's (:func:`attribute`).  Once per
         result: a worker's label stands in its parent."""
-        if r.skipped is not None or r.trace is None or r.conforms or r.labelled:
-            return
-        o = self.options
-        known = matching_finding(o.findings_of, r.scope, r.layout, r.trace)
-        r.known_finding = f"{known.id}: {known.title}" if known else None
-        r.owner = attribute(r, o, self.deadline)
-        r.labelled = True
+        label(r, self.options, self.deadline)
 
     def see(self, r: LayoutResult) -> None:
         if self.options.fail_fast and r.failed(self.options.strict) and r.known_finding is None and \
                 r.skipped is None:
             self.stopped = True
+
+
+def label(r: LayoutResult, options: GateOptions, deadline: float | None) -> None:
+    """Say whose a failing layout's failure is (see :meth:`_Run.label`)."""
+    if r.skipped is not None or r.trace is None or r.conforms or r.labelled:
+        return
+    known = matching_finding(options.findings_of, r.scope, r.layout, r.trace)
+    r.known_finding = f"{known.id}: {known.title}" if known else None
+    r.owner = attribute(r, options, deadline)
+    r.labelled = True
 
 
 ATTRIBUTION_SECONDS = 30.0  # at most, replaying a failure on vLLM's own block manager to attribute it

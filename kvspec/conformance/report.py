@@ -9,6 +9,7 @@ layout, for CI systems) into a directory.
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,6 +68,7 @@ class LayoutResult:
     distinct_states: int = 0  # abstract states the search reached (CheckingMachine.cover)
     minimised_from: int | None = None  # the steps of Hypothesis's failing run, when replays cut it shorter
     owner: str | None = None  # a failure that is not the target's: the component it is (findings.COMPONENTS)
+    parameters: str = ""  # a failing layout's groups, block sizes, windows, pool (runner.describe_layout)
     labelled: bool = False  # known_finding and owner are said (by the worker that ran it, or the gate)
 
     def failed(self, strict: bool = False) -> bool:
@@ -74,6 +76,21 @@ class LayoutResult:
         is the target's own -- not that of a component it runs on and does
         not replace (``owner``), unless ``strict`` counts those too."""
         return not self.conforms and (strict or self.owner is None)
+
+    @property
+    def cause(self) -> str:
+        """What broke and where -- the rules broken (or the kind of
+        divergence) and the operation the failing step ended in, "free-order
+        after free_blocks": the key failures are grouped by, one bug showing
+        on many layouts being one cause."""
+        what = ", ".join(self.rules) or unnamed_failure(" ".join(self.details))
+        operation = failing_operation(self.trace)
+        return f"{what} after {operation}" if operation else what
+
+    def clarity(self) -> tuple[int, int]:
+        """How readily a failure is diagnosed, smaller first: a rule's
+        verdict before a bare divergence, then the shorter run."""
+        return (0 if self.rules else 1, len(self.trace.steps) if self.trace is not None else 1 << 30)
 
     @property
     def known_label(self) -> str:
@@ -101,7 +118,9 @@ class LayoutResult:
             return "conforms"
         label = self.known_label
         known = f" ({label})" if self.owner else f" (looks like {label})" if label else ""
-        lines = [("failed" if self.owner else "FAILED") + known, *("    " + line for line in self.details)]
+        lines = [("failed" if self.owner else "FAILED") + known,
+                 *([f"    layout: {self.parameters}"] if self.parameters else []),
+                 *("    " + line for line in self.details)]
         if self.shrinking_stopped:
             lines += ["    shrinking stopped at the budget: the run below is the smallest found in time"]
         if self.minimised_from is not None and self.trace is not None:
@@ -178,6 +197,17 @@ class RunReport:
             return f"was NOT fully searched ({len(self.unsearched)} of {len(self.results)} layouts not searched)"
         return "conforms"
 
+    def causes(self) -> dict[str, list[LayoutResult]]:
+        """The target's failures grouped by cause (:attr:`LayoutResult.cause`),
+        each group's clearest failure first, the groups whose cause names a
+        rule first, then the largest."""
+        groups: dict[str, list[LayoutResult]] = {}
+        for r in self.failures:
+            groups.setdefault(r.cause, []).append(r)
+        _fold_divergences(groups)
+        ordered = sorted(groups.values(), key=lambda rs: (min(r.clarity() for r in rs)[0], -len(rs)))
+        return {min(rs, key=LayoutResult.clarity).cause: sorted(rs, key=LayoutResult.clarity) for rs in ordered}
+
     def known_groups(self) -> dict[str, list[str]]:
         """Failures that look like known findings: finding -> layouts."""
         groups: dict[str, list[str]] = {}
@@ -233,6 +263,11 @@ class RunReport:
         ]
         for finding, layouts in self.known_groups().items():
             lines += [f"Known finding **{finding}**: {len(layouts)} layout(s) ({', '.join(layouts)}).", ""]
+        if causes := self.causes():
+            lines += [f"**{len(causes)} cause(s)** of {len(self.failures)} failing layout(s), each shown once below "
+                      "by its clearest run:", "",
+                      *(f"- `{cause}`: {len(rs)} layout(s) ({', '.join(f'{r.scope}/{r.layout}' for r in rs)})"
+                        for cause, rs in causes.items()), ""]
         skipped = [r for r in self.results if r.skipped is not None]
         folded = skipped if len(skipped) > FOLD_OVER else []
         lines += ["| scope | layout | operations | states reached | seconds | result |", "|---|---|---:|---:|---:|---|"]
@@ -260,18 +295,30 @@ class RunReport:
             from kvspec.conformance.spec_coverage import markdown
 
             lines += markdown(self.coverage)
-        for r in self.results:
-            if r.conforms:
-                continue
-            lines += ["", f"<details><summary>{r.scope} / {r.layout}: {_result_text(r)}</summary>", "",
-                      "```", *r.details, "```"]
-            if r.shrinking_stopped:
+        lines += self._causes_markdown()
+        return _cut("\n".join(lines) + "\n", MARKDOWN_LIMIT)
+
+    def _causes_markdown(self) -> list[str]:
+        """One folded section per cause: its clearest failure in full (the
+        details, the run), the other layouts it shows on by name and trace;
+        failures of components the target runs on after them, as theirs."""
+        lines = []
+        for results in [*self.causes().values(), *([r] for r in self.others_failures)]:
+            first, others = results[0], results[1:]
+            more = f" and {len(others)} more layout(s)" if others else ""
+            lines += ["", f"<details><summary>{first.scope} / {first.layout}{more}: {_result_text(first)}</summary>",
+                      "", *([f"Layout: {first.parameters}", ""] if first.parameters else []),
+                      "```", *first.details[:DETAIL_LINES], "```"]
+            if first.shrinking_stopped:
                 lines += ["", "Shrinking stopped at the budget: the run below is the smallest found in time."]
-            if r.trace:
-                replay = f"`kvspec replay {r.trace_file}`" if r.trace_file else "the saved trace"
-                lines += ["", f"Failing run ({replay}):", "", "```", *r.trace.readable(), "```"]
+            if first.trace:
+                replay = f"`kvspec replay {first.trace_file}`" if first.trace_file else "the saved trace"
+                lines += ["", f"Failing run ({replay}):", "", "```", *first.trace.readable(), "```"]
+            if others:
+                lines += ["", "The same cause on: " + ", ".join(
+                    f"{r.scope}/{r.layout}" + (f" (`{r.trace_file}`)" if r.trace_file else "") for r in others)]
             lines += ["", "</details>"]
-        return "\n".join(lines) + "\n"
+        return lines
 
     def _others_markdown(self) -> list[str]:
         """The findings of components the target runs on (steered around),
@@ -323,6 +370,12 @@ class RunReport:
         return ET.tostring(suites, encoding="unicode")
 
 
+MARKDOWN_LIMIT = 60_000
+"""report.md's length at most: a pull-request comment takes 65,536 characters."""
+
+DETAIL_LINES = 40
+"""A failure's details shown in report.md at most (all of them in report.json)."""
+
 FOLD_OVER = 5
 """More skipped layouts than this (a --fail-fast run, a spent budget, many
 steered around) are listed folded under the table, grouped by reason: the
@@ -336,6 +389,43 @@ def _result_text(r: LayoutResult) -> str:
         return "conforms"
     text = ("failed" if r.owner else "FAILED") + ": " + (", ".join(r.rules) or unnamed_failure(" ".join(r.details)))
     return text + (f" ({r.known_label})" if r.known_label else "")
+
+
+def _fold_divergences(groups: dict[str, list[LayoutResult]]) -> None:
+    """Fold each group of bare divergences into the one group that names a
+    rule after the same operation, where there is exactly one: at L3 the
+    lockstep with the spec sees a bug at the operation it happens, often
+    before any rule can -- on one layout the rule's verdict, on another the
+    divergence, one bug."""
+    by_operation: dict[str | None, list[str]] = {}
+    for cause, results in groups.items():
+        if results[0].rules:
+            by_operation.setdefault(failing_operation(results[0].trace), []).append(cause)
+    for cause in [c for c, rs in groups.items() if not rs[0].rules]:
+        named = by_operation.get(failing_operation(groups[cause][0].trace), [])
+        if len(named) == 1:
+            groups[named[0]] += groups.pop(cause)
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters: whole lines, a code block left
+    open closed, and a note saying where the rest is."""
+    if len(text) <= limit:
+        return text
+    note = (f"\n_Cut at {limit} characters, what a pull-request comment takes: every failure is in full in "
+            "report.json and junit.xml, its run in its trace file._\n")
+    kept = text[:limit - len(note) - 4].rsplit("\n", 1)[0] + "\n"
+    return kept + ("```\n" if kept.count("```") % 2 else "") + note
+
+
+def failing_operation(trace: Trace | None) -> str | None:
+    """The name of the operation the failing step of ``trace`` ended in
+    (its last call, ``free_blocks``), or the step's rule where it made none."""
+    if trace is None or not trace.steps:
+        return None
+    step = trace.steps[min((trace.failure or {}).get("step") or len(trace.steps), len(trace.steps)) - 1]
+    calls = [m[1] for op in step.operations if (m := re.match(r"\s*([A-Za-z_][\w.]*)\(", op))]
+    return calls[-1] if calls else step.rule
 
 
 def unwritable(flag: str, directory: Path) -> str | None:

@@ -58,6 +58,7 @@ from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
 from kvspec.conformance.vllm import compat
 from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget, refusal_of
+from kvspec.kv_cache_interface import AttentionKind, attention_kind
 from kvspec.spec import releases
 from kvspec.spec.catalogue import LEVELS
 from kvspec.spec.engines import CACHE_RULES, CacheLayout
@@ -433,6 +434,39 @@ def is_layout(scope: str, name: str) -> bool:
                                                                    name in model_layout_names()))
 
 
+def describe_layout(scope: str, name: str) -> str:
+    """A layout's parameters in a line, for a failure's message: the
+    groups' kinds, block sizes, windows and modes, the pool, the options
+    that are not the defaults."""
+    if scope == "pool" and name in LAYOUTS:
+        p = LAYOUTS[name]
+        sizes = " and ".join(map(str, p.group_block_sizes))
+        return (f"{p.num_blocks} blocks, hash blocks of {p.hash_block_size}, groups of {sizes} tokens"
+                + ("" if p.events else ", no events") + ("" if p.enable_caching else ", caching off"))
+    if scope not in ("manager", "scheduler"):
+        return name
+    layout = SCHEDULER_LAYOUTS[name] if scope == "scheduler" else manager_layout(name)
+    groups = " + ".join(_describe_group(g) for g in layout.groups)
+    options = [f"{layout.num_blocks} blocks", f"max_model_len {layout.max_model_len}"]
+    options += ["caching off"] * (not layout.enable_caching) + ["EAGLE"] * layout.use_eagle
+    options += [f"retention {layout.retention_interval}"] * (layout.retention_interval is not None)
+    options += [f"dcp {layout.dcp_world_size}"] * (layout.dcp_world_size > 1)
+    options += [f"pcp {layout.pcp_world_size}"] * (layout.pcp_world_size > 1)
+    options += [f"{layout.max_num_batched_tokens} tokens a step"] * (layout.max_num_batched_tokens is not None)
+    return f"{groups}; {', '.join(options)}"
+
+
+def _describe_group(spec: Any) -> str:
+    """``swa(B=2, window 4)``: a group's kind, block size and what else sizes it."""
+    kind = attention_kind(spec)
+    extra = {AttentionKind.SLIDING_WINDOW: lambda: f", window {spec.sliding_window}",
+             AttentionKind.RSWA: lambda: f", window {spec.rswa_window}",
+             AttentionKind.CHUNKED_LOCAL_ATTENTION: lambda: f", chunk {spec.attention_chunk_size}",
+             AttentionKind.MAMBA: lambda: f", {spec.mamba_cache_mode}"
+             + (f", {spec.num_speculative_blocks} draft blocks" if spec.num_speculative_blocks else "")}
+    return f"{kind or type(spec).__name__}(B={spec.block_size}{extra.get(kind, str)()})"
+
+
 def manager_layout(name: str) -> Layout:
     """A conformance layout by name, or ``model:<architecture>``: the
     model's groups at the tiny scale (kvspec.models.architectures.setup)."""
@@ -592,6 +626,7 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
     if failure is not None:
         result.trace = machine.last_trace
         result.shrinking_stopped = shrinking.stopped
+        result.parameters = describe_layout(machine.scope, machine.layout_name)
     return result
 
 

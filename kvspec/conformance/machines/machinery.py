@@ -45,8 +45,6 @@ def failing_line(error: BaseException) -> str | None:
     the innermost frame of its traceback outside Python's import machinery."""
     if isinstance(error, SyntaxError) and error.filename:
         return f"{error.filename}:{error.lineno}"
-    import traceback
-
     frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
 
