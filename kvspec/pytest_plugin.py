@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 
-from kvspec.conformance.findings import inputs_to_avoid, known_findings
+from kvspec.conformance.findings import inherited_findings, inputs_to_avoid, known_findings
 from kvspec.conformance.report import below_floor
 from kvspec.conformance.runner import (
     SCOPES,
@@ -83,6 +83,20 @@ def pytest_addoption(parser: Any) -> None:
 
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", "kvspec(scope, layout): a kvspec conformance test of one layout")
+    unknown = _unknown_layouts(config.getoption("kvspec_layout", None) or [])
+    if unknown:  # a typo must not pass as a run in which every layout was skipped
+        raise pytest.UsageError(f"--kvspec-layout: no layout named {', '.join(unknown)} "
+                                f"(known: {', '.join(_every_layout())})")
+
+
+def _every_layout() -> list[str]:
+    return list(dict.fromkeys(name for scope in SCOPES for name in layout_names(scope)))
+
+
+def _unknown_layouts(names: list[str]) -> list[str]:
+    """The names in ``names`` that are no layout of any scope (nor a model's)."""
+    known = set(_every_layout())
+    return [name for name in names if name not in known and not name.startswith("model:")]
 
 
 def _option(config: Any, name: str, given: Any) -> Any:
@@ -105,6 +119,9 @@ def conformance_suite(target: str | None = None, *, scope: str | None = None, le
         raise ValueError("conformance_suite: examples and budget size the search two ways; give one")
     if budget is not None and budget <= 0:
         raise ValueError(f"conformance_suite: budget must be a positive number of seconds, got {budget}")
+    if unknown := _unknown_layouts(layouts or []):
+        raise ValueError(f"conformance_suite: no layout named {', '.join(unknown)} "
+                         f"(known: {', '.join(_every_layout())})")
     scopes = SCOPES if scope in (None, "all") else (scope,)
     cases = [(s, name) for s in scopes for name in (layouts or layout_names(s)) if name in layout_names(s) or
              name.startswith("model:")]
@@ -131,6 +148,7 @@ def conformance_suite(target: str | None = None, *, scope: str | None = None, le
         whose = findings_target(name, kvspec_scope)  # a factory of vLLM's classes inherits vLLM's findings
         avoid = inputs_to_avoid(whose, scopes) if _option(config, "known_findings", known_findings_avoided) \
             else frozenset()
+        avoid |= {f.avoid for f in inherited_findings(name, scopes)}  # vLLM's scheduler's, under it: not the target's
         if f"layout:{kvspec_layout}" in avoid:
             ids = ", ".join(f.id for f in known_findings(whose, scopes) if f.avoid == f"layout:{kvspec_layout}")
             pytest.skip(f"steered around known finding {ids}")

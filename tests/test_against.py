@@ -204,3 +204,26 @@ def test_a_fork_against_its_upstream_reports_exactly_its_change(tmp_path, monkey
         assert main([*base, "--target", f"against_fork:same_{scope}", "--against", sys.executable]) == 0
         out = capsys.readouterr().out
         assert "all layouts conform" in out and "difference from upstream:" not in out, out
+
+
+def test_against_a_release_says_what_it_downloads_before_it_does(tmp_path, monkeypatch, capsys):
+    """--against vllm==X the first time downloads a release: what, how much
+    and where is said before the download starts, and nothing is said when
+    the release is already there (issue 52)."""
+    from pathlib import Path
+
+    said_before: list[str] = []
+
+    def fake_pip(python, *args):
+        said_before.append(capsys.readouterr().err)
+        package = Path(args[1]) / ("vllm" if args[-1].startswith("vllm==") else "fastapi")
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+
+    monkeypatch.setattr(upstream, "CACHE", tmp_path)
+    monkeypatch.setattr(upstream, "pip", fake_pip)
+    upstream.install("9.9.9")
+    told = said_before[0]
+    assert "downloading vLLM 9.9.9's wheel" in told and "about 250 MB" in told and str(tmp_path / "9.9.9") in told
+    upstream.install("9.9.9")
+    assert len(said_before) == 2 and "downloading" not in capsys.readouterr().err  # vLLM and the extras, once

@@ -968,3 +968,19 @@ def test_judging_the_installed_vllm_by_another_releases_rules_is_refused_unless_
     assert out.startswith(f"warning: the vLLM under test is {version}, judged by the rules of vLLM {other}"), out
     versions = json.loads((tmp_path / "report.json").read_text())["versions"]
     assert versions["judged across releases"].startswith(f"vLLM {version} by the rules of {other}")
+
+
+def test_shows_text_picture_keeps_the_whole_message():
+    """The mark beside the failing step is cut to fit a line; the message in
+    full -- the spec's half of a divergence included -- follows the picture
+    (issue 52: "target returned [4], spe" and nothing after)."""
+    from kvspec.conformance.show import Film, Frame, text
+
+    message = ("divergence from the spec: allocate_slots(r1, 1, 0, ([], []), num_external_computed_tokens=4): "
+               "target returned ([4], [5]), spec ([5], [6])")
+    lines = text(Film([Frame(1, "schedule", "N.12")], failed_at=1, message=message, blamed={2}))
+    assert lines[1].endswith("...") and len(lines[1]) < 130
+    assert "spec ([5], [6])" in " ".join(lines)
+    two_lines = "divergence from the spec: free(r1): block tables differ\n  target {1: [2]}\n  spec   {1: [3]}"
+    lines = text(Film([Frame(1, "finish", "N.12")], failed_at=1, message=two_lines))
+    assert "  spec   {1: [3]}" in lines

@@ -99,3 +99,13 @@ def test_known_findings_steer_from_the_command_line(tmp_path):
         pytest.skip("the vllm target needs vLLM (tools/install_vllm.sh)")
     result = run_suite(tmp_path, EXACT_SUITE, "-k", "test_vllm", "--kvspec-known-findings")
     assert "1 skipped" in result.stdout and "steered around known finding F8" in result.stdout, result.stdout
+
+
+def test_an_unknown_layout_is_an_error_not_a_run_of_skips(tmp_path):
+    """A typo in --kvspec-layout, or in a suite's layouts, must not pass as a
+    run in which every layout was skipped (issue 52): pytest stops with a
+    usage error naming the layout, or the suite's module fails to collect."""
+    result = run_suite(tmp_path, EXACT_SUITE, "--kvspec-layout", "ful")
+    assert result.returncode == 4 and "--kvspec-layout: no layout named ful" in result.stderr, result.stderr
+    result = run_suite(tmp_path, EXACT_SUITE.replace('layouts=["full", "full+swa"]', 'layouts=["full+sw"]'))
+    assert result.returncode == 2 and "conformance_suite: no layout named full+sw" in result.stdout, result.stdout

@@ -95,11 +95,15 @@ def text(f: Film, color: bool = False) -> list[str]:
     width = len(f.frames[0].cells) if f.frames else 0
     ruler = "".join(str(b % 10) for b in range(width))
     lines = [f"{'step':>5} {'':<16} {ruler}"]
+    first = f.message.splitlines()[0] if f.message else ""
     for frame in f.frames:
-        mark = " <- " + f.message.splitlines()[0][:80] if frame.step == f.failed_at else ""
+        mark = " <- " + (first if len(first) <= 80 else first[:79] + "...") if frame.step == f.failed_at else ""
         lines.append(f"{frame.step:>5} {frame.rule[:16]:<16} {''.join(map(paint, frame.cells))}{mark}")
     if f.blamed:
         lines.append(" " * 23 + "".join("^" if b in f.blamed else " " for b in range(width)))
+    if f.failed_at is not None and (len(first) > 80 or len(f.message.splitlines()) > 1):
+        # the whole message, the spec's (or the upstream's) half included, which the mark cuts off
+        lines += textwrap.wrap(f"step {f.failed_at}: {first}", WRAP) + f.message.splitlines()[1:]
     lines.append(LEGEND)
     return lines
 

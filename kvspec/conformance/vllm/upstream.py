@@ -38,12 +38,20 @@ without their dependencies, like vLLM itself: an environment made by
 ``tools/install_vllm.sh`` already has pydantic, typing-extensions and the rest)."""
 
 
+WHEEL_MB, INSTALLED_MB = 250, 600
+"""What ``vllm==X`` costs the first time (measured on 0.25.1 and 0.34.0: a
+250 MB wheel, 550-630 MB unpacked), said before the download starts."""
+
+
 def install(version: str, python: str = sys.executable) -> Path:
     """vLLM ``version``'s Python tree alone in its own directory under
     :data:`CACHE` (reused when present), and the later releases' extra
     imports beside it."""
     target = CACHE / version
     if not (target / "vllm" / "__init__.py").exists():
+        print(f"kvspec: --against vllm=={version}: downloading vLLM {version}'s wheel alone, without its dependencies "
+              f"(about {WHEEL_MB} MB; about {INSTALLED_MB} MB installed in {target}, which later runs reuse) -- "
+              "once, a minute or two", file=sys.stderr, flush=True)
         pip(python, "--target", str(target), f"vllm=={version}")
     extra = CACHE / "later-imports"
     if not (extra / "fastapi").exists():
