@@ -60,6 +60,45 @@ def test_install_replaces_vllms_block_manager_and_uninstall_restores_it():
     assert kv_events.EVENTS.stored is kv_events.BlockStored
 
 
+def test_uninstall_leaves_nothing_of_the_drop_in_in_the_process():
+    """A vLLM module first imported while the drop-in is in -- in a fresh
+    pytest-xdist worker, vLLM's scheduler and engine -- takes kvspec's
+    objects by name; uninstall gives it vLLM's back, and kvspec's root hash,
+    which the drop-in keeps one with vLLM's, is again what it was.  Before,
+    both stayed, and a later test in the worker (test_impl_vs_vllm's, or
+    the lockstep's vLLM side) ran kvspec where it meant vLLM (issue 52)."""
+    import sys
+    import types
+
+    import vllm.v1.core.kv_cache_manager as vllm_manager
+    from vllm.v1.core import kv_cache_utils as vllm_utils
+
+    from kvspec import hashing
+
+    theirs = (vllm_manager.KVCacheManager, vllm_manager.KVCacheBlocks, vllm_utils.init_none_hash)
+    roots = hashing.NONE_HASH, hashing.ROOT_SEED
+    vllm_root = vars(vllm_utils).get("NONE_HASH")  # vLLM's own init_none_hash below moves it (or makes it)
+    late = types.ModuleType("vllm.kvspec_test_imported_late")
+    dropin.install()
+    try:
+        sys.modules[late.__name__] = late
+        exec("from vllm.v1.core.kv_cache_manager import KVCacheManager, KVCacheBlocks\n"
+             "from vllm.v1.core.kv_cache_utils import init_none_hash\n"
+             "from vllm.utils.hashing import sha256\n"
+             "init_none_hash(sha256)", vars(late))  # another root than the process's
+        assert late.KVCacheManager is not theirs[0] and hashing.NONE_HASH != roots[0]
+    finally:
+        dropin.uninstall()
+        del sys.modules[late.__name__]
+        if vllm_root is None:
+            del vllm_utils.NONE_HASH
+        else:
+            vllm_utils.NONE_HASH = vllm_root
+    back = (late.KVCacheManager, late.KVCacheBlocks, late.init_none_hash)
+    assert all(a is b for a, b in zip(back, theirs, strict=True))
+    assert (hashing.NONE_HASH, hashing.ROOT_SEED) == roots
+
+
 def test_a_release_impl_does_not_implement_is_refused_with_nothing_replaced(monkeypatch):
     """On a vLLM whose block manager kvspec.impl does not implement (issue
     28), the drop-in refuses in one line naming the newest it knows, before
