@@ -30,6 +30,11 @@ Two ways in:
 
       KVSPEC_DROPIN=1 vllm serve ...
 
+vLLM's scheduler caches only blocks a request holds and hands
+``allocate_slots`` the hit it has just looked up, so the drop-in's pool and
+manager take its word for what a block holds (``trusts_scheduler``), as
+vLLM's do; kvspec's own targets keep refusing such input.
+
 :func:`uninstall` puts vLLM's originals back.  Not replaced: vLLM's
 ``SinkFullAttentionManager`` class (a feature kvspec does not implement).
 Under the drop-in, a ``SinkFullAttentionSpec`` -- full attention's subclass,
@@ -39,6 +44,7 @@ full-attention manager, without sink blocks.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -211,9 +217,25 @@ def _replacements(shapes: dict[str, dict[str, Any]]) -> dict[tuple[Any, str], An
             if not hasattr(theirs, name):
                 raise DropinError(f"{vllm_name} has no {name}: this vLLM build is not the release it names "
                                   "(nothing was replaced)")
-            out[theirs, name] = shaped.get(name, getattr(ours, name))
+            out[theirs, name] = under_scheduler(shaped.get(name, getattr(ours, name)))
     return out
 
+
+@functools.cache
+def under_scheduler(value: Any) -> Any:
+    """``value`` as the drop-in puts it under vLLM's scheduler: impl's pool
+    and manager classes (or a release's shape of them) as subclasses that
+    take the scheduler's word for what a block holds
+    (:attr:`kvspec.impl.block_pool.BlockPool.trusts_scheduler`); anything
+    else as it is.  One subclass per class, so that installing twice
+    replaces nothing more."""
+    from kvspec.impl.block_pool import BlockPool
+    from kvspec.impl.kv_cache_manager import KVCacheManager
+
+    if not (isinstance(value, type) and issubclass(value, (BlockPool, KVCacheManager))):
+        return value
+    return type(value.__name__, (value,), {"trusts_scheduler": True, "__module__": value.__module__,
+                                           "__qualname__": value.__qualname__, "__doc__": value.__doc__})
 
 
 def _stand_in(ours: Any, theirs: Any) -> None:
