@@ -162,6 +162,17 @@ class BlockPool:
             the pool reads free-order-without-caching.
     """
 
+    trusts_scheduler: bool = False
+    """Whether the pool and the manager over it take the caller's word for
+    what a block holds (rule content-soundness): caching a block nobody
+    holds, and taking as a hit a block not cached under the request's hash.
+    kvspec's own targets refuse both (``False``): their caller may send
+    anything.  The drop-in (:mod:`kvspec.dropin`) sets it: there the caller
+    is vLLM's scheduler, which caches only blocks a request holds and hands
+    ``allocate_slots`` the hit it has just looked up, so only states built
+    by hand reach these checks, and vLLM takes them (docs/rules.md, "What
+    the drop-in trusts")."""
+
     def __init__(
         self,
         num_gpu_blocks: int,
@@ -465,7 +476,7 @@ class BlockPool:
                 raise RuleTypeError("hash-map-consistency", f"blocks[{i}] is not a KVCacheBlock: {block!r}")
             if block.is_null or (block_mask is not None and not block_mask[i - num_cached]):
                 continue
-            if block.ref_cnt <= 0:
+            if block.ref_cnt <= 0 and not self.trusts_scheduler:
                 raise RuleError("content-soundness", f"block {block.block_id} is cached but nobody holds it")
             if block._block_hash is not None and not _promotes_partial(block, (i + 1) * block_size, block_size):
                 raise RuleError("hash-map-consistency", f"block {block.block_id} already carries a hash")
@@ -538,7 +549,7 @@ class BlockPool:
         if num_hashes > len(request.block_hashes):
             raise RuleError("hash-map-consistency",
                             f"the request has {len(request.block_hashes)} block hashes, {num_hashes} needed")
-        if block.ref_cnt <= 0:
+        if block.ref_cnt <= 0 and not self.trusts_scheduler:
             raise RuleError("content-soundness", f"block {block.block_id} is cached but nobody holds it")
         block_hash = request.block_hashes[num_hashes - 1]
         key = make_block_hash_with_group_id(block_hash, kv_cache_group_id)

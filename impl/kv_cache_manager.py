@@ -193,6 +193,10 @@ class KVCacheManager:
     and Stored events carry those tokens.
     """
 
+    trusts_scheduler: bool = False
+    """Whether this manager and its pool take the caller's word for what a
+    block holds (:attr:`kvspec.impl.block_pool.BlockPool.trusts_scheduler`)."""
+
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,
@@ -258,6 +262,8 @@ class KVCacheManager:
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.block_pool: BlockPool = self.coordinator.block_pool
+        if self.trusts_scheduler:  # the pool built for it trusts as it does
+            self.block_pool.trusts_scheduler = True
         # Blocks kept free when admitting waiting/preempted requests, against thrashing.
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.kv_cache_event_metadata = tuple(event_metadata(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups)
@@ -572,7 +578,8 @@ class KVCacheManager:
     def _check_hits(self, request: Any, hits: tuple[Sequence[KVCacheBlock], ...]) -> None:
         """Hits are this pool's blocks, for a request that holds nothing yet,
         with caching on, never for cross attention, and each still cached
-        under the request's hash for its position and group."""
+        under the request's hash for its position and group (unless the
+        manager :attr:`trusts_scheduler`)."""
         request_id = request.request_id
         managers = self.coordinator.single_type_managers
         if self.coordinator.is_running(request_id) or any(m.req_to_blocks.get(request_id) for m in managers):
@@ -590,8 +597,16 @@ class KVCacheManager:
                     raise RuleTypeError("hit-soundness", f"group {i}: {block!r} is not a block of this pool")
         if not self.enable_caching:
             raise RuleError("hit-soundness", "prefix caching is off: there are no hits")
+        if not self.trusts_scheduler:
+            self._check_hits_cached(request, hits)
+
+    def _check_hits_cached(self, request: Any, hits: tuple[Sequence[KVCacheBlock], ...]) -> None:
+        """Every hit block is still cached under the request's hash for its
+        position and group (rule content-soundness): otherwise the request
+        would read another prefix's KV as its own."""
+        request_id = request.request_id
         pool = self.block_pool
-        for i, (manager, blocks) in enumerate(zip(managers, hits, strict=True)):
+        for i, (manager, blocks) in enumerate(zip(self.coordinator.single_type_managers, hits, strict=True)):
             hashes = block_hashes_for_size(request.block_hashes, pool.hash_block_size, manager.block_size)
             for position, block in enumerate(blocks):
                 if block.is_null:

@@ -30,6 +30,11 @@ Two ways in:
 
       KVSPEC_DROPIN=1 vllm serve ...
 
+vLLM's scheduler caches only blocks a request holds and hands
+``allocate_slots`` the hit it has just looked up, so the drop-in's pool and
+manager take its word for what a block holds (``trusts_scheduler``), as
+vLLM's do; kvspec's own targets keep refusing such input.
+
 :func:`uninstall` puts vLLM's originals back.  Not replaced: vLLM's
 ``SinkFullAttentionManager`` class (a feature kvspec does not implement).
 Under the drop-in, a ``SinkFullAttentionSpec`` -- full attention's subclass,
@@ -39,6 +44,7 @@ full-attention manager, without sink blocks.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -92,6 +98,8 @@ _saved: dict[tuple[str, str], Any] = {}  # (module, name) -> vLLM's original
 _saved_events: Any = None
 _saved_deltas: frozenset[str] | None = None  # impl's default deltas before install
 _saved_release: str | None = None  # the release the process judged by (and hashed as) before install
+_saved_root: tuple[Any, Any] | None = None  # kvspec's root hash and its seed before install
+_put_in: dict[int, tuple[Any, Any]] = {}  # id(kvspec's object) -> (it, vLLM's original it stands in for)
 
 
 def installed() -> bool:
@@ -103,7 +111,7 @@ def install() -> list[str]:
     (``module.name``).  Installing twice changes nothing more; on a release
     impl does not implement it raises :class:`DropinError`, having replaced
     nothing."""
-    global _saved_events, _saved_deltas, _saved_release
+    global _saved_events, _saved_deltas, _saved_release, _saved_root
     if installed():
         return sorted(f"{m}.{n}" for m, n in _saved if m in REPLACED)
     import vllm
@@ -122,9 +130,8 @@ def install() -> list[str]:
     from kvspec.spec import releases
 
     deltas = impl_deltas(releases.judged(release))
-    originals: dict[int, Any] = {}
     for (theirs, name), ours in replacements.items():
-        originals[id(getattr(theirs, name))] = ours
+        _stand_in(ours, getattr(theirs, name))
         _replace(theirs, name, ours)
     # Whatever vLLM builds itself (a connector's coordinator, a pool, a manager) follows the release too.
     _saved_deltas = impl_release.use_default_deltas(deltas)
@@ -132,17 +139,15 @@ def install() -> list[str]:
     _saved_release = releases.current().version
     releases.use(release)
     # vLLM's root hash lives in its module: keep the two roots one.
-    _replace(vllm_utils, "init_none_hash", _init_none_hash(vllm_utils, hashing, release))
+    _saved_root = hashing.NONE_HASH, hashing.ROOT_SEED
+    root = _init_none_hash(vllm_utils, hashing, release)
+    _stand_in(root, vllm_utils.init_none_hash)
+    _replace(vllm_utils, "init_none_hash", root)
     if getattr(vllm_utils, "NONE_HASH", None) is not None:
         hashing.NONE_HASH = vllm_utils.NONE_HASH
     # Modules that imported the names before: the scheduler, the engine, ...
-    for module_name, module in list(sys.modules.items()):
-        if not module_name.startswith("vllm.") or module_name in REPLACED or module is None:
-            continue
-        for name, value in list(vars(module).items()):
-            replacement = originals.get(id(value))
-            if replacement is not None:
-                _replace(module, name, replacement)
+    for module, name, ours in _importers({id(theirs): (theirs, ours) for ours, theirs in _put_in.values()}):
+        _replace(module, name, ours)
     _saved_events = kv_events.use_event_classes(vllm_events.BlockStored, vllm_events.BlockRemoved,
                                                 vllm_events.AllBlocksCleared)
     # Tensors hashed through vLLM's own helper, logs through vLLM's loggers.
@@ -156,11 +161,22 @@ def install() -> list[str]:
 
 
 def uninstall() -> None:
-    """Put vLLM's originals back."""
-    global _saved_events, _saved_deltas, _saved_release
+    """Put vLLM's originals back -- also in the vLLM modules imported while
+    the drop-in was in, which took kvspec's objects by name (the scheduler,
+    the engine) -- and kvspec's own root hash: nothing of the drop-in stays
+    in the process."""
+    global _saved_events, _saved_deltas, _saved_release, _saved_root
     for (module_name, name), original in _saved.items():
         setattr(sys.modules[module_name], name, original)
     _saved.clear()
+    for module, name, theirs in _importers(_put_in):
+        setattr(module, name, theirs)
+    _put_in.clear()
+    if _saved_root is not None:
+        from kvspec import hashing
+
+        hashing.NONE_HASH, hashing.ROOT_SEED = _saved_root
+        _saved_root = None
     if _saved_deltas is not None:
         from kvspec.impl import release as impl_release
 
@@ -201,8 +217,45 @@ def _replacements(shapes: dict[str, dict[str, Any]]) -> dict[tuple[Any, str], An
             if not hasattr(theirs, name):
                 raise DropinError(f"{vllm_name} has no {name}: this vLLM build is not the release it names "
                                   "(nothing was replaced)")
-            out[theirs, name] = shaped.get(name, getattr(ours, name))
+            out[theirs, name] = under_scheduler(shaped.get(name, getattr(ours, name)))
     return out
+
+
+@functools.cache
+def under_scheduler(value: Any) -> Any:
+    """``value`` as the drop-in puts it under vLLM's scheduler: impl's pool
+    and manager classes (or a release's shape of them) as subclasses that
+    take the scheduler's word for what a block holds
+    (:attr:`kvspec.impl.block_pool.BlockPool.trusts_scheduler`); anything
+    else as it is.  One subclass per class, so that installing twice
+    replaces nothing more."""
+    from kvspec.impl.block_pool import BlockPool
+    from kvspec.impl.kv_cache_manager import KVCacheManager
+
+    if not (isinstance(value, type) and issubclass(value, (BlockPool, KVCacheManager))):
+        return value
+    return type(value.__name__, (value,), {"trusts_scheduler": True, "__module__": value.__module__,
+                                           "__qualname__": value.__qualname__, "__doc__": value.__doc__})
+
+
+def _stand_in(ours: Any, theirs: Any) -> None:
+    """Record that kvspec's ``ours`` stands in for vLLM's ``theirs``."""
+    _put_in[id(ours)] = (ours, theirs)
+
+
+def _importers(objects: dict[int, tuple[Any, Any]]) -> list[tuple[Any, str, Any]]:
+    """(module, name, counterpart) for every name by which a vLLM module
+    outside :data:`REPLACED` holds one of ``objects`` (``id(object) ->
+    (object, counterpart)``): the modules that imported it by name."""
+    found = []
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith("vllm.") or module_name in REPLACED or module is None:
+            continue
+        for name, value in list(vars(module).items()):
+            entry = objects.get(id(value))
+            if entry is not None and entry[0] is value:
+                found.append((module, name, entry[1]))
+    return found
 
 
 def _replace(module: Any, name: str, value: Any) -> None:
