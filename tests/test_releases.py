@@ -685,3 +685,33 @@ def test_several_groups_of_one_spec_build_from_0_29(version, builds):
             manager.free(a)
             blocks, hit = manager.get_computed_blocks(Request("b", [0, 1, 1, 0, 1, 1], block_hasher=hasher))
             assert hit == 4 and [len(group) for group in blocks] == [2, 2]
+
+
+def test_the_version_matrix_judges_the_reference_and_the_newest_at_l3(tmp_path):
+    """``tools/version_matrix.py --conform`` runs L3 on the two releases the
+    project is judged on -- a matrix of quick L1 runs read "none failing"
+    for 0.34.0 while its L3 gate was red (issue 52) -- and reads failures
+    from the report, not from the terminal's lines."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("version_matrix", Path(__file__).parents[1] / "tools" /
+                                                  "version_matrix.py")
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    for version in (releases.BASE, releases.KNOWN[-1]):
+        options = matrix.conform_options(version)
+        assert options[options.index("--level") + 1] == "L3" and "quick" not in options
+    between = next(v for v in releases.KNOWN if v not in (releases.BASE, releases.KNOWN[-1]))
+    assert "L1" in matrix.conform_options(between)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"results": [
+        {"scope": "manager", "layout": "full", "conforms": True, "rules": [], "details": []},
+        {"scope": "manager", "layout": "full+swa", "conforms": False, "rules": ["free-order"], "details": ["x"]},
+        {"scope": "manager", "layout": "rswa", "conforms": False, "rules": [],
+         "details": ["divergence from the spec: free(r1): block tables differ"]},
+        {"scope": "scheduler", "layout": "full", "conforms": False, "rules": ["content-soundness"], "details": [],
+         "owner": "vllm-scheduler"}]}))
+    assert matrix.failed_layouts(report) == ["manager/full+swa (free-order)", "manager/rswa (divergence from the spec)"]
+    assert matrix.failed_layouts(tmp_path / "none.json") == []

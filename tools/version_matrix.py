@@ -13,7 +13,10 @@ directory beside them.  vLLM itself is never stubbed.  In each release,
 :mod:`kvspec.conformance.vllm.version_probe` replays the manager-scope findings
 (F1-F7) and the scheduler-scope ones (S1-S3) and runs the scheduler
 machine on every scheduler layout; with ``--conform``, ``kvspec conform
---target vllm --known-findings --profile quick --level L1`` runs too.  The result is a
+--target vllm --known-findings`` runs too: at L3 (the ci profile, 240 s on
+every core, seed 1) on the reference release and the newest known to the
+spec -- the two the project is judged on -- and ``--profile quick --level
+L1`` on the others.  The result is a
 table (release x finding) in Markdown and JSON; docs/findings.md carries
 the one measured for the findings' write-ups.
 """
@@ -32,7 +35,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from kvspec.conformance.vllm import upstream
-from kvspec.spec.releases import BASE
+from kvspec.spec.releases import BASE, KNOWN
 
 OLDEST = Version(BASE)
 
@@ -52,6 +55,14 @@ def install(python: str, version: str) -> Path:
     return upstream.install(version, python)
 
 
+def conform_options(version: str) -> list[str]:
+    """How ``--conform`` judges ``version``: L3 on the reference release and
+    the newest the spec knows, quick L1 elsewhere."""
+    if version in (BASE, KNOWN[-1]):
+        return ["--level", "L3", "--budget", "240", "--workers", "auto", "--seed", "1"]
+    return ["--profile", "quick", "--level", "L1"]
+
+
 def probe(python: str, version: str, target: Path, examples: int, conform: bool, out_dir: Path) -> dict:
     """The findings replayed and the scheduler machine run on one installed release."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(upstream.release_path(target))}
@@ -66,28 +77,27 @@ def probe(python: str, version: str, target: Path, examples: int, conform: bool,
         result["error"] = f"imported vLLM {result.get('vllm')}, not {version}"
     if conform:
         report = out_dir / f"conform-{version}"
+        options = conform_options(version)
         run = subprocess.run([python, "-m", "kvspec.cli", "conform", "--target", "vllm", "--known-findings",
-                              "--profile", "quick", "--level", "L1", "--no-progress", "--report-dir", str(report),
+                              *options, "--no-progress", "--report-dir", str(report),
                               "--trace-dir", str(report / "traces")],
                              env=env, capture_output=True, text=True, timeout=3600)
-        result["conform"] = {"exit": run.returncode, "failed_layouts": failed_layouts(run.stdout)}
+        result["conform"] = {"exit": run.returncode, "level": options[options.index("--level") + 1],
+                             "failed_layouts": failed_layouts(report / "report.json")}
     result["seconds"] = round(time.monotonic() - start, 1)
     return result
 
 
-def failed_layouts(report: str) -> list[str]:
-    """``scope/layout (first rule or error)`` for each layout a conform run failed."""
-    lines = report.splitlines()
+def failed_layouts(report: Path) -> list[str]:
+    """``scope/layout (rules or error)`` for each layout a conform run failed,
+    read from its report.json (none where the run wrote none)."""
+    if not report.exists():
+        return []
     failed = []
-    for i, line in enumerate(lines):
-        if line.rstrip().endswith("FAILED"):
-            scope, layout = line.split()[:2]
-            detail = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            if detail.startswith("the run stopped on "):
-                why = detail.removeprefix("the run stopped on ").split(":")[0]
-            else:
-                why = detail.split(":")[0]
-            failed.append(f"{scope}/{layout} ({why})")
+    for r in json.loads(report.read_text())["results"]:
+        if not r["conforms"] and r.get("owner") is None:
+            why = ", ".join(r["rules"]) or (r["details"][0].split(":")[0] if r["details"] else "?")
+            failed.append(f"{r['scope']}/{r['layout']} ({why})")
     return failed
 
 
@@ -97,7 +107,7 @@ def markdown(results: list[dict]) -> str:
     layouts = sorted({k for r in results for k in r.get("scheduler_search", {})})
     head = ["vLLM", *finding_ids, *(f"search: {name}" for name in layouts)]
     if any("conform" in r for r in results):
-        head.append("conform L1 (quick): failing layouts")
+        head.append("conform (level): failing layouts")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if "error" in r and "manager_findings" not in r:
@@ -115,7 +125,8 @@ def markdown(results: list[dict]) -> str:
             cells.append(status)
         if "conform" in r:
             c = r["conform"]
-            cells.append("none" if c["exit"] == 0 else "; ".join(c["failed_layouts"]) or f"exit {c['exit']}")
+            verdict = "none" if c["exit"] == 0 else "; ".join(c["failed_layouts"]) or f"exit {c['exit']}"
+            cells.append(f"{c.get('level', 'L1')}: {verdict}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -128,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter whose packages supply vLLM's dependencies (tools/install_vllm.sh's)")
     parser.add_argument("--examples", type=int, default=30, help="scheduler-machine examples per layout")
-    parser.add_argument("--conform", action="store_true", help="also run kvspec conform (quick) per release")
+    parser.add_argument("--conform", action="store_true",
+                        help="also run kvspec conform per release (L3 on the reference and the newest known, quick "
+                        "L1 elsewhere)")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="releases probed at once (default 1)")
     parser.add_argument("--out-dir", type=Path, default=Path("reports/version-matrix"))
     parser.add_argument("--markdown", type=Path, help="write the table here too")
