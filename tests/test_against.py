@@ -203,7 +203,7 @@ def test_a_fork_against_its_upstream_reports_exactly_its_change(tmp_path, monkey
         detail = next(line for line in out.splitlines() if "difference from upstream: " in line)
         assert "free_blocks(" in detail if scope == "pool" else "free(" in detail, detail  # where the change acts
         assert "pools differ" in out
-        assert "looks like known finding" not in out, out  # the fork's LRU change on full+mamba-all read as F5 (issue 52)
+        assert "looks like known finding" not in out, out  # the fork's LRU change on full+mamba-all read as F5
         assert main([*base, "--target", f"against_fork:same_{scope}", "--against", sys.executable]) == 0
         out = capsys.readouterr().out
         assert "all layouts conform" in out and "difference from upstream:" not in out, out
