@@ -380,6 +380,18 @@ class Release:
             return f"vLLM {self.version} has no Mamba `all` cache mode (release delta mamba-all-removed, 0.33.0)"
         return None
 
+    def not_modelled(self, layout: str) -> str | None:
+        """Why the conformance layout ``layout`` (``scope/name``) is not
+        judged on this release, or ``None``: a delta of the release that the
+        spec does not model yet shows there (its ``shows_on``), so a target
+        may break a rule there for no fault of its own.  The gate skips such
+        a layout with this reason, naming the delta; a layout the delta does
+        not name is judged as usual."""
+        for delta in self.deltas:
+            if delta.status == NOT_MODELLED and layout in delta.shows_on:
+                return f"not modelled: release delta {delta.key} ({delta.release})"
+        return None
+
     def warning(self) -> str | None:
         """What a run on this release says about how it is judged (``None``: it is the base)."""
         if version_key(self.version) < version_key(BASE):

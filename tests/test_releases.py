@@ -148,6 +148,22 @@ def test_the_gate_judges_by_the_release_asked_for():
     releases.use(releases.BASE)
 
 
+@pytest.mark.parametrize("target", ["impl", "spec"])
+def test_a_layout_where_a_not_modelled_delta_shows_is_skipped_naming_the_delta(target):
+    """Judged by 0.34.0, the layout where delta partial-hits-under-dcp shows
+    is skipped, the reason naming the delta and its release -- on purpose,
+    not unsearched -- while 0.28.0, before the delta, searches it."""
+    options = dict(target=target, scope="manager", level="L1", layouts=["full2+mamba-align-dcp2"], examples=3, seed=1)
+    report = run_gate(GateOptions(**options, release="0.34.0"))
+    (result,) = report.results
+    assert result.skipped == "not modelled: release delta partial-hits-under-dcp (0.29.0)", result
+    assert result.conforms and not result.unsearched and report.conforms and not report.unsearched
+    (result,) = run_gate(GateOptions(**options, release="0.28.0")).results
+    assert result.conforms and not result.skipped and result.operations > 0, result
+    assert releases.judged("0.34.0").not_modelled("manager/full+swa") is None
+    releases.use(releases.BASE)
+
+
 def _impl_without(version: str, delta: str, layout: str, examples: int = 100) -> str | None:
     """The first failure of impl built for ``version`` less ``delta``, in
     lockstep with the spec judged by ``version`` (``None``: none found)."""
