@@ -295,8 +295,10 @@ DELTAS: tuple[Delta, ...] = (
     Delta(
         "0.33.0", "mamba-boundary-remark-fixed",
         "Delta mamba-boundary-remarked is undone: the boundary's block is keyed and counted cached this step "
-        "only where it does not hold that key yet -- never, where retention keeps the boundary, as it does in "
-        "every layout served -- so a running request's state no longer stalls a sibling's hit.",
+        "only where its own key does not name that boundary yet -- never while the key it was given stays, so "
+        "a running request's state no longer stalls a sibling's hit; but again where evict_blocks took the key "
+        "from a block the request still holds (vLLM's scheduler evicts the blocks a KV connector failed to "
+        "load), and a sibling's hit on it then waits that step.",
         rules=("hit-optimality",)),
     Delta(
         "0.34.0", "prefix-cache-hit-limit",

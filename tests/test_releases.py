@@ -602,12 +602,16 @@ def test_from_0_32_a_connector_s_per_group_lookup_peeks_as_the_reconciled_one_do
     assert hits == {"0.31.0": 8, "0.32.0": 12}
 
 
-def _sibling_in_the_step_the_owner_passes_its_boundary(version: str, manager_kind: str) -> bool:
+def _sibling_in_the_step_the_owner_passes_its_boundary(version: str, manager_kind: str,
+                                                       evicted: bool = False) -> bool:
     """A prompt of 5 tokens (blocks and hash blocks of 2: its last reusable
     state boundary is 4) computed as vLLM's scheduler splits it for Mamba
     align -- 4 tokens, then in the next step the fifth -- and, in that next
     step, a sibling with the same prompt hitting the state at 4: admitted?
-    (docs/release-survey/mamba_boundary_remarked.py shows it on vLLM.)"""
+    ``evicted``: the state's key is evicted (``evict_blocks``) between the
+    steps, while the owner holds it.  (docs/release-survey/
+    mamba_boundary_remarked.py and boundary_rekeyed_after_eviction.py show
+    it on vLLM.)"""
     from kvspec.hashing import get_request_block_hasher
     from kvspec.request import Request
 
@@ -618,6 +622,8 @@ def _sibling_in_the_step_the_owner_passes_its_boundary(version: str, manager_kin
         owner = Request("a", [1, 2, 3, 4, 5], block_hasher=hasher)
         assert manager.allocate_slots(owner, 4) is not None
         owner.num_computed_tokens = 4
+        if evicted:
+            manager.evict_blocks({manager.get_block_ids("a")[1][1]})  # Mamba's state at 4
         manager.new_step_starts()
         assert manager.allocate_slots(owner, 1) is not None
         sibling = Request("b", [1, 2, 3, 4, 5], block_hasher=hasher)
@@ -636,6 +642,19 @@ def test_in_0_32_only_a_sibling_waits_while_the_owner_passes_its_prompt_boundary
     for version, admitted in (("0.31.0", True), ("0.32.0", False), ("0.33.0", True)):
         assert _sibling_in_the_step_the_owner_passes_its_boundary(version, "spec") is admitted, version
         assert _sibling_in_the_step_the_owner_passes_its_boundary(version, "impl") is admitted, version
+
+
+@pytest.mark.parametrize("kind", ["spec", "impl"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0", "0.34.0"])
+def test_from_0_32_a_boundary_state_evicted_while_held_is_keyed_again_and_counted_this_step(kind, version):
+    """Delta mamba-boundary-remark-fixed keys the prompt's boundary state
+    only where its block does not hold that key: a key evict_blocks took
+    from a block the owner still holds comes back at the owner's next
+    caching call at that boundary, counted cached this step, so the
+    sibling's hit on it waits (vLLM 0.34.0 does so:
+    docs/release-survey/boundary_rekeyed_after_eviction.py; the gate found
+    it at L3 on full+swa+mamba-retention)."""
+    assert _sibling_in_the_step_the_owner_passes_its_boundary(version, kind, evicted=True) is False
 
 
 def _cached_under_lookahead(version: str, manager_kind: str) -> list[bool] | str:

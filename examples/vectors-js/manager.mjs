@@ -463,16 +463,17 @@ class Mamba extends Group {
 
   onCached(keys) { for (const k of keys) this.st.cachedThisStep.add(k); } // formula 3: noted until new_step_starts
 
-  // spec 9 delta mamba-boundary-remarked (0.32 only): the state at the prompt's last reusable boundary is
-  // keyed and noted as cached this step again whenever caching reaches exactly that boundary.
+  // spec 9 delta mamba-boundary-remarked (0.32): the state at the prompt's last reusable boundary is keyed and
+  // noted as cached this step again whenever caching reaches exactly that boundary; from 0.33 (delta
+  // mamba-boundary-remark-fixed) only where the block's own key does not name that boundary (evicted while held).
   cacheBlocks(request, numTokens) {
     super.cacheBlocks(request, numTokens);
-    if (this.align && atLeast(this.m.release, "0.32.0") && !atLeast(this.m.release, "0.33.0")) {
-      this.remarkPromptBoundary(request, numTokens);
+    if (this.align && atLeast(this.m.release, "0.32.0")) {
+      this.remarkPromptBoundary(request, numTokens, atLeast(this.m.release, "0.33.0"));
     }
   }
 
-  remarkPromptBoundary(request, numTokens) {
+  remarkPromptBoundary(request, numTokens, unkeyedOnly) {
     const H = this.m.hashBlockSize;
     const P = request.num_prompt_tokens;
     const boundary = Math.max(this.m.useEagle ? fdiv(P, H) * H - H : fdiv(P - 1, H) * H, 0);
@@ -480,6 +481,7 @@ class Mamba extends Group {
     const table = this.table(request.id);
     const pos = Math.ceil(numTokens / this.B) - 1;
     if (!table || pos >= table.length || table[pos] === NULL_BLOCK) return;
+    if (unkeyedOnly && this.pool.tokensOf.get(table[pos]) === numTokens) return;
     const key = this.pool.cache_partial_block({ request, block_id: table[pos], num_tokens: numTokens, group_id: this.id,
                                                 block_size: this.B });
     this.st.cachedThisStep.add(key.bytes);
