@@ -182,10 +182,20 @@ DELTAS: tuple[Delta, ...] = (
         "group whose block is at least the hash block turns hits inside a block on.  A full-attention block "
         "then spans block_size x dcp_world_size tokens, and where that is more than the hash block a hit may "
         "end inside it; where every group's block is the hash block (full+mamba-align-dcp2) every hash "
-        "boundary is a block boundary and nothing a caller sees changes.",
+        "boundary is a block boundary and no hit changes (what caching changes there is delta "
+        "unrounded-caching-under-dcp, modelled).",
         rules=("ref-conservation", "no-eviction-in-use", "content-soundness", "hit-soundness",
                "hash-map-consistency"), status=NOT_MODELLED,
         shows_on=("manager/full2+mamba-align-dcp2",)),
+    Delta(
+        "0.29.0", "unrounded-caching-under-dcp",
+        "Where delta partial-hits-under-dcp turns hits inside a block on (decode context parallelism and a Mamba "
+        "align group whose block is at least the hash block), a caching call covers every computed token: the "
+        "count is no longer rounded down to the scheduler block.  Where every block is the hash block "
+        "(full+mamba-align-dcp2) no hit changes, but a Mamba align group is then never asked to cache exactly "
+        "the prompt's last reusable boundary once the request computes past it, so it does not key the state "
+        "there again (deltas mamba-boundary-remarked, mamba-boundary-remark-fixed).",
+        rules=("hit-optimality", "hash-map-consistency")),
     Delta(
         "0.30.0", "eagle-replay-boundaries",
         "In a model a drafter reads (use_eagle, or a group marked as the drafter's), the positions where a "

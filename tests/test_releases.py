@@ -12,7 +12,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec import hashing
 from kvspec.conformance.gate import GateOptions, run_gate
-from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.machines.layouts import LATER_LAYOUTS, MANAGER_LAYOUTS
 from kvspec.conformance.machines.manager import manager_machine
 from kvspec.conformance.runner import SetupError, layout_names
 from kvspec.conformance.targets.manager import ImplManagerTarget
@@ -655,6 +655,44 @@ def test_from_0_32_a_boundary_state_evicted_while_held_is_keyed_again_and_counte
     docs/release-survey/boundary_rekeyed_after_eviction.py; the gate found
     it at L3 on full+swa+mamba-retention)."""
     assert _sibling_in_the_step_the_owner_passes_its_boundary(version, kind, evicted=True) is False
+
+
+def _boundary_state_keyed_again(layout_name: str, version: str, manager_kind: str) -> bool:
+    """The owner of a 5-token prompt (blocks and hash blocks of 2: its last
+    reusable boundary is 4) computes 4 tokens, its Mamba state at 4 loses
+    its key (``evict_blocks``), and it computes the fifth token: is the
+    state keyed again?"""
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.impl import KVCacheManager
+    from kvspec.request import Request
+    from kvspec.spec.manager import SpecKVCacheManager
+
+    layout = MANAGER_LAYOUTS[layout_name] if layout_name in MANAGER_LAYOUTS else LATER_LAYOUTS[layout_name]
+    args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
+    with releases.judging(version) as release:
+        manager = KVCacheManager(*args, **layout.target_options(), deltas=impl_deltas(release)) \
+            if manager_kind == "impl" else SpecKVCacheManager(*args, **layout.target_options())
+        owner = Request("a", [1, 2, 3, 4, 5], block_hasher=get_request_block_hasher(layout.hash_block_size))
+        assert manager.allocate_slots(owner, 4) is not None
+        owner.num_computed_tokens = 4
+        state = manager.get_block_ids("a")[1][1]
+        manager.evict_blocks({state})
+        manager.new_step_starts()
+        assert manager.allocate_slots(owner, 1) is not None
+        return state in (manager.pool.snapshot().key_of if manager_kind == "spec"
+                         else {b.block_id for b in manager.block_pool.blocks if b.block_hash is not None})
+
+
+@pytest.mark.parametrize("kind", ["spec", "impl"])
+def test_from_0_29_caching_under_decode_ranks_is_not_rounded_so_the_boundary_state_stays_unkeyed(kind):
+    """Delta unrounded-caching-under-dcp: under decode ranks with a Mamba
+    align block at least the hash block, the owner's caching call after its
+    prompt's boundary covers 5 tokens, not 4, so the state whose key was
+    evicted is not keyed again (vLLM 0.34.0: the gate met it at L3 on
+    full+mamba-align-dcp2, seed 3); without decode ranks it is (delta
+    mamba-boundary-remark-fixed)."""
+    assert _boundary_state_keyed_again("full+mamba-align", "0.34.0", kind)
+    assert not _boundary_state_keyed_again("full+mamba-align-dcp2", "0.34.0", kind)
 
 
 def _cached_under_lookahead(version: str, manager_kind: str) -> list[bool] | str:

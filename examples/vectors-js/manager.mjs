@@ -560,6 +560,9 @@ export class Manager {
     this.caching = enable_caching;
     this.A = scheduler_block_size;
     this.hashBlockSize = hash_block_size;
+    // spec 9 delta unrounded-caching-under-dcp (0.29): decode ranks and a Mamba align block >= the hash block.
+    this.cachesUnrounded = atLeast(release, "0.29.0") && dcp_world_size > 1 && groups.some(
+      (g) => g.type === "MambaSpec" && g.mamba_cache_mode === "align" && g.block_size >= hash_block_size);
     this.retentionInterval = retention_interval;
     this.maxNumBatchedTokens = max_num_batched_tokens ?? max_model_len;
     // spec 2 step 3: the watermark is watermark * num_blocks blocks, rounded down.
@@ -873,13 +876,14 @@ export class Manager {
     if (this.caching && !c.delayCache) this.cache(c.request, Math.min(c.total + c.newTokens, c.request.num_tokens));
   }
 
-  // spec 4 "Caching in a hybrid": n // A * A tokens; an EAGLE group min(n, n // A * A + B).
+  // spec 4 "Caching in a hybrid": n // A * A tokens; an EAGLE group min(n, n // A * A + B).  spec 9
+  // unrounded-caching-under-dcp: n, not rounded.
   cache(request, n) {
     if (this.groups.length === 1) {
       this.groups[0].cacheBlocks(request, n);
       return;
     }
-    const aligned = fdiv(n, this.A) * this.A;
+    const aligned = this.cachesUnrounded ? n : fdiv(n, this.A) * this.A;
     for (const g of this.groups) {
       if (g instanceof CrossAttention) continue;
       g.cacheBlocks(request, g.eagle && aligned > 0 ? Math.min(n, aligned + g.B) : aligned);
