@@ -277,6 +277,11 @@ class KVCacheCoordinator(ABC):
         self._managers_with_kind = tuple((m, isinstance(m, CrossAttentionManager)) for m in self.single_type_managers)
         # Groups that release blocks as the request advances (others keep all).
         self.releasing_managers = tuple(m for m in self.single_type_managers if m.releases_skipped_blocks)
+        # From 0.29 (release delta unrounded-caching-under-dcp): under decode ranks a Mamba align group whose
+        # block is at least the hash block turns hits inside a block on, and caching is no longer rounded to A.
+        self.caches_unrounded = "unrounded-caching-under-dcp" in self.deltas and split_over > 1 and any(
+            isinstance(m, MambaManager) and m.mamba_cache_mode == "align" and m.block_size >= hash_block_size
+            for m in self.single_type_managers)
         # vLLM's estimate is exact for every group but Mamba's align mode.
         self.inexact_group_ids = tuple(
             g for g, m in enumerate(self.single_type_managers)
@@ -748,9 +753,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     def num_cacheable_tokens(self, num_computed_tokens: int, group_id: int) -> int:
         """How many computed tokens group ``group_id`` caches: up to the last
         scheduler-block boundary (hits never end elsewhere); an EAGLE group
-        also the block past it, which its lookups read and drop."""
+        also the block past it, which its lookups read and drop.  All of them
+        where caching is not rounded (delta unrounded-caching-under-dcp)."""
         sbs = self.scheduler_block_size
-        aligned = num_computed_tokens // sbs * sbs
+        aligned = num_computed_tokens if self.caches_unrounded else num_computed_tokens // sbs * sbs
         manager = self.single_type_managers[group_id]
         if manager.use_eagle and aligned > 0:
             return min(num_computed_tokens, aligned + manager.block_size)

@@ -641,7 +641,10 @@ class KVCacheManager:
         return self.coordinator.pop_blocks_for_free(request.request_id)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
-        """Forget the cached content of these blocks (reported stale)."""
+        """Forget the cached content of these blocks (reported stale).  A
+        held block's key may come back at the next caching call (Mamba's
+        prompt boundary from 0.33), so no request's decode fast path holds."""
+        self._steady.clear()
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:

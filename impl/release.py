@@ -29,6 +29,7 @@ IMPLEMENTED: frozenset[str] = frozenset({
     "zeroing-every-attention-group",  # 0.28: where blocks are zeroed, every attention group's are
     "retention-zero-anywhere",  # 0.29: a retention interval of 0 is accepted on any model
     "hybrid-one-spec-group",  # 0.29: several groups of one spec build, searched as one spec group
+    "unrounded-caching-under-dcp",  # 0.29: DCP + Mamba align block >= hash block: caching is not rounded to A
     "eagle-replay-boundaries",  # 0.30: with a drafter, a prompt's replay resumes a scheduler block lower
     "mamba-retire-across-gaps",  # 0.30: Mamba align frees every state before the window, past null gaps
     "mamba-boundary-remarked",  # 0.32: Mamba align counts the prompt's boundary state cached this step, again

@@ -897,9 +897,10 @@ class MambaManager(SingleTypeKVCacheManager):
         # null gaps or not; request id -> how many leading table slots are known to be null (a null slot
         # never holds a block again, so the scan for states to retire starts there).
         self._retires_across_gaps = mode == "align" and "mamba-retire-across-gaps" in self.deltas
-        # 0.32 only: the prompt's boundary state is counted cached this step on every call that reaches it.
-        self._remarks_prompt_boundary = mode == "align" and "mamba-boundary-remarked" in self.deltas \
-            and "mamba-boundary-remark-fixed" not in self.deltas
+        # From 0.32: the prompt's boundary state is keyed and counted cached this step on every call that
+        # reaches it; from 0.33 only where its block does not hold that boundary's key (evicted while held).
+        self._remarks_prompt_boundary = mode == "align" and "mamba-boundary-remarked" in self.deltas
+        self._remarks_unkeyed_only = "mamba-boundary-remark-fixed" in self.deltas
         self.use_eagle_checkpoint = False  # set by the coordinator: the manager runs an EAGLE drafter
         self._null_prefix: dict[str, int] = {}
 
@@ -1187,9 +1188,11 @@ class MambaManager(SingleTypeKVCacheManager):
             self._remark_prompt_boundary(request, num_tokens)
 
     def _remark_prompt_boundary(self, request: Any, num_tokens: int) -> None:
-        """vLLM 0.32 only (release delta mamba-boundary-remarked): at the
+        """From vLLM 0.32 (release delta mamba-boundary-remarked): at the
         prompt's last reusable state boundary, key the state block there and
-        count it cached this step, again on every call that reaches it."""
+        count it cached this step, again on every call that reaches it; from
+        0.33 (delta mamba-boundary-remark-fixed) only where the block's own
+        key does not name that boundary (its key was evicted while held)."""
         hbs = self.block_pool.hash_block_size
         prompt = request.num_prompt_tokens
         boundary = prompt // hbs * hbs - hbs if self.use_eagle_checkpoint else (prompt - 1) // hbs * hbs
@@ -1197,10 +1200,13 @@ class MambaManager(SingleTypeKVCacheManager):
             return
         blocks = self.req_to_blocks.get(request.request_id, ())
         index = -(-num_tokens // self.block_size) - 1
-        if index < len(blocks) and not blocks[index].is_null:
-            key = self.block_pool.cache_partial_block(request, blocks[index], num_tokens, self.kv_cache_group_id,
-                                                      self.block_size)
-            self.cached_blocks_this_step.add(key)
+        if index >= len(blocks) or blocks[index].is_null:
+            return
+        if self._remarks_unkeyed_only and blocks[index].block_hash_num_tokens == num_tokens:
+            return
+        key = self.block_pool.cache_partial_block(request, blocks[index], num_tokens, self.kv_cache_group_id,
+                                                  self.block_size)
+        self.cached_blocks_this_step.add(key)
 
     def new_step_starts(self) -> None:
         self.cached_blocks_this_step.clear()

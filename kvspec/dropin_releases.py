@@ -91,8 +91,8 @@ release's deltas.
   marked as the drafter's drops nothing without ``use_eagle`` (delta
   eagle-drop-needs-use-eagle); under retention an EAGLE group keeps the
   tail a block below a shared-prefix junction (delta eagle-junction-peek,
-  outside what the spec judges); Mamba's boundary state is no longer
-  re-marked (delta mamba-boundary-remark-fixed).
+  outside what the spec judges); Mamba's boundary state is re-marked only
+  where its key was evicted while held (delta mamba-boundary-remark-fixed).
 
 - **0.34.0**: a request's hit bounded by its own limit
   (``Request.prefix_cache_hit_limit`` in place of
@@ -699,8 +699,8 @@ class KVCacheManager033(KVCacheManager032):
     the lookahead tokens), a bound on the hit (``max_cache_hit_length``),
     marked drafter groups dropping nothing without ``use_eagle`` (delta
     eagle-drop-needs-use-eagle), the junction's peek under retention
-    (delta eagle-junction-peek), and Mamba's boundary state no longer
-    re-marked (delta mamba-boundary-remark-fixed)."""
+    (delta eagle-junction-peek), and Mamba's boundary state re-marked only
+    where its key was evicted while held (delta mamba-boundary-remark-fixed)."""
 
     release = "0.33.0"
 

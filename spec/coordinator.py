@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec.hashing import block_hashes_for_size
-from kvspec.kv_cache_interface import FullAttentionSpec, KVCacheSpec
+from kvspec.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MambaSpec
 from kvspec.spec import releases
 from kvspec.spec.kinds import NULL, CrossAttention, GroupManager, HitPositions
 from kvspec.spec.pool import SpecBlockPool
@@ -62,8 +62,23 @@ def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, with_dr
     return tuple(sorted({max(resend - scheduler_block_size, 0), max(sibling - scheduler_block_size, 0)}))
 
 
+def caches_unrounded(specs: list, dcp_world_size: int, hash_block_size: int) -> bool:
+    """Whether a hybrid's caching call covers every computed token (release
+    delta unrounded-caching-under-dcp, from 0.29): under decode context
+    parallelism, with a Mamba align group whose block is at least the hash
+    block -- where vLLM turns hits inside a block on."""
+    return releases.current().has("unrounded-caching-under-dcp") and dcp_world_size > 1 and any(
+        isinstance(s, MambaSpec) and s.mamba_cache_mode == "align" and s.block_size >= hash_block_size
+        for s in specs)
+
+
 class Coordinator:
     """What all coordinators share: each operation visits the groups in order."""
+
+    rounds_caching = True
+    """Whether a hybrid's caching call rounds the computed tokens down to the
+    scheduler block (not where release delta unrounded-caching-under-dcp
+    applies: :func:`caches_unrounded`)."""
 
     def __init__(
         self,
@@ -272,7 +287,8 @@ class HybridCoordinator(Coordinator):
                     self.groups[g].use_eagle = True
 
     def cache(self, request, num_tokens):
-        aligned = num_tokens // self.scheduler_block_size * self.scheduler_block_size
+        aligned = num_tokens // self.scheduler_block_size * self.scheduler_block_size if self.rounds_caching \
+            else num_tokens
         replay = self.replay(request)
         for group in self.groups:
             n = aligned

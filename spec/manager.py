@@ -67,6 +67,7 @@ from kvspec.spec.coordinator import (
     NoPrefixCacheCoordinator,
     Tables,
     UnitaryCoordinator,
+    caches_unrounded,
 )
 from kvspec.spec.interface import Event, ManagerSnapshot, annotated
 from kvspec.spec.kinds import NULL, CrossAttention, Mamba, OutOfBlocks, group_class
@@ -209,6 +210,7 @@ class SpecKVCacheManager:
             pool, groups, scheduler_block_size, hash_block_size, eagle, retention_interval,
             has_drafter(kv_cache_config, use_eagle),
         )
+        self.coordinator.rounds_caching = not caches_unrounded(specs, dcp_world_size, hash_block_size)
         for group in groups:
             if isinstance(group, Mamba):
                 group.use_eagle_checkpoint = use_eagle
@@ -625,10 +627,15 @@ class SpecKVCacheManager:
         """Of a request's first ``num_tokens`` tokens, those whose blocks are
         cached: all of them (the base requires their hashes); from release
         delta lookahead-block-hashes, those its hashes name -- a block whose
-        lookahead tokens do not exist yet has no hash and waits."""
+        lookahead tokens do not exist yet has no hash and waits -- but all of
+        them where only the last, partial hash block has no hash (the count
+        a Mamba group compares with the prompt's boundary, where caching is
+        not rounded: delta unrounded-caching-under-dcp)."""
         if not releases.current().has("lookahead-block-hashes"):
             return num_tokens  # the base requires the hashes (hash-map-consistency)
-        return min(num_tokens, len(request.block_hashes) * self.hash_block_size)
+        if num_tokens // self.hash_block_size <= len(request.block_hashes):
+            return num_tokens
+        return len(request.block_hashes) * self.hash_block_size
 
     def remove_skipped_blocks(
         self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None

@@ -12,7 +12,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec import hashing
 from kvspec.conformance.gate import GateOptions, run_gate
-from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
+from kvspec.conformance.machines.layouts import LATER_LAYOUTS, MANAGER_LAYOUTS
 from kvspec.conformance.machines.manager import manager_machine
 from kvspec.conformance.runner import SetupError, layout_names
 from kvspec.conformance.targets.manager import ImplManagerTarget
@@ -145,6 +145,22 @@ def test_the_gate_judges_by_the_release_asked_for():
     (result,) = report.results
     assert result.conforms and "no Mamba `all` cache mode" in result.skipped
     assert report.versions["release judged"] == "0.33.0"
+    releases.use(releases.BASE)
+
+
+@pytest.mark.parametrize("target", ["impl", "spec"])
+def test_a_layout_where_a_not_modelled_delta_shows_is_skipped_naming_the_delta(target):
+    """Judged by 0.34.0, the layout where delta partial-hits-under-dcp shows
+    is skipped, the reason naming the delta and its release -- on purpose,
+    not unsearched -- while 0.28.0, before the delta, searches it."""
+    options = dict(target=target, scope="manager", level="L1", layouts=["full2+mamba-align-dcp2"], examples=3, seed=1)
+    report = run_gate(GateOptions(**options, release="0.34.0"))
+    (result,) = report.results
+    assert result.skipped == "not modelled: release delta partial-hits-under-dcp (0.29.0)", result
+    assert result.conforms and not result.unsearched and report.conforms and not report.unsearched
+    (result,) = run_gate(GateOptions(**options, release="0.28.0")).results
+    assert result.conforms and not result.skipped and result.operations > 0, result
+    assert releases.judged("0.34.0").not_modelled("manager/full+swa") is None
     releases.use(releases.BASE)
 
 
@@ -586,12 +602,16 @@ def test_from_0_32_a_connector_s_per_group_lookup_peeks_as_the_reconciled_one_do
     assert hits == {"0.31.0": 8, "0.32.0": 12}
 
 
-def _sibling_in_the_step_the_owner_passes_its_boundary(version: str, manager_kind: str) -> bool:
+def _sibling_in_the_step_the_owner_passes_its_boundary(version: str, manager_kind: str,
+                                                       evicted: bool = False) -> bool:
     """A prompt of 5 tokens (blocks and hash blocks of 2: its last reusable
     state boundary is 4) computed as vLLM's scheduler splits it for Mamba
     align -- 4 tokens, then in the next step the fifth -- and, in that next
     step, a sibling with the same prompt hitting the state at 4: admitted?
-    (docs/release-survey/mamba_boundary_remarked.py shows it on vLLM.)"""
+    ``evicted``: the state's key is evicted (``evict_blocks``) between the
+    steps, while the owner holds it.  (docs/release-survey/
+    mamba_boundary_remarked.py and boundary_rekeyed_after_eviction.py show
+    it on vLLM.)"""
     from kvspec.hashing import get_request_block_hasher
     from kvspec.request import Request
 
@@ -602,6 +622,8 @@ def _sibling_in_the_step_the_owner_passes_its_boundary(version: str, manager_kin
         owner = Request("a", [1, 2, 3, 4, 5], block_hasher=hasher)
         assert manager.allocate_slots(owner, 4) is not None
         owner.num_computed_tokens = 4
+        if evicted:
+            manager.evict_blocks({manager.get_block_ids("a")[1][1]})  # Mamba's state at 4
         manager.new_step_starts()
         assert manager.allocate_slots(owner, 1) is not None
         sibling = Request("b", [1, 2, 3, 4, 5], block_hasher=hasher)
@@ -620,6 +642,57 @@ def test_in_0_32_only_a_sibling_waits_while_the_owner_passes_its_prompt_boundary
     for version, admitted in (("0.31.0", True), ("0.32.0", False), ("0.33.0", True)):
         assert _sibling_in_the_step_the_owner_passes_its_boundary(version, "spec") is admitted, version
         assert _sibling_in_the_step_the_owner_passes_its_boundary(version, "impl") is admitted, version
+
+
+@pytest.mark.parametrize("kind", ["spec", "impl"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0", "0.34.0"])
+def test_from_0_32_a_boundary_state_evicted_while_held_is_keyed_again_and_counted_this_step(kind, version):
+    """Delta mamba-boundary-remark-fixed keys the prompt's boundary state
+    only where its block does not hold that key: a key evict_blocks took
+    from a block the owner still holds comes back at the owner's next
+    caching call at that boundary, counted cached this step, so the
+    sibling's hit on it waits (vLLM 0.34.0 does so:
+    docs/release-survey/boundary_rekeyed_after_eviction.py; the gate found
+    it at L3 on full+swa+mamba-retention)."""
+    assert _sibling_in_the_step_the_owner_passes_its_boundary(version, kind, evicted=True) is False
+
+
+def _boundary_state_keyed_again(layout_name: str, version: str, manager_kind: str) -> bool:
+    """The owner of a 5-token prompt (blocks and hash blocks of 2: its last
+    reusable boundary is 4) computes 4 tokens, its Mamba state at 4 loses
+    its key (``evict_blocks``), and it computes the fifth token: is the
+    state keyed again?"""
+    from kvspec.hashing import get_request_block_hasher
+    from kvspec.impl import KVCacheManager
+    from kvspec.request import Request
+    from kvspec.spec.manager import SpecKVCacheManager
+
+    layout = MANAGER_LAYOUTS[layout_name] if layout_name in MANAGER_LAYOUTS else LATER_LAYOUTS[layout_name]
+    args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
+    with releases.judging(version) as release:
+        manager = KVCacheManager(*args, **layout.target_options(), deltas=impl_deltas(release)) \
+            if manager_kind == "impl" else SpecKVCacheManager(*args, **layout.target_options())
+        owner = Request("a", [1, 2, 3, 4, 5], block_hasher=get_request_block_hasher(layout.hash_block_size))
+        assert manager.allocate_slots(owner, 4) is not None
+        owner.num_computed_tokens = 4
+        state = manager.get_block_ids("a")[1][1]
+        manager.evict_blocks({state})
+        manager.new_step_starts()
+        assert manager.allocate_slots(owner, 1) is not None
+        return state in (manager.pool.snapshot().key_of if manager_kind == "spec"
+                         else {b.block_id for b in manager.block_pool.blocks if b.block_hash is not None})
+
+
+@pytest.mark.parametrize("kind", ["spec", "impl"])
+def test_from_0_29_caching_under_decode_ranks_is_not_rounded_so_the_boundary_state_stays_unkeyed(kind):
+    """Delta unrounded-caching-under-dcp: under decode ranks with a Mamba
+    align block at least the hash block, the owner's caching call after its
+    prompt's boundary covers 5 tokens, not 4, so the state whose key was
+    evicted is not keyed again (vLLM 0.34.0: the gate met it at L3 on
+    full+mamba-align-dcp2, seed 3); without decode ranks it is (delta
+    mamba-boundary-remark-fixed)."""
+    assert _boundary_state_keyed_again("full+mamba-align", "0.34.0", kind)
+    assert not _boundary_state_keyed_again("full+mamba-align-dcp2", "0.34.0", kind)
 
 
 def _cached_under_lookahead(version: str, manager_kind: str) -> list[bool] | str:

@@ -463,16 +463,17 @@ class Mamba extends Group {
 
   onCached(keys) { for (const k of keys) this.st.cachedThisStep.add(k); } // formula 3: noted until new_step_starts
 
-  // spec 9 delta mamba-boundary-remarked (0.32 only): the state at the prompt's last reusable boundary is
-  // keyed and noted as cached this step again whenever caching reaches exactly that boundary.
+  // spec 9 delta mamba-boundary-remarked (0.32): the state at the prompt's last reusable boundary is keyed and
+  // noted as cached this step again whenever caching reaches exactly that boundary; from 0.33 (delta
+  // mamba-boundary-remark-fixed) only where the block's own key does not name that boundary (evicted while held).
   cacheBlocks(request, numTokens) {
     super.cacheBlocks(request, numTokens);
-    if (this.align && atLeast(this.m.release, "0.32.0") && !atLeast(this.m.release, "0.33.0")) {
-      this.remarkPromptBoundary(request, numTokens);
+    if (this.align && atLeast(this.m.release, "0.32.0")) {
+      this.remarkPromptBoundary(request, numTokens, atLeast(this.m.release, "0.33.0"));
     }
   }
 
-  remarkPromptBoundary(request, numTokens) {
+  remarkPromptBoundary(request, numTokens, unkeyedOnly) {
     const H = this.m.hashBlockSize;
     const P = request.num_prompt_tokens;
     const boundary = Math.max(this.m.useEagle ? fdiv(P, H) * H - H : fdiv(P - 1, H) * H, 0);
@@ -480,6 +481,7 @@ class Mamba extends Group {
     const table = this.table(request.id);
     const pos = Math.ceil(numTokens / this.B) - 1;
     if (!table || pos >= table.length || table[pos] === NULL_BLOCK) return;
+    if (unkeyedOnly && this.pool.tokensOf.get(table[pos]) === numTokens) return;
     const key = this.pool.cache_partial_block({ request, block_id: table[pos], num_tokens: numTokens, group_id: this.id,
                                                 block_size: this.B });
     this.st.cachedThisStep.add(key.bytes);
@@ -558,6 +560,9 @@ export class Manager {
     this.caching = enable_caching;
     this.A = scheduler_block_size;
     this.hashBlockSize = hash_block_size;
+    // spec 9 delta unrounded-caching-under-dcp (0.29): decode ranks and a Mamba align block >= the hash block.
+    this.cachesUnrounded = atLeast(release, "0.29.0") && dcp_world_size > 1 && groups.some(
+      (g) => g.type === "MambaSpec" && g.mamba_cache_mode === "align" && g.block_size >= hash_block_size);
     this.retentionInterval = retention_interval;
     this.maxNumBatchedTokens = max_num_batched_tokens ?? max_model_len;
     // spec 2 step 3: the watermark is watermark * num_blocks blocks, rounded down.
@@ -871,13 +876,14 @@ export class Manager {
     if (this.caching && !c.delayCache) this.cache(c.request, Math.min(c.total + c.newTokens, c.request.num_tokens));
   }
 
-  // spec 4 "Caching in a hybrid": n // A * A tokens; an EAGLE group min(n, n // A * A + B).
+  // spec 4 "Caching in a hybrid": n // A * A tokens; an EAGLE group min(n, n // A * A + B).  spec 9
+  // unrounded-caching-under-dcp: n, not rounded.
   cache(request, n) {
     if (this.groups.length === 1) {
       this.groups[0].cacheBlocks(request, n);
       return;
     }
-    const aligned = fdiv(n, this.A) * this.A;
+    const aligned = this.cachesUnrounded ? n : fdiv(n, this.A) * this.A;
     for (const g of this.groups) {
       if (g instanceof CrossAttention) continue;
       g.cacheBlocks(request, g.eagle && aligned > 0 ? Math.min(n, aligned + g.B) : aligned);

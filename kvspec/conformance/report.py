@@ -106,8 +106,9 @@ class LayoutResult:
     def unsearched(self) -> bool:
         """The run says nothing about this layout: its turn never came (the
         budget, --fail-fast) or its search ran fewer operations than the
-        floor.  A layout steered around a known finding, or one the target
-        or release does not have, is skipped on purpose, not unsearched."""
+        floor.  A layout steered around a known finding, one the target or
+        release does not have, or one where a release delta the spec does not
+        model shows, is skipped on purpose, not unsearched."""
         return self.skipped is not None and (self.skipped in (BUDGET_SPENT, FAIL_FAST, INTERRUPTED)
                                              or self.skipped.startswith(TOO_FEW))
 

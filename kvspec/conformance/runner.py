@@ -249,11 +249,14 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
 def layout_unsupported(target: str, scope: str, name: str) -> str | None:
     """Why a layout is not searched, or ``None``: the release judged has no
     such configuration (:meth:`kvspec.spec.releases.Release.unsupported`),
-    or a ``module:factory`` target cannot be given a manager layout's
-    options (its factory takes no such keyword).  Such a layout is skipped
-    with that reason, never judged: a configuration the target does not
-    offer is no failure of it."""
-    if (why := releases.current().unsupported(_mamba_modes(scope, name))) is not None:
+    the spec does not model what the release does there
+    (:meth:`kvspec.spec.releases.Release.not_modelled`), or a
+    ``module:factory`` target cannot be given a manager layout's options
+    (its factory takes no such keyword).  Such a layout is skipped with that
+    reason, never judged: a configuration the target does not offer, or
+    one the spec cannot judge yet, is no failure of it."""
+    release = releases.current()
+    if (why := release.unsupported(_mamba_modes(scope, name)) or release.not_modelled(f"{scope}/{name}")) is not None:
         return why
     if scope == "manager" and (why := _spec_refusal(name)) is not None:
         return why

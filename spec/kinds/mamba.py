@@ -191,10 +191,12 @@ class Mamba(GroupManager):
 
     def cache(self, request, num_tokens, retention, replay=None):
         """As for attention; the newly cached states are remembered until the
-        next step (their hits are refused until then).  In 0.32 only (release
+        next step (their hits are refused until then).  From 0.32 (release
         delta mamba-boundary-remarked) the state at the prompt's last
-        reusable boundary is remembered again whenever ``num_tokens`` is that
-        boundary."""
+        reusable boundary is keyed and remembered again whenever
+        ``num_tokens`` is that boundary; from 0.33 (delta
+        mamba-boundary-remark-fixed) only when its block does not hold the
+        key of that boundary (its key was evicted while the request held it)."""
         rid = request.request_id
         before = self.num_cached.get(rid, 0)
         super().cache(request, num_tokens, retention, replay)
@@ -205,13 +207,15 @@ class Mamba(GroupManager):
                 if b != NULL and b in keys:
                     self.cached_this_step.add(keys[b])
         release = releases.current()
-        if self.mode == "align" and release.has("mamba-boundary-remarked") \
-                and not release.has("mamba-boundary-remark-fixed"):
-            self._remark_prompt_boundary(request, num_tokens)
+        if self.mode == "align" and release.has("mamba-boundary-remarked"):
+            self._remark_prompt_boundary(request, num_tokens,
+                                         unkeyed_only=release.has("mamba-boundary-remark-fixed"))
 
-    def _remark_prompt_boundary(self, request, num_tokens):
+    def _remark_prompt_boundary(self, request, num_tokens, unkeyed_only):
         """Key the state block at the prompt's last reusable boundary, if
-        ``num_tokens`` is it, and remember it as cached this step."""
+        ``num_tokens`` is it, and remember it as cached this step; with
+        ``unkeyed_only``, only a block whose own key names another prefix
+        (or that has none)."""
         hbs = self.pool.state.hash_block_size
         prompt = request.num_prompt_tokens
         boundary = prompt // hbs * hbs - hbs if self.use_eagle_checkpoint else (prompt - 1) // hbs * hbs
@@ -219,10 +223,12 @@ class Mamba(GroupManager):
             return
         table = self.table(request.request_id)
         position = cdiv(num_tokens, self.block_size) - 1
-        if position < len(table) and table[position] != NULL:
-            key = self.pool.cache_partial_block(request, table[position], num_tokens, self.group_id,
-                                                self.block_size)
-            self.cached_this_step.add(key)
+        if position >= len(table) or table[position] == NULL:
+            return
+        if unkeyed_only and self.pool.state.tokens_of.get(table[position]) == num_tokens:
+            return
+        key = self.pool.cache_partial_block(request, table[position], num_tokens, self.group_id, self.block_size)
+        self.cached_this_step.add(key)
 
     def free(self, rid):
         self.allocated.discard(rid)
