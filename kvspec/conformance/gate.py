@@ -580,6 +580,8 @@ class _Run:
         layout's trace minimised, saved and labelled; the listener told."""
         self.minimise(r)
         if self.report is None:  # a worker: the parent finishes it (labelled here too, for fail-fast)
+            if r.trace is not None:
+                _stamp(r.trace, self.options)  # the label reads how the run was made (--against)
             self.label(r)
             self.collected.append(r)
             return
