@@ -180,6 +180,10 @@ def _mask(code: int, n: int) -> list[bool] | None:
 
 
 # --- the obligations: one per operation ---------------------------------------------------------
+#
+# Budgets: on an idle 2-core machine each confirms in 30-95 s (measured 2026-12-07: evict 91 s, get_new_blocks
+# 87 s, cache 72 s, reset 70 s, free 61 s, touch 30 s); CI runs them while other environments install, about a
+# third slower, so each budget leaves that much room and more -- a budget is a limit, not the time taken.
 
 
 def get_new_blocks_keeps_the_rules(first: int, second: int, n: int) -> tuple[str, ...]:
@@ -187,7 +191,7 @@ def get_new_blocks_keeps_the_rules(first: int, second: int, n: int) -> tuple[str
     refused; hashed free blocks lose their hash when reused.
 
     covers: BlockPool.get_new_blocks
-    budget: 90
+    budget: 180
     pre: 0 <= first < 8 and 0 <= second < 8
     pre: -1 <= n <= 4
     post: __return__ == ()  # pool-rules, spec-equivalence
@@ -203,7 +207,7 @@ def cache_full_blocks_keeps_the_rules(first: int, second: int, mask: int) -> tup
     the one served.
 
     covers: BlockPool.cache_full_blocks
-    budget: 90
+    budget: 150
     pre: 0 <= first < 8 and 0 <= second < 8
     pre: 0 <= mask < 8
     post: __return__ == ()  # pool-rules, spec-equivalence
@@ -234,7 +238,7 @@ def free_blocks_keeps_the_rules(first: int, second: int, r: int, how: int) -> tu
     """Freeing tail first, head first, or a block nobody holds (refused, unchanged).
 
     covers: BlockPool.free_blocks
-    budget: 90
+    budget: 150
     pre: 0 <= first < 8 and 0 <= second < 8
     pre: 0 <= r < 2
     pre: 0 <= how < 3
@@ -255,7 +259,7 @@ def evict_blocks_keeps_the_rules(first: int, second: int, block: int) -> tuple[s
     an id outside the pool (refused, unchanged).
 
     covers: BlockPool.evict_blocks
-    budget: 90
+    budget: 180
     pre: 0 <= first < 8 and 0 <= second < 8
     pre: 0 <= block <= NUM_BLOCKS
     post: __return__ == ()  # pool-rules, spec-equivalence
@@ -270,7 +274,7 @@ def reset_keeps_the_rules(first: int, second: int, third: int) -> tuple[str, ...
     and then leaves no hash; otherwise nothing changes.
 
     covers: BlockPool.reset_prefix_cache
-    budget: 90
+    budget: 150
     pre: 0 <= first < 8 and 0 <= second < 8 and 0 <= third < 8
     post: __return__ == ()  # pool-rules, spec-equivalence
     """
