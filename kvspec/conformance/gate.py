@@ -582,7 +582,7 @@ class _Run:
         if self.report is None:  # a worker: the parent finishes it (labelled here too, for fail-fast)
             if r.trace is not None:
                 _stamp(r.trace, self.options)  # the label reads how the run was made (--against)
-            self.label(r)
+            label(r, self.options, self.deadline)
             self.collected.append(r)
             return
         o = self.options
@@ -597,17 +597,9 @@ class _Run:
         if r.skipped is None and r.trace is not None:
             _stamp(r.trace, o)
             r.trace_file = str(r.trace.save(o.traces() / trace_file_name(r.scope, r.layout)))
-            self.label(r)
+            label(r, self.options, self.deadline)
         self.listener.layout_done(r)
         self.see(r)
-
-    def label(self, r: LayoutResult) -> None:
-        """Say whose a failing layout's failure is: the known finding it
-        fits (component, layout and rules: :func:`matching_finding`), and --
-        under a scheduler the target does not replace -- the component it
-        belongs to when it is not the target's (:func:`attribute`).  Once per
-        result: a worker's label stands in its parent."""
-        label(r, self.options, self.deadline)
 
     def see(self, r: LayoutResult) -> None:
         if self.options.fail_fast and r.failed(self.options.strict) and r.known_finding is None and \
@@ -616,7 +608,11 @@ class _Run:
 
 
 def label(r: LayoutResult, options: GateOptions, deadline: float | None) -> None:
-    """Say whose a failing layout's failure is (see :meth:`_Run.label`)."""
+    """Say whose a failing layout's failure is: the known finding it fits
+    (component, layout and rules: :func:`matching_finding`), and -- under a
+    scheduler the target does not replace -- the component it belongs to
+    when it is not the target's (:func:`attribute`).  Once per result: a
+    worker's label stands in its parent."""
     if r.skipped is not None or r.trace is None or r.conforms or r.labelled:
         return
     known = matching_finding(options.findings_of, r.scope, r.layout, r.trace)
