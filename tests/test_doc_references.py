@@ -346,3 +346,13 @@ def test_no_document_counts_the_changes_that_are_not_deltas_yet():
     stale = [f"{relative(d)}: {m.group(0)!r}" for d in DOCUMENTS if d.name != "release-survey.md"
              for m in NOT_DELTAS_COUNTED.finditer(" ".join(d.read_text().split()))]
     assert not stale, stale
+
+
+def test_the_readme_stays_a_front_door():
+    """The README is the two commands, what kvspec is, a tour and links (issue
+    53): at most 200 lines; a manual grows in docs/, where the README links it."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move the detail to a page of docs/"
+    linked = set(re.findall(r"\]\(docs/([\w.-]+\.md)", "\n".join(lines)))
+    unlinked = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name not in linked)
+    assert not unlinked, f"README.md links no {unlinked}"
