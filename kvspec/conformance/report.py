@@ -392,20 +392,44 @@ def _result_text(r: LayoutResult) -> str:
     return text + (f" ({r.known_label})" if r.known_label else "")
 
 
+#: Operations another runs as a step of its own: ``allocate_slots`` first
+#: releases what left the window, exactly as ``remove_skipped_blocks`` does
+#: (spec chapter 2, :meth:`kvspec.spec.manager.KVCacheManager.allocate_slots`),
+#: so one window bug shows after either.
+RUNS_AS_A_STEP = {"allocate_slots": ("remove_skipped_blocks",)}
+
+
+def _related(a: str | None, b: str | None) -> bool:
+    """Whether a bug seen after operation ``a`` may be the one seen after
+    ``b``: the same operation, or one runs the other as a step."""
+    return a == b or b in RUNS_AS_A_STEP.get(a or "", ()) or a in RUNS_AS_A_STEP.get(b or "", ())
+
+
 def _fold_divergences(groups: dict[str, list[LayoutResult]]) -> None:
-    """Fold each group of bare divergences into the one group that names a
-    rule after the same operation, where there is exactly one: at L3 the
-    lockstep with the spec sees a bug at the operation it happens, often
-    before any rule can -- on one layout the rule's verdict, on another the
-    divergence, one bug."""
-    by_operation: dict[str | None, list[str]] = {}
-    for cause, results in groups.items():
-        if results[0].rules:
-            by_operation.setdefault(failing_operation(results[0].trace), []).append(cause)
+    """Fold what one bug shows as several causes.  At L3 the lockstep with
+    the spec sees a bug at the operation it happens, often before any rule
+    can -- on one layout the rule's verdict, on another the divergence; and
+    a bug in a step shows after that operation and after the one running it.
+    So a group of bare divergences goes into the one group that names a rule
+    after the same operation, or, failing that, after an operation related
+    to it (:data:`RUNS_AS_A_STEP`), where there is exactly one; and a group
+    naming the same rules as another after an operation that runs its own
+    as a step goes into that one."""
+    def operation(cause: str) -> str | None:
+        return failing_operation(groups[cause][0].trace)
+
+    named = [c for c, rs in groups.items() if rs[0].rules]
+    for inner in named:
+        outer = [c for c in named if c != inner and c in groups and groups[c][0].rules == groups[inner][0].rules
+                 and operation(inner) in RUNS_AS_A_STEP.get(operation(c) or "", ())]
+        if len(outer) == 1:
+            groups[outer[0]] += groups.pop(inner)
+    named = [c for c in named if c in groups]
     for cause in [c for c, rs in groups.items() if not rs[0].rules]:
-        named = by_operation.get(failing_operation(groups[cause][0].trace), [])
-        if len(named) == 1:
-            groups[named[0]] += groups.pop(cause)
+        into = [c for c in named if operation(c) == operation(cause)] or \
+            [c for c in named if _related(operation(c), operation(cause))]
+        if len(into) == 1:
+            groups[into[0]] += groups.pop(cause)
 
 
 def _cut(text: str, limit: int) -> str:
