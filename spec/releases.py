@@ -36,8 +36,6 @@ before kvspec is installed).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -344,6 +342,11 @@ class Release:
     version: str
     known: str
 
+    def __reduce__(self) -> tuple:
+        # Pickled by name (a manager's all-or-nothing copy pickles its pool, which holds its release): one
+        # release of a process stays one object, its deltas computed once.
+        return _interned, (self.version, self.known)
+
     @cached_property
     def deltas(self) -> tuple[Delta, ...]:
         """The deltas from the base to this release, oldest first."""
@@ -421,6 +424,14 @@ class Release:
                 f"(base {BASE} + {count}{note})")
 
 
+_INTERNED: dict[tuple[str, str], Release] = {}
+
+
+def _interned(version: str, known: str) -> Release:
+    """The one :class:`Release` of ``version`` judged by ``known``'s rules."""
+    return _INTERNED.setdefault((version, known), Release(version, known))
+
+
 def deltas_until(version: str) -> tuple[Delta, ...]:
     """The deltas of every release after the base up to ``version``, oldest first."""
     key = version_key(version)
@@ -433,45 +444,28 @@ def judged(version: str) -> Release:
     (the base for anything older than the base)."""
     key = version_key(version)
     known = [k for k in KNOWN if version_key(k) <= key]
-    return Release(version, known[-1] if known else BASE)
+    return _interned(version, known[-1] if known else BASE)
 
 
 REFERENCE = judged(BASE)
-"""The base release, as a :class:`Release`: what the spec judges by default."""
+"""The base release, as a :class:`Release`: what the spec judges when it is
+told no other.  There is no process-wide "current" release: whatever
+depends on the release judged -- the spec's pool and managers, a
+:class:`~kvspec.spec.layout.Layout`, impl, the conformance targets and
+machines, the vectors, the findings -- is given it, as a value, where it is
+built, and a constructor called without one builds for this release (so that
+callers written before releases existed keep working)."""
 
 
-_current = REFERENCE
-
-
-def use(version: str) -> Release:
-    """Judge by ``version``'s rules from now on, in this process (the
-    conformance runner sets the release under test; the default is the
-    base).  Block hashes follow: their extra keys take the release's format,
-    and a resuming hasher the release's multimodal scan."""
-    global _current
-    from kvspec import hashing
-
-    release = judged(version)
-    hashing.use_extra_key_format(release.extra_key_format)
-    hashing.use_mm_resume_scan(release.mm_resume_scan)
-    _current = release
-    return release
-
-
-def current() -> Release:
-    """The release this process judges by (:func:`use`)."""
-    return _current
-
-
-@contextmanager
-def judging(version: str) -> Iterator[Release]:
-    """Judge by ``version``'s rules inside the block, and by the release
-    judged before it afterwards."""
-    before = _current.version
-    try:
-        yield use(version)
-    finally:
-        use(before)
+def as_release(release: Release | str | None) -> Release:
+    """``release`` as a :class:`Release`: one given as a version string is
+    judged (:func:`judged`), ``None`` is the reference release
+    (:data:`REFERENCE`)."""
+    if release is None:
+        return REFERENCE
+    if isinstance(release, Release):
+        return release
+    return judged(release)
 
 
 if __name__ == "__main__":
