@@ -1,4 +1,4 @@
-"""The release axis (spec/releases.py, chapter 9 of spec/README.md): each
+"""The release axis (spec/releases/, chapter 9 of spec/README.md): each
 delta, its chapter row and its rules in step; how a release is judged; and
 that a delta is live -- the gate judges by the release asked for."""
 
@@ -828,3 +828,25 @@ def test_two_releases_specs_run_side_by_side_in_one_process():
                                   spec_factory=functools.partial(SpecManagerTarget, release=r))
         run_state_machine_as_test(machine, settings=settings(max_examples=5, deadline=None, database=None,
                                                              phases=[Phase.generate]))
+
+
+def test_each_release_is_one_module_of_its_own_deltas():
+    """spec/releases/ holds the base (base.py) and one module per later
+    release, oldest first, each chained to the one before (PREVIOUS) and
+    holding only its own release's deltas; no module is left unregistered."""
+    modules = releases.RELEASE_MODULES
+    assert [m.PREVIOUS for m in modules] == list(releases.KNOWN[:-1])
+    assert [m.RELEASE for m in modules] == list(releases.KNOWN[1:])
+    for module in modules:
+        assert module.__name__.rsplit(".", 1)[1] == "v" + module.RELEASE.replace(".", "_")
+        assert all(d.release == module.RELEASE for d in module.DELTAS), module.__name__
+    files = {p.stem for p in (ROOT / "spec" / "releases").glob("*.py")}
+    assert files == {"__init__", "base", *(m.__name__.rsplit(".", 1)[1] for m in modules)}
+
+
+def test_chapter_9_lists_the_deltas_release_by_release_as_the_modules_do():
+    """Chapter 9's table is checked against the modules: a row per delta
+    (test_every_delta_has_its_row_in_the_chapter_and_nothing_else_does),
+    in the modules' order."""
+    assert list(chapter_rows()) == [d.key for d in releases.DELTAS]
+

@@ -238,7 +238,7 @@ def config_of(scope: str, layout: Any, events: bool = True,
               release: releases.Release = releases.REFERENCE) -> dict[str, Any]:
     """A layout as a vector's ``config``: the pool's constructor arguments,
     or a manager layout's groups (each spec by type and fields); ``release``
-    when the release judged is not the base (spec/releases.py)."""
+    when the release judged is not the base (spec/releases/)."""
     release = {} if release.is_base else {"release": release.known}
     if scope == "pool":
         return {"hash_seed": HASH_SEED, **release, "num_blocks": layout.num_blocks,

@@ -993,7 +993,7 @@ def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None 
     """Write the corpus under ``out`` (see the module docstring), replacing
     the vectors a previous corpus left there: a vector the spec no longer
     yields must not linger.  ``release``: the spec of that vLLM release
-    (spec/releases.py; default the base), recorded in every vector."""
+    (spec/releases/; default the base), recorded in every vector."""
     if size not in SIZES:
         raise ValueError(f"unknown corpus size {size!r}: use one of {sorted(SIZES)}")
     if out.exists() and not out.is_dir():
