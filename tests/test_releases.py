@@ -850,3 +850,26 @@ def test_chapter_9_lists_the_deltas_release_by_release_as_the_modules_do():
     in the modules' order."""
     assert list(chapter_rows()) == [d.key for d in releases.DELTAS]
 
+
+def test_the_add_a_release_checklist_holds_for_every_known_release():
+    """docs/CONTRIBUTING.md's "Add a vLLM release" names each place a
+    release lives, and each is there for every release the spec knows: its
+    module (above), its deltas' rows in chapter 9, impl following its
+    modelled deltas, the drop-in's API shape, and -- for the newest -- its
+    vectors, generated and replayed by .ci/run."""
+    from kvspec.dropin_releases import API
+
+    section = (ROOT / "docs" / "CONTRIBUTING.md").read_text().split("## Add a vLLM release", 1)[1].split("\n## ")[0]
+    for named in ("spec/releases/", "RELEASE_MODULES", "spec/README.md", "impl/release.py",
+                  "kvspec/dropin_releases.py", "kvspec vectors generate --release", ".ci/run",
+                  "test_the_add_a_release_checklist_holds_for_every_known_release"):
+        assert named in section, named
+    rows = chapter_rows()
+    for module in releases.RELEASE_MODULES:
+        version = module.RELEASE
+        assert all(d.key in rows for d in module.DELTAS), version
+        impl_deltas(releases.judged(version))  # impl follows every modelled delta (else a ValueError names it)
+        assert version in API, f"the drop-in has no API shape for vLLM {version} (kvspec/dropin_releases.py)"
+    newest = releases.KNOWN[-1]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(rf"kvspec vectors generate --out (\S+) --release {re.escape(newest)}\b", ci), newest
