@@ -44,7 +44,7 @@ IMPLEMENTED: frozenset[str] = frozenset({
     "eagle-drop-needs-use-eagle",  # 0.33: a group marked as the drafter's drops its last hit block only with use_eagle
     "eagle-junction-peek",  # 0.33: an EAGLE group keeps the tail a block below a shared-prefix junction (retention)
 })
-"""The deltas impl follows (each key is one of ``spec/releases.py``'s)."""
+"""The deltas impl follows (each key is one of ``spec/releases/``'s)."""
 
 
 _default: frozenset[str] = frozenset()

@@ -80,7 +80,7 @@ class ConformPrinter(Listener):
         if options.budget:
             header += f" budget={options.budget:g}s"
         print(header + (f" seed={options.seed}" if options.seed is not None else ""))
-        if warning := releases.current().warning():
+        if warning := releases.as_release(options.release or None).warning():
             print(warning)
         if options.findings_of not in (None, options.target):
             print(f"target {options.target} runs {options.findings_of}'s code: {options.findings_of}'s known findings "

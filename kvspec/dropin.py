@@ -97,7 +97,7 @@ def check_release(version: str) -> str:
 _saved: dict[tuple[str, str], Any] = {}  # (module, name) -> vLLM's original
 _saved_events: Any = None
 _saved_deltas: frozenset[str] | None = None  # impl's default deltas before install
-_saved_release: str | None = None  # the release the process judged by (and hashed as) before install
+_saved_formats: tuple[str, str] | None = None  # the process's hash formats (vLLM's callers pass no release) before
 _saved_root: tuple[Any, Any] | None = None  # kvspec's root hash and its seed before install
 _put_in: dict[int, tuple[Any, Any]] = {}  # id(kvspec's object) -> (it, vLLM's original it stands in for)
 
@@ -111,7 +111,7 @@ def install() -> list[str]:
     (``module.name``).  Installing twice changes nothing more; on a release
     impl does not implement it raises :class:`DropinError`, having replaced
     nothing."""
-    global _saved_events, _saved_deltas, _saved_release, _saved_root
+    global _saved_events, _saved_deltas, _saved_formats, _saved_root
     if installed():
         return sorted(f"{m}.{n}" for m, n in _saved if m in REPLACED)
     import vllm
@@ -135,9 +135,9 @@ def install() -> list[str]:
         _replace(theirs, name, ours)
     # Whatever vLLM builds itself (a connector's coordinator, a pool, a manager) follows the release too.
     _saved_deltas = impl_release.use_default_deltas(deltas)
-    # Block hashes as the release makes them (its extra-key format, its multimodal scan on resume).
-    _saved_release = releases.current().version
-    releases.use(release)
+    # Block hashes as the release makes them (its extra-key format, its multimodal scan on resume): vLLM's
+    # callers of the hashing functions pass no release, so the drop-in -- and only it -- sets the process's.
+    _saved_formats = hashing.use_formats_of(releases.judged(release))
     # vLLM's root hash lives in its module: keep the two roots one.
     _saved_root = hashing.NONE_HASH, hashing.ROOT_SEED
     root = _init_none_hash(vllm_utils, hashing, release)
@@ -165,7 +165,7 @@ def uninstall() -> None:
     the drop-in was in, which took kvspec's objects by name (the scheduler,
     the engine) -- and kvspec's own root hash: nothing of the drop-in stays
     in the process."""
-    global _saved_events, _saved_deltas, _saved_release, _saved_root
+    global _saved_events, _saved_deltas, _saved_formats, _saved_root
     for (module_name, name), original in _saved.items():
         setattr(sys.modules[module_name], name, original)
     _saved.clear()
@@ -182,11 +182,12 @@ def uninstall() -> None:
 
         impl_release.use_default_deltas(_saved_deltas)
         _saved_deltas = None
-    if _saved_release is not None:
-        from kvspec.spec import releases
+    if _saved_formats is not None:
+        from kvspec import hashing
 
-        releases.use(_saved_release)
-        _saved_release = None
+        hashing.use_extra_key_format(_saved_formats[0])
+        hashing.use_mm_resume_scan(_saved_formats[1])
+        _saved_formats = None
     if _saved_events is not None:
         from kvspec.impl import kv_events
 

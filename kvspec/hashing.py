@@ -336,13 +336,27 @@ def _prompt_embeds_extra_keys(request: Any, start: int, end: int) -> list[bytes]
 
 # --- the extra keys' format, per vLLM release -------------------------------------
 
+# A hashing function is told the release whose format it hashes in (``release=``: a
+# :class:`kvspec.spec.releases.Release`, or anything with its ``extra_key_format`` and
+# ``mm_resume_scan``).  Told none, it hashes as vLLM's own functions, which take no
+# release, do in this process: the reference release's format, unless the drop-in --
+# which stands in for those functions in a vLLM of a later release -- set that
+# release's (:func:`use_extra_key_format`, :func:`use_mm_resume_scan`).  Nothing else
+# sets them: kvspec's own callers pass the release.
+
 EXTRA_KEY_FORMATS = ("bare", "tagged")
 _extra_key_format = "bare"
 
 
+def _format_of(release: Any) -> str:
+    return _extra_key_format if release is None else release.extra_key_format
+
+
 def use_extra_key_format(fmt: str) -> None:
-    """Hash extra keys in format ``fmt`` from now on, in this process (the
-    vLLM target sets the installed release's; the default is the reference's)."""
+    """Hash extra keys in format ``fmt`` where no release is passed, from
+    now on, in this process: what vLLM's callers of the drop-in's hashing
+    functions get (the drop-in sets its release's; the default is the
+    reference's)."""
     global _extra_key_format
     if fmt not in EXTRA_KEY_FORMATS:
         raise ValueError(f"extra-key format must be one of {EXTRA_KEY_FORMATS}, not {fmt!r}")
@@ -354,8 +368,9 @@ _mm_resume_scan = "last"
 
 
 def use_mm_resume_scan(scan: str) -> None:
-    """Where the request block hasher, resuming inside a request, starts
-    looking for multimodal inputs, from now on, in this process: ``last``
+    """Where a request block hasher built without a release, resuming inside
+    a request, starts looking for multimodal inputs, from now on, in this
+    process (the drop-in sets its release's): ``last``
     (the reference's: the request's last input only) or ``overlapping``
     (release delta ``mm-keys-on-resume``: the first input overlapping the
     next block, so every one it holds is keyed)."""
@@ -365,12 +380,23 @@ def use_mm_resume_scan(scan: str) -> None:
     _mm_resume_scan = scan
 
 
-def _resume_mm_index(request: Any, start: int) -> int:
+def use_formats_of(release: Any) -> tuple[str, str]:
+    """Hash as ``release`` does where no release is passed, from now on, in
+    this process (the drop-in's: vLLM's callers pass none); returns the
+    formats before, (extra-key format, multimodal resume scan)."""
+    before = _extra_key_format, _mm_resume_scan
+    use_extra_key_format(release.extra_key_format)
+    use_mm_resume_scan(release.mm_resume_scan)
+    return before
+
+
+def _resume_mm_index(request: Any, start: int, release: Any = None) -> int:
     """The multimodal input a hasher resuming at token ``start`` (> 0)
     scans from: the last input (``-1``), or from delta
     ``mm-keys-on-resume`` on the first whose tokens end after ``start``."""
     features = getattr(request, "mm_features", None)
-    if _mm_resume_scan == "last" or not features:
+    scan = _mm_resume_scan if release is None else release.mm_resume_scan
+    if scan == "last" or not features:
         return -1
     return bisect.bisect_right(features, start, key=lambda f: f.mm_position.offset + f.mm_position.length)
 
@@ -382,7 +408,7 @@ def lora_path(lora: Any) -> str:
 
 
 def generate_block_hash_extra_keys(
-    request: Any, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+    request: Any, start_token_idx: int, end_token_idx: int, start_mm_idx: int, *, release: Any = None
 ) -> tuple[tuple[Any, ...] | None, int]:
     """Extra keys of the block covering tokens ``[start, end)``.
 
@@ -391,7 +417,8 @@ def generate_block_hash_extra_keys(
     came as embeddings -- past the prompt, the digest of no bytes).  ``None``
     when there are none, so plain blocks hash ``(parent, tokens, None)``.
     In the tagged format (release delta ``tagged-extra-keys``, :mod:`kvspec.spec.releases`) each key is led by
-    its kind and the LoRA key carries the adapter's path too.
+    its kind and the LoRA key carries the adapter's path too.  ``release``:
+    the release whose format (see above; ``None``: this process's default).
     """
     mm_keys, next_mm_idx = _mm_extra_keys(
         request, start_token_idx, end_token_idx, start_mm_idx
@@ -400,7 +427,7 @@ def generate_block_hash_extra_keys(
     salt = getattr(request, "cache_salt", None)
     salt_keys = [salt] if (start_token_idx == 0 and salt) else []
     embeds_keys = _prompt_embeds_extra_keys(request, start_token_idx, end_token_idx)
-    if _extra_key_format == "tagged":
+    if _format_of(release) == "tagged":
         keys = ([("lora", lora.lora_name, lora_path(lora))] if lora else []) + [("mm", *k) for k in mm_keys] \
             + [("cache_salt", k) for k in salt_keys] + [("prompt_embeds", k) for k in embeds_keys]
     else:
@@ -408,10 +435,11 @@ def generate_block_hash_extra_keys(
     return (tuple(keys) if keys else None), next_mm_idx
 
 
-def event_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+def event_extra_keys(keys: tuple[Any, ...] | None, *, release: Any = None) -> tuple[Any, ...] | None:
     """A block's extra keys as KV events publish them: the bare format,
-    whatever the hash used (vLLM's ``to_event_extra_keys``)."""
-    if keys is None or _extra_key_format == "bare":
+    whatever the hash used (vLLM's ``to_event_extra_keys``); ``keys`` are in
+    ``release``'s format."""
+    if keys is None or _format_of(release) == "bare":
         return keys
     return tuple(_BARE[k[0]](k) for k in keys)
 
@@ -426,14 +454,16 @@ _BARE: dict[str, Callable[[tuple[Any, ...]], Any]] = {
 
 
 def generate_lookahead_block_hash_extra_keys(
-    request: Any, start_token_idx: int, end_token_idx: int, hash_end_token_idx: int, start_mm_idx: int
+    request: Any, start_token_idx: int, end_token_idx: int, hash_end_token_idx: int, start_mm_idx: int,
+    *, release: Any = None,
 ) -> tuple[tuple[Any, ...] | None, int]:
     """Extra keys of the block ``[start, end)`` whose hash also covers the
     lookahead tokens up to ``hash_end`` (release delta
     ``lookahead-block-hashes``): the keys of every input overlapping the
     whole window, and the multimodal index rewound to the first input that
     reaches past the block, so the next block keys it too."""
-    keys, mm_idx = generate_block_hash_extra_keys(request, start_token_idx, hash_end_token_idx, start_mm_idx)
+    keys, mm_idx = generate_block_hash_extra_keys(request, start_token_idx, hash_end_token_idx, start_mm_idx,
+                                                  release=release)
     features = getattr(request, "mm_features", None)
     while mm_idx > 0:
         position = features[mm_idx - 1].mm_position
@@ -447,6 +477,8 @@ def get_request_block_hasher(
     hash_block_size: int,
     caching_hash_fn: Callable[[Any], bytes] = sha256_cbor,
     num_hash_lookahead_tokens: int = 0,
+    *,
+    release: Any = None,
 ) -> Callable[[Any], list[BlockHash]]:
     """A function returning the hashes of a request's not-yet-hashed full blocks.
 
@@ -459,6 +491,10 @@ def get_request_block_hasher(
     read them -- so a block is hashed only once those tokens exist, and its
     extra keys are ``(E, *lookahead_tokens)``, ``E`` the keys of the block and
     its lookahead window (see :func:`generate_lookahead_block_hash_extra_keys`).
+
+    ``release``: the release whose hashes (its extra-key format and
+    multimodal scan on resume); ``None``: this process's default (the
+    reference release's, or the drop-in's).
     """
     if not isinstance(hash_block_size, int) or hash_block_size <= 0:
         raise ValueError(
@@ -481,15 +517,16 @@ def get_request_block_hasher(
             hashes = _plain_chain(parent or NONE_HASH, tokens[start:end + lookahead], hash_block_size, lookahead)
             if hashes is not None:
                 return hashes
-        mm_idx = _resume_mm_index(request, start) if start > 0 else 0
+        mm_idx = _resume_mm_index(request, start, release) if start > 0 else 0
         hashes = []
         while start + hash_block_size <= num_tokens:
             end = start + hash_block_size
             if lookahead:  # the keys of the block and its lookahead window, then the lookahead tokens
-                window, mm_idx = generate_lookahead_block_hash_extra_keys(request, start, end, end + lookahead, mm_idx)
+                window, mm_idx = generate_lookahead_block_hash_extra_keys(request, start, end, end + lookahead, mm_idx,
+                                                                          release=release)
                 extra = (window, *tokens[end:end + lookahead])
             else:
-                extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
+                extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx, release=release)
             parent = hash_block_tokens(caching_hash_fn, parent, tokens[start:end], extra)
             hashes.append(parent)
             start = end

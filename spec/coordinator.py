@@ -44,7 +44,8 @@ RemovalPlan = list[tuple[int, list[list[int]]]]
 """Per group (by index), the free calls a removal makes (positions, in order)."""
 
 
-def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, with_drafter: bool) -> tuple[int, ...]:
+def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, with_drafter: bool,
+                      release: releases.Release = releases.REFERENCE) -> tuple[int, ...]:
     """Where a later request replaying a prompt of ``P`` tokens resumes: an
     exact resend stops at ``P - 1`` (its last token is computed again, for
     the logits).
@@ -55,19 +56,20 @@ def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, with_dr
     ``max(R - A, 0)`` with ``R = (P - 1) // A * A``, and a longer
     sibling's ``max(E - A, 0)`` with ``E = P // A * A`` (they differ on a
     block-aligned prompt only)."""
-    if not (with_drafter and releases.current().has("eagle-replay-boundaries")):
+    if not (with_drafter and release.has("eagle-replay-boundaries")):
         return (num_prompt_tokens - 1,)
     resend = (num_prompt_tokens - 1) // scheduler_block_size * scheduler_block_size
     sibling = num_prompt_tokens // scheduler_block_size * scheduler_block_size
     return tuple(sorted({max(resend - scheduler_block_size, 0), max(sibling - scheduler_block_size, 0)}))
 
 
-def caches_unrounded(specs: list, dcp_world_size: int, hash_block_size: int) -> bool:
+def caches_unrounded(specs: list, dcp_world_size: int, hash_block_size: int,
+                     release: releases.Release = releases.REFERENCE) -> bool:
     """Whether a hybrid's caching call covers every computed token (release
     delta unrounded-caching-under-dcp, from 0.29): under decode context
     parallelism, with a Mamba align group whose block is at least the hash
     block -- where vLLM turns hits inside a block on."""
-    return releases.current().has("unrounded-caching-under-dcp") and dcp_world_size > 1 and any(
+    return release.has("unrounded-caching-under-dcp") and dcp_world_size > 1 and any(
         isinstance(s, MambaSpec) and s.mamba_cache_mode == "align" and s.block_size >= hash_block_size
         for s in specs)
 
@@ -177,7 +179,8 @@ class Coordinator:
         """Where a replay of the request's prompt resumes, the same for every
         group (:func:`replay_boundaries`, above): a hit is
         the shortest over all groups, so each keeps its state there."""
-        return replay_boundaries(request.num_prompt_tokens, self.scheduler_block_size, self.with_drafter)
+        return replay_boundaries(request.num_prompt_tokens, self.scheduler_block_size, self.with_drafter,
+                                 self.pool.release)
 
     def cache(self, request: Any, num_tokens: int) -> None:
         """Each group caches the full blocks of the first ``num_tokens`` tokens."""
@@ -280,7 +283,7 @@ class HybridCoordinator(Coordinator):
                 spec_groups.append(SpecGroup(group.spec, [g], type(group), eagle))
         spec_groups.sort(key=lambda sg: not sg.is_full_attention)
         self.spec_groups = spec_groups
-        self.lookahead_hashes = releases.current().has("eagle-lookahead-hashes")
+        self.lookahead_hashes = self.pool.release.has("eagle-lookahead-hashes")
         for sg in spec_groups:
             if sg.use_eagle:
                 for g in sg.group_ids:

@@ -60,13 +60,12 @@ TARGET_OPTIONS = {"retention_interval": None, "max_num_batched_tokens": None, "d
 that means "not set" (a field at it is not passed)."""
 
 
-def block_ranks(dcp_world_size: int, pcp_world_size: int, release: Release | None = None) -> int:
+def block_ranks(dcp_world_size: int, pcp_world_size: int, release: Release = releases.REFERENCE) -> int:
     """The ranks one attention block's tokens are spread over: decode times
     prefill context parallelism, or (``release`` with delta
     ``pcp-outside-the-block``, 0.26.0) decode context parallelism alone --
     prefill ranks then no longer widen a block.  ``release``: the one
-    judged (:func:`kvspec.spec.releases.current`) when not given."""
-    release = release or releases.current()
+    judged (default: the reference release)."""
     return dcp_world_size * (1 if release.has("pcp-outside-the-block") else pcp_world_size)
 
 
@@ -79,24 +78,6 @@ def managed_spec(spec: KVCacheSpec, ranks: int = 1) -> KVCacheSpec:
     if ranks == 1 or spec_is(spec, MambaSpec):
         return spec
     return dataclasses.replace(spec, block_size=spec.block_size * ranks)
-
-
-def per_release(compute: Callable[[Any], Any]) -> property:
-    """A property computed once per release judged: what depends on how a
-    release counts a block (:func:`block_ranks`) is cached per release, so a
-    process that judges several (the tests, ``kvspec vectors check``) never
-    reads one release's sizes under another's rules."""
-    name = compute.__name__
-
-    def get(self: Any) -> Any:
-        cache = self.__dict__.setdefault("_per_release", {})
-        key = (name, releases.current().known)
-        if key not in cache:
-            cache[key] = compute(self)
-        return cache[key]
-
-    get.__doc__ = compute.__doc__
-    return property(get)
 
 
 @dataclass(frozen=True)
@@ -114,20 +95,19 @@ class GroupView:
     window_hold_back: int = 0  # Mamba: tokens held back before freeing states (:func:`mamba_hold_back`)
 
 
-def mamba_hold_back(num_speculative_blocks: int, release: Release | None = None) -> int:
+def mamba_hold_back(num_speculative_blocks: int, release: Release = releases.REFERENCE) -> int:
     """How many of a request's computed tokens a Mamba group does not count
     when it frees states that left the window.  In the base, ``s`` (its
     speculative blocks): the caller may count draft tokens that are still
     to be verified, so the group assumes all of them rejected.  From 0.26
     (release delta ``processed-token-windows``) none: the caller passes
     only processed tokens (computed minus in flight)."""
-    release = release or releases.current()
     return 0 if release.has("processed-token-windows") else num_speculative_blocks
 
 
-def view_of(spec: KVCacheSpec, eagle: bool) -> GroupView:
+def view_of(spec: KVCacheSpec, eagle: bool, release: Release = releases.REFERENCE) -> GroupView:
     """A spec's kind (:func:`~kvspec.kv_cache_interface.managed_kind`: MLA is
-    full attention here) and the numbers its rules read."""
+    full attention here) and the numbers its rules read under ``release``."""
     kind = managed_kind(spec)
     if kind is None:
         raise TypeError(f"unsupported KV-cache spec {type(spec).__name__}")
@@ -137,7 +117,7 @@ def view_of(spec: KVCacheSpec, eagle: bool) -> GroupView:
         AttentionKind.CHUNKED_LOCAL_ATTENTION: lambda: {"attention_chunk_size": spec.attention_chunk_size},
         AttentionKind.MAMBA: lambda: {"mamba_cache_mode": spec.mamba_cache_mode,
                                       "num_speculative_blocks": spec.num_speculative_blocks,
-                                      "window_hold_back": mamba_hold_back(spec.num_speculative_blocks)},
+                                      "window_hold_back": mamba_hold_back(spec.num_speculative_blocks, release)},
     }.get(kind, dict)()
     return GroupView(kind, block_size=spec.block_size, eagle=eagle, **numbers)
 
@@ -155,7 +135,11 @@ class Layout:
     chunked request can hold and so the full-sequence admission estimate;
     ``watermark``: the share of ``num_blocks`` (rounded down) an admission
     must leave free while other requests are scheduled -- keywords a target
-    factory is given only when they are set."""
+    factory is given only when they are set.  ``release``: the vLLM release
+    whose rules count its blocks (default the reference release;
+    :meth:`for_release`) -- what depends on it (the managed sizes, the
+    views) is computed from it, so one process holds a layout for each
+    release it judges, side by side."""
 
     groups: tuple[KVCacheSpec, ...]
     num_blocks: int = 24
@@ -170,37 +154,45 @@ class Layout:
     pcp_world_size: int = 1
     max_num_batched_tokens: int | None = None
     watermark: float = 0.0  # the share of the pool kept free from admissions while others run
+    release: Release = field(default=releases.REFERENCE, repr=False)
+
+    def for_release(self, release: Release | str | None) -> Layout:
+        """This layout as ``release`` counts it (a version, a
+        :class:`~kvspec.spec.releases.Release`, or ``None``: the reference)."""
+        release = releases.as_release(release)
+        return self if release == self.release else dataclasses.replace(self, release=release)
 
     @classmethod
     def from_config(cls, kv_cache_config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int,
                     enable_caching: bool = True, use_eagle: bool = False, max_model_len: int = 0,
-                    dcp_world_size: int = 1, pcp_world_size: int = 1) -> Layout:
+                    dcp_world_size: int = 1, pcp_world_size: int = 1,
+                    release: Release = releases.REFERENCE) -> Layout:
         """The layout of a config built elsewhere, with its own sizes."""
         groups = kv_cache_config.kv_cache_groups
         return cls(tuple(g.kv_cache_spec for g in groups), kv_cache_config.num_blocks, max_model_len,
                    enable_caching, use_eagle, tuple(i for i, g in enumerate(groups) if g.is_eagle_group),
                    scheduler_block_size, hash_block_size, dcp_world_size=dcp_world_size,
-                   pcp_world_size=pcp_world_size)
+                   pcp_world_size=pcp_world_size, release=release)
 
     @property
     def context_parallel_ranks(self) -> int:
         """The ranks each attention block's tokens are spread over under the
         release judged (1: no context parallelism; :func:`block_ranks`)."""
-        return block_ranks(self.dcp_world_size, self.pcp_world_size)
+        return block_ranks(self.dcp_world_size, self.pcp_world_size, self.release)
 
-    @per_release
+    @cached_property
     def managed_groups(self) -> tuple[KVCacheSpec, ...]:
         """The group specs as the block manager counts them: with context
         parallelism a block holds every rank's slice (:func:`managed_spec`)."""
         return tuple(managed_spec(g, self.context_parallel_ranks) for g in self.groups)
 
-    @per_release
+    @cached_property
     def scheduler_block_size(self) -> int:
         if self.given_scheduler_block_size is not None:
             return self.given_scheduler_block_size
         return math.lcm(*(g.block_size for g in self.managed_groups)) if self.groups else 1
 
-    @per_release
+    @cached_property
     def hash_block_size(self) -> int:
         if self.given_hash_block_size is not None:
             return self.given_hash_block_size
@@ -208,7 +200,7 @@ class Layout:
             return self.scheduler_block_size
         return math.gcd(*(g.block_size for g in self.managed_groups))
 
-    @per_release
+    @cached_property
     def hit_alignment(self) -> int:
         """Hits are multiples of this: the scheduler block size in a hybrid
         model, the block size with one group."""
@@ -236,12 +228,12 @@ class Layout:
                              for i, spec in enumerate(self.groups)],
         )
 
-    @per_release
+    @cached_property
     def views(self) -> tuple[GroupView, ...]:
         """Each group's kind and numbers, with its EAGLE flag."""
         eagle = eagle_group_ids(self.kv_cache_config(), self.use_eagle,
-                                drop_needs_use_eagle=releases.current().has("eagle-drop-needs-use-eagle"))
-        return tuple(view_of(spec, i in eagle) for i, spec in enumerate(self.managed_groups))
+                                drop_needs_use_eagle=self.release.has("eagle-drop-needs-use-eagle"))
+        return tuple(view_of(spec, i in eagle, self.release) for i, spec in enumerate(self.managed_groups))
 
     def target_args(self, enable_kv_cache_events: bool = True) -> tuple:
         """Positional arguments of a ManagerTarget factory."""

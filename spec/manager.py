@@ -103,8 +103,15 @@ class SpecKVCacheManager:
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         num_hash_lookahead_tokens: int = 0,
+        release: releases.Release | str | None = None,
     ):
         """Build the pool, one group manager per group, and the coordinator.
+
+        ``release``: the vLLM release whose rules the manager follows (a
+        :class:`~kvspec.spec.releases.Release` or a version; default the
+        reference release, 0.25.1).  It is read here and handed to the pool,
+        whose group managers and coordinator read it from there: two managers
+        of two releases live side by side in one process.
 
         With context parallelism (``dcp_world_size * pcp_world_size`` ranks
         > 1) each rank holds ``block_size`` of a block's tokens, so the
@@ -162,8 +169,9 @@ class SpecKVCacheManager:
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max_model_len
         _require_int(max_num_batched_tokens, "max_num_batched_tokens", "block-size-coherence")
+        self.release = release = releases.as_release(release)
 
-        specs = self._managed_specs(kv_cache_config, dcp_world_size, pcp_world_size)
+        specs = self._managed_specs(kv_cache_config, dcp_world_size, pcp_world_size, release)
         if scheduler_block_size % hash_block_size or any(scheduler_block_size % s.block_size for s in specs):
             raise RuleError(
                 "block-size-coherence",
@@ -173,7 +181,7 @@ class SpecKVCacheManager:
         if retention_interval is not None:
             _require_int(retention_interval, "retention_interval", "block-size-coherence")
             if not any(isinstance(s, SlidingWindowSpec | MambaSpec) for s in specs) and not (
-                    retention_interval == 0 and releases.current().has("retention-zero-anywhere")):
+                    retention_interval == 0 and release.has("retention-zero-anywhere")):
                 raise RuleError("block-size-coherence", "retention_interval needs a sliding-window or Mamba group")
             if retention_interval % scheduler_block_size:
                 raise RuleError("block-size-coherence",
@@ -186,14 +194,15 @@ class SpecKVCacheManager:
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        self.num_hash_lookahead_tokens = self._require_lookahead(num_hash_lookahead_tokens)
+        self.num_hash_lookahead_tokens = self._require_lookahead(num_hash_lookahead_tokens, release)
 
         eagle = eagle_group_ids(kv_cache_config, use_eagle,
-                                drop_needs_use_eagle=releases.current().has("eagle-drop-needs-use-eagle"))
+                                drop_needs_use_eagle=release.has("eagle-drop-needs-use-eagle"))
         if enable_caching:
-            self._check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size)
+            self._check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size, release)
 
-        pool = SpecBlockPool(kv_cache_config.num_blocks, enable_caching, hash_block_size, enable_kv_cache_events)
+        pool = SpecBlockPool(kv_cache_config.num_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
+                             release)
         groups = []
         for g, spec in enumerate(specs):
             cap = None
@@ -210,20 +219,20 @@ class SpecKVCacheManager:
             pool, groups, scheduler_block_size, hash_block_size, eagle, retention_interval,
             has_drafter(kv_cache_config, use_eagle),
         )
-        self.coordinator.rounds_caching = not caches_unrounded(specs, dcp_world_size, hash_block_size)
+        self.coordinator.rounds_caching = not caches_unrounded(specs, dcp_world_size, hash_block_size, release)
         for group in groups:
             if isinstance(group, Mamba):
                 group.use_eagle_checkpoint = use_eagle
 
     @staticmethod
-    def _managed_specs(kv_cache_config: KVCacheConfig, dcp_world_size: int, pcp_world_size: int) -> list:
+    def _managed_specs(kv_cache_config: KVCacheConfig, dcp_world_size: int, pcp_world_size: int,
+                       release: releases.Release) -> list:
         """The groups' specs as the manager counts their blocks under the
         release judged; refuses context parallelism where a block cannot be
         split over ranks."""
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         if dcp_world_size * pcp_world_size == 1:
             return specs
-        release = releases.current()
         ranks = block_ranks(dcp_world_size, pcp_world_size, release)
         parallelism = f"context parallelism (dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size})"
         if len(specs) == 1:
@@ -244,7 +253,7 @@ class SpecKVCacheManager:
         return [managed_spec(s, ranks) for s in specs]
 
     @staticmethod
-    def _check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size) -> None:
+    def _check_caching_layout(specs, eagle, scheduler_block_size, hash_block_size, release) -> None:
         if any(isinstance(s, CrossAttentionSpec) for s in specs):
             raise RuleError("hash-map-consistency", "cross-attention blocks are never cached: disable prefix caching")
         for g, s in enumerate(specs):
@@ -260,7 +269,7 @@ class SpecKVCacheManager:
             for s in specs:
                 if s not in distinct:
                     distinct.append(s)
-            if len(distinct) < 2 and not releases.current().has("hybrid-one-spec-group"):
+            if len(distinct) < 2 and not release.has("hybrid-one-spec-group"):
                 raise RuleError("hit-soundness", "a hybrid model needs at least two distinct KV-cache specs")
             if any(isinstance(s, ChunkedLocalAttentionSpec) and s.block_size != scheduler_block_size for s in specs):
                 raise RuleError("block-size-coherence",
@@ -313,12 +322,12 @@ class SpecKVCacheManager:
         return request_id
 
     @staticmethod
-    def _require_lookahead(lookahead: Any) -> int:
+    def _require_lookahead(lookahead: Any, release: releases.Release) -> int:
         _require_int(lookahead, "num_hash_lookahead_tokens", "content-soundness")
-        if lookahead and not releases.current().has("lookahead-block-hashes"):
+        if lookahead and not release.has("lookahead-block-hashes"):
             raise RuleError("content-soundness",
                             f"num_hash_lookahead_tokens={lookahead}: hashes covering tokens past their block are "
-                            f"release delta lookahead-block-hashes (0.33.0), not in vLLM {releases.current().version}")
+                            f"release delta lookahead-block-hashes (0.33.0), not in vLLM {release.version}")
         return lookahead
 
     def _require_hashes(self, request: Any, num_tokens: int) -> None:
@@ -539,7 +548,7 @@ class SpecKVCacheManager:
                             ("full_sequence_must_fit", full_sequence_must_fit),
                             ("has_scheduled_reqs", has_scheduled_reqs)):
             _require_bool(value, name)
-        adopts_hits = releases.current().has("zero-token-hit-adoption")
+        adopts_hits = self.release.has("zero-token-hit-adoption")
         if num_new_tokens == num_external_computed_tokens == 0 and not (num_new_computed_tokens > 0 and adopts_hits):
             raise RuleError("allocation-accounting", "num_new_tokens must be > 0 when there are no external tokens"
                             + (" and no hit to adopt" if adopts_hits else ""))
@@ -569,7 +578,7 @@ class SpecKVCacheManager:
         # processed-token-windows) counting only the processed tokens: those of steps still in the
         # forward pass (``num_in_flight_tokens``, async scheduling) are read there
         processed = total
-        if releases.current().has("processed-token-windows"):
+        if self.release.has("processed-token-windows"):
             processed = max(0, total - getattr(request, "num_in_flight_tokens", 0))
         removal = coordinator.removal_plan(rid, processed, request.num_prompt_tokens)
         if removal:
@@ -631,7 +640,7 @@ class SpecKVCacheManager:
         them where only the last, partial hash block has no hash (the count
         a Mamba group compares with the prompt's boundary, where caching is
         not rounded: delta unrounded-caching-under-dcp)."""
-        if not releases.current().has("lookahead-block-hashes"):
+        if not self.release.has("lookahead-block-hashes"):
             return num_tokens  # the base requires the hashes (hash-map-consistency)
         if num_tokens // self.hash_block_size <= len(request.block_hashes):
             return num_tokens

@@ -152,7 +152,7 @@ def require_group_id(group_id: Any) -> int:
 
 
 def requeue(free: list[int], plain: list[int], cached: list[int], caching: bool = True,
-            release: releases.Release | None = None) -> list[int]:
+            release: releases.Release = releases.REFERENCE) -> list[int]:
     """The free queue ``free`` once the blocks ``plain`` (no hash) and
     ``cached`` (a hash) reach 0 references, each list in the order freed.
 
@@ -162,10 +162,8 @@ def requeue(free: list[int], plain: list[int], cached: list[int], caching: bool 
     free-order-without-caching), a pool with caching off puts every freed
     block at the tail instead, in order, so that the block freed longest ago
     is reused first; 0.28 undid it (delta free-order-restored).
-    ``release``: the release judged (default: the one this process judges
-    by).
+    ``release``: the release judged (default: the reference release).
     """
-    release = release or releases.current()
     if not caching and release.has("free-order-without-caching") and not release.has("free-order-restored"):
         return [*free, *plain, *cached]
     return [*plain, *free, *cached]
@@ -180,8 +178,13 @@ class SpecBlockPool:
         enable_caching: bool = True,
         hash_block_size: int = 16,
         enable_kv_cache_events: bool = False,
+        release: releases.Release | str | None = None,
     ):
         """Requires ``num_blocks >= 1`` and ``hash_block_size >= 1``.
+        ``release``: the vLLM release whose rules the pool follows (a
+        :class:`~kvspec.spec.releases.Release` or a version; default the
+        reference release, 0.25.1); the group managers a manager builds on
+        the pool read it from here.
 
         Guarantees: every block but the null block is free, in id order, with
         no hash; the table and the event log are empty.
@@ -196,6 +199,7 @@ class SpecBlockPool:
             raise RuleError("block-size-coherence", f"hash_block_size must be >= 1, got {hash_block_size}")
         self.num_blocks = num_blocks
         self.hash_block_size = hash_block_size
+        self.release = releases.as_release(release)
         self.state = PoolState(
             num_blocks=num_blocks,
             enable_caching=enable_caching,
@@ -307,7 +311,7 @@ class SpecBlockPool:
                     released_cached.append(block_id)
                 else:
                     released_plain.append(block_id)
-        s.free = requeue(s.free, released_plain, released_cached, s.enable_caching)
+        s.free = requeue(s.free, released_plain, released_cached, s.enable_caching, self.release)
 
     # -- caching --------------------------------------------------------------
 
@@ -396,7 +400,7 @@ class SpecBlockPool:
             self._insert(block_ids[i], key, (i + 1) * block_size)
         if s.events_enabled:
             s.events.append(
-                stored_event(request, hashes, new, chosen, block_size, group_id)
+                stored_event(request, hashes, new, chosen, block_size, group_id, self.release)
             )
 
     def cache_partial_block(
@@ -432,7 +436,7 @@ class SpecBlockPool:
         if not s.enable_caching:
             raise RuleError("hash-map-consistency", "prefix caching is disabled on this pool")
         hbs = s.hash_block_size
-        at_boundaries = releases.current().has("partial-entries-at-boundaries")
+        at_boundaries = self.release.has("partial-entries-at-boundaries")
         if block_size % hbs or (block_size <= hbs and not at_boundaries):
             raise RuleError("block-size-coherence",
                             f"partial entries need a block_size that is a larger multiple of {hbs}, got {block_size}")
@@ -452,7 +456,7 @@ class SpecBlockPool:
             self._evict(block_id)  # a longer prefix of the same block replaces the shorter one
         self._insert(block_id, key, num_tokens)
         if s.events_enabled:
-            s.events.append(partial_stored_event(request, n, hbs, group_id))
+            s.events.append(partial_stored_event(request, n, hbs, group_id, self.release))
         return key
 
     def _is_partial_of(self, block_id: int, i: int, block_size: int) -> bool:
@@ -562,22 +566,23 @@ class TrialPool:
 
 
 def stored_event(request: Any, hashes: Any, new: list[int], chosen: list[int], block_size: int,
-                 group_id: int) -> Stored:
+                 group_id: int, release: releases.Release = releases.REFERENCE) -> Stored:
     """The ``Stored`` event for one caching call: ``request``'s blocks
     ``new`` (consecutive) of group ``group_id`` became cache hits, those at
     ``chosen`` with a hash (null or masked blocks have none).  It names the
     hash of the block before the first (the parent; ``None`` from the
     request's first block), the tokens of the whole range, the LoRA adapter
     and each hashed block's extra keys -- what a consumer of the events needs
-    to rebuild the prefix tree."""
+    to rebuild the prefix tree.  ``release``: whose extra-key format."""
     first, end = new[0], new[-1] + 1
     extra_keys = []
     mm_idx = 0
     for i in new:
         if i not in chosen:
             continue
-        keys, mm_idx = generate_block_hash_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
-        extra_keys.append(event_extra_keys(keys))
+        keys, mm_idx = generate_block_hash_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx,
+                                                      release=release)
+        extra_keys.append(event_extra_keys(keys, release=release))
     lora = getattr(request, "lora_request", None)
     return Stored(
         group=group_id,
@@ -591,7 +596,8 @@ def stored_event(request: Any, hashes: Any, new: list[int], chosen: list[int], b
     )
 
 
-def partial_stored_event(request: Any, num_hashes: int, hash_block_size: int, group_id: int) -> Stored:
+def partial_stored_event(request: Any, num_hashes: int, hash_block_size: int, group_id: int,
+                         release: releases.Release = releases.REFERENCE) -> Stored:
     """The ``Stored`` event of a partial entry at the request's hash number
     ``num_hashes`` (1-based): the event caching that one hash block would
     emit -- its hash, its parent's (the hash before it; ``None`` for the
@@ -599,4 +605,4 @@ def partial_stored_event(request: Any, num_hashes: int, hash_block_size: int, gr
     included.  (vLLM 0.25.1 looks for images from the request's last one on
     and leaves out an earlier one: finding F11.)"""
     i = num_hashes - 1
-    return stored_event(request, request.block_hashes, [i], [i], hash_block_size, group_id)
+    return stored_event(request, request.block_hashes, [i], [i], hash_block_size, group_id, release)

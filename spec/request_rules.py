@@ -480,7 +480,7 @@ def _describes(event: Stored, request: Any, layout: Layout, release: Release) ->
     if event.block_size not in sizes:
         return False
     return (event.spec_kind, event.sliding_window) == event_metadata(layout.groups[event.group]) \
-        and pool_rules.describes(event, request, layout.hash_block_size)
+        and pool_rules.describes(event, request, layout.hash_block_size, release)
 
 
 def _moving_blocks(view: GroupView) -> int:
@@ -942,7 +942,7 @@ def _any_order(pool: PoolSnapshot) -> PoolSnapshot:
 
 
 def _after_frees(before: PoolSnapshot, calls: list[list[int]], caching: bool = True,
-                 release: Release | None = None) -> PoolSnapshot:
+                 release: Release = releases.REFERENCE) -> PoolSnapshot:
     """The pool after ``free_blocks`` of each call in turn (null entries
     skipped): ref counts drop, blocks reaching 0 join the free queue --
     unhashed ones at the head, cached ones at the tail (:func:`requeue`)."""

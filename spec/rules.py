@@ -31,6 +31,7 @@ from kvspec.hashing import (
 )
 from kvspec.spec.interface import NULL_BLOCK_ID, Cleared, Event, PoolSnapshot, Removed, Stored
 from kvspec.spec.pool import requeue, stored_event
+from kvspec.spec.releases import REFERENCE, Release
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Step:
     error: BaseException | None = None
     caching: bool = True
     """Whether the pool caches prefixes (where freed blocks go depends on it from 0.27)."""
+    release: Release = REFERENCE
+    """The release whose rules judge the step (chapter Releases)."""
 
 
 StateRule = Callable[..., list[str]]
@@ -239,7 +242,7 @@ def null_never_handed_out(step: Step) -> list[str]:
 
 
 def expected_free_queue(before: PoolSnapshot, op: str, args: tuple[Any, ...], result: Any,
-                        caching: bool = True) -> tuple[int, ...] | None:
+                        caching: bool = True, release: Release = REFERENCE) -> tuple[int, ...] | None:
     """The free queue the reference order prescribes after ``op`` (``None``
     for operations whose effect on order no rule prescribes)."""
     free = list(before.free)
@@ -259,7 +262,7 @@ def expected_free_queue(before: PoolSnapshot, op: str, args: tuple[Any, ...], re
             ref[b] -= 1
             if ref[b] == 0:
                 (cached if b in before.key_of else plain).append(b)
-        return tuple(requeue(free, plain, cached, caching))
+        return tuple(requeue(free, plain, cached, caching, release))
     if op in ("cache_full_blocks", "evict_blocks", "reset_prefix_cache", "get_cached_block", "take_events"):
         return tuple(free)
     return None
@@ -275,7 +278,7 @@ def free_order(step: Step) -> list[str]:
     eviction and lookups leave the order alone."""
     if step.error is not None:
         return []
-    expected = expected_free_queue(step.before, step.op, step.args, step.result, step.caching)
+    expected = expected_free_queue(step.before, step.op, step.args, step.result, step.caching, step.release)
     if expected is None or expected == step.after.free:
         return []
     return [f"after {step.op} the free queue is {list(step.after.free)}, expected {list(expected)}"]
@@ -297,7 +300,7 @@ def reset_only_when_idle(step: Step) -> list[str]:
     return []
 
 
-def describes(event: Stored, request: Any, hash_block_size: int) -> bool:
+def describes(event: Stored, request: Any, hash_block_size: int, release: Release = REFERENCE) -> bool:
     """Whether ``event`` is the one caching some of ``request``'s blocks
     would emit (its group's annotation aside): blocks of ``event.block_size``
     tokens -- a partial entry's event is one hash block --, the parent the
@@ -319,12 +322,12 @@ def describes(event: Stored, request: Any, hash_block_size: int) -> bool:
         return False
     stored = set(event.block_hashes)
     chosen = [i for i in range(first, end) if names[i] in stored]
-    expected = stored_event(request, hashes, list(range(first, end)), chosen, size, event.group)
+    expected = stored_event(request, hashes, list(range(first, end)), chosen, size, event.group, release)
     return replace(expected, spec_kind=event.spec_kind, sliding_window=event.sliding_window) == event
 
 
 def stored_events_describe_requests(events: list[Event], requests: Mapping[int, list[Any]],
-                                    hash_block_size: int) -> list[str]:
+                                    hash_block_size: int, release: Release = REFERENCE) -> list[str]:
     """(part of hash-map-consistency) Each ``Stored`` event a pool emits
     describes blocks of one request of its group, as that request filled
     them (:func:`describes`) -- parent, tokens, LoRA adapter, every block's
@@ -336,7 +339,7 @@ def stored_events_describe_requests(events: list[Event], requests: Mapping[int, 
             continue
         if event.spec_kind is not None or event.sliding_window is not None:
             problems.append(f"a pool's Stored event names a kind ({event.spec_kind}, window {event.sliding_window})")
-        elif not any(describes(event, r, hash_block_size) for r in requests.get(event.group, ())):
+        elif not any(describes(event, r, hash_block_size, release) for r in requests.get(event.group, ())):
             problems.append(f"a Stored event of group {event.group} ({len(event.block_hashes)} hashes, parent "
                             f"{event.parent_block_hash!r}, tokens {list(event.token_ids)}, extra keys "
                             f"{event.extra_keys}) describes no request's blocks as the request filled them")

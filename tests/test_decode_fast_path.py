@@ -73,8 +73,7 @@ def test_mamba_align_s_fast_path_answers_as_the_checked_path_in_a_later_release(
     from kvspec.dropin_releases import impl_deltas
     from kvspec.spec import releases
 
-    with releases.judging("0.33.0") as release:
-        _drive_side_by_side(LAYOUTS[name], data, impl_deltas(release))
+    _drive_side_by_side(LAYOUTS[name], data, impl_deltas(releases.judged("0.33.0")))
 
 
 def _drive_side_by_side(layout: Layout, data: st.DataObject, deltas: frozenset[str] | None = None) -> None:

@@ -56,10 +56,12 @@ def test_a_mutant_for_another_family_is_refused():
         Family("sglang")
 
 
-def killed_at_l1(mutant: str, scope: str, layout: str, examples: int = 300) -> set[str]:
-    """The rules an L1 search of one layout reports against impl with ``mutant``."""
+def killed_at_l1(mutant: str, scope: str, layout: str, examples: int = 300,
+                 avoid: frozenset[str] = frozenset()) -> set[str]:
+    """The rules an L1 search of one layout reports against impl with ``mutant``
+    (not sending the inputs in ``avoid``)."""
     with applied(MUTANTS_BY_NAME[mutant], Family("impl")):
-        machine = machine_for(scope, layout, "impl", "L1")
+        machine = machine_for(scope, layout, "impl", "L1", avoid)
         with pytest.raises(ConformanceError) as caught:
             run_state_machine_as_test(machine, settings=settings(PROFILES["ci"], max_examples=examples))
     return {v.rule for v in caught.value.violations}
@@ -79,7 +81,11 @@ def killed_at_l1(mutant: str, scope: str, layout: str, examples: int = 300) -> s
     ("connector-saves-one-more", "manager", "full+swa-eagle", "content-soundness"),  # saves only what was computed
 ])
 def test_rules_kill_mutants_at_l1(mutant, scope, layout, rule):
-    assert rule in killed_at_l1(mutant, scope, layout)
+    # connector-saves-one-more also accepts a negative save count (allocation-accounting kills it there, a
+    # trusted argument); which of the two a derandomized search meets first depends on its seed -- the machine
+    # class's source text -- so trusted arguments are not sent and the rule on what is saved must kill it.
+    avoid = frozenset({"bad-input:trusted_args"}) if mutant == "connector-saves-one-more" else frozenset()
+    assert rule in killed_at_l1(mutant, scope, layout, avoid=avoid)
 
 
 TRACES = Path(__file__).parent / "mutant_traces"

@@ -1,4 +1,4 @@
-"""The release axis (spec/releases.py, chapter 9 of spec/README.md): each
+"""The release axis (spec/releases/, chapter 9 of spec/README.md): each
 delta, its chapter row and its rules in step; how a release is judged; and
 that a delta is live -- the gate judges by the release asked for."""
 
@@ -29,12 +29,6 @@ from kvspec.testing import full
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = (ROOT / "spec" / "README.md").read_text().split("## 9. Releases", 1)[1].split("\n## ", 1)[0]
 STATUS_WORDS = {releases.MODELLED: "modelled", releases.OUTSIDE: "outside", releases.NOT_MODELLED: "not modelled"}
-
-
-@pytest.fixture(autouse=True)
-def base_release_after():
-    yield
-    releases.use(releases.BASE)
 
 
 def chapter_rows() -> dict[str, list[str]]:
@@ -71,8 +65,8 @@ def test_deltas_name_catalogue_rules_known_releases_and_real_layouts():
         assert bool(delta.shows_on) == (delta.status == releases.NOT_MODELLED), delta.key
         for shown in delta.shows_on:
             scope, name = shown.split("/")
-            with releases.judging(delta.release):  # a layout may exist only from a later release on
-                assert name in layout_names(scope), shown
+            # a layout may exist only from a later release on
+            assert name in layout_names(scope, releases.judged(delta.release)), shown
     assert releases.KNOWN[0] == releases.BASE
 
 
@@ -101,15 +95,15 @@ def test_bad_releases_and_delta_names_are_refused_by_name():
         releases.REFERENCE.has("stats")
 
 
-def test_using_a_release_switches_the_hash_format_with_it():
+def test_a_release_passed_to_the_hasher_chooses_its_hash_format():
     from types import SimpleNamespace
 
     salted = SimpleNamespace(cache_salt="s", lora_request=None, mm_features=[], prompt_embeds=None)
-    releases.use("0.31.0")
-    assert releases.current().known == "0.31.0" and releases.current().extra_key_format == "tagged"
-    assert hashing.generate_block_hash_extra_keys(salted, 0, 16, 0)[0] == (("cache_salt", "s"),)
-    releases.use("0.30.0")
-    assert hashing.generate_block_hash_extra_keys(salted, 0, 16, 0)[0] == ("s",)
+    later, earlier = releases.judged("0.31.0"), releases.judged("0.30.0")
+    assert later.known == "0.31.0" and later.extra_key_format == "tagged"
+    assert hashing.generate_block_hash_extra_keys(salted, 0, 16, 0, release=later)[0] == (("cache_salt", "s"),)
+    assert hashing.generate_block_hash_extra_keys(salted, 0, 16, 0, release=earlier)[0] == ("s",)
+    assert hashing.generate_block_hash_extra_keys(salted, 0, 16, 0)[0] == ("s",)  # no release: the reference's
 
 
 def _step(op: str, **args) -> ManagerStep:
@@ -145,7 +139,6 @@ def test_the_gate_judges_by_the_release_asked_for():
     (result,) = report.results
     assert result.conforms and "no Mamba `all` cache mode" in result.skipped
     assert report.versions["release judged"] == "0.33.0"
-    releases.use(releases.BASE)
 
 
 @pytest.mark.parametrize("target", ["impl", "spec"])
@@ -161,21 +154,21 @@ def test_a_layout_where_a_not_modelled_delta_shows_is_skipped_naming_the_delta(t
     (result,) = run_gate(GateOptions(**options, release="0.28.0")).results
     assert result.conforms and not result.skipped and result.operations > 0, result
     assert releases.judged("0.34.0").not_modelled("manager/full+swa") is None
-    releases.use(releases.BASE)
 
 
 def _impl_without(version: str, delta: str, layout: str, examples: int = 100) -> str | None:
     """The first failure of impl built for ``version`` less ``delta``, in
     lockstep with the spec judged by ``version`` (``None``: none found)."""
-    with releases.judging(version) as release:
-        deltas = impl_deltas(release) - {delta}
-        factory = functools.wraps(ImplManagerTarget)(functools.partial(ImplManagerTarget, deltas=deltas))
-        machine = manager_machine(factory, MANAGER_LAYOUTS[layout], spec_factory=SpecManagerTarget)
-        try:
-            run_state_machine_as_test(machine, settings=settings(max_examples=examples, deadline=None,
-                                                                 database=None, phases=[Phase.generate]))
-        except Exception as error:  # noqa: BLE001 (the failure is the answer)
-            return str(error)
+    release = releases.judged(version)
+    deltas = impl_deltas(release) - {delta}
+    factory = functools.wraps(ImplManagerTarget)(functools.partial(ImplManagerTarget, deltas=deltas))
+    machine = manager_machine(factory, MANAGER_LAYOUTS[layout], release=release,
+                              spec_factory=functools.partial(SpecManagerTarget, release=release))
+    try:
+        run_state_machine_as_test(machine, settings=settings(max_examples=examples, deadline=None,
+                                                             database=None, phases=[Phase.generate]))
+    except Exception as error:  # noqa: BLE001 (the failure is the answer)
+        return str(error)
     return None
 
 
@@ -213,18 +206,18 @@ def test_in_0_27_a_pool_without_caching_returns_freed_blocks_to_the_tail(caching
 
     for version, expected in (("0.26.0", [3, 2, 1, 4, 5]), ("0.27.0", [3, 2, 1, 4, 5] if caching else [4, 5, 3, 2, 1]),
                               ("0.28.0", [3, 2, 1, 4, 5])):
-        with releases.judging(version):
-            for pool in (SpecBlockPool(6, caching, 2), ImplPoolTarget(6, caching, 2)):
-                taken = pool.get_new_blocks(3)
-                ids = [getattr(b, "block_id", b) for b in taken][::-1]
-                before = pool.snapshot()
-                pool.free_blocks(ids)
-                assert list(pool.snapshot().free) == expected, (version, type(pool).__name__)
-                base_order = before.__class__(before.num_blocks, (0,) * 6, (3, 2, 1, 4, 5), before.key_of,
-                                              before.table, before.partial_of)
-                step = Step("free_blocks", (ids,), before, base_order, None, None, caching)
-                said = [v.rule for v in check_step(step)]
-                assert ("free-order" in said) == (expected != [3, 2, 1, 4, 5]), (version, said)
+        release = releases.judged(version)
+        for pool in (SpecBlockPool(6, caching, 2, release=release), ImplPoolTarget(6, caching, 2, release=release)):
+            taken = pool.get_new_blocks(3)
+            ids = [getattr(b, "block_id", b) for b in taken][::-1]
+            before = pool.snapshot()
+            pool.free_blocks(ids)
+            assert list(pool.snapshot().free) == expected, (version, type(pool).__name__)
+            base_order = before.__class__(before.num_blocks, (0,) * 6, (3, 2, 1, 4, 5), before.key_of,
+                                          before.table, before.partial_of)
+            step = Step("free_blocks", (ids,), before, base_order, None, None, caching, release)
+            said = [v.rule for v in check_step(step)]
+            assert ("free-order" in said) == (expected != [3, 2, 1, 4, 5]), (version, said)
 
 
 def test_impl_refuses_a_delta_it_does_not_implement():
@@ -254,12 +247,11 @@ def test_a_corpus_records_its_release_and_a_check_judges_by_it(tmp_path):
     generate(tmp_path, "cases", release="0.31.0", measure_coverage=False)
     files = sorted(tmp_path.glob("*/cases/*.json"))
     assert files and all(json.loads(f.read_text())["config"]["release"] == "0.31.0" for f in files)
-    assert releases.current().is_base  # generating does not change what the process judges by
     pool_files = [f for f in files if f.parent.parent.name == "pool"]
     broken = json.loads(pool_files[0].read_text())
     broken["config"]["release"] = "next"
     pool_files[0].write_text(json.dumps(broken))
-    report = check(tmp_path, {"pool": ImplPoolTarget})
+    report = check(tmp_path, {"pool": functools.partial(ImplPoolTarget, release=releases.REFERENCE)})
     assert not report.differences and list(report.unreadable) == [pool_files[0]]
     assert "'next' is not a vLLM release" in report.unreadable[pool_files[0]]
 
@@ -268,10 +260,10 @@ def test_from_0_26_prefill_ranks_no_longer_widen_a_block():
     """One process, two releases: mla-dcp2-pcp2's blocks hold 4 tokens under
     the base (2 decode x 2 prefill ranks) and 2 from 0.26 on."""
     layout = MANAGER_LAYOUTS["mla-dcp2-pcp2"]
+    later = layout.for_release("0.26.0")
     assert (layout.scheduler_block_size, layout.hash_block_size, layout.views[0].block_size) == (4, 4, 4)
-    with releases.judging("0.26.0"):
-        assert (layout.scheduler_block_size, layout.hash_block_size, layout.views[0].block_size) == (2, 2, 2)
-    assert layout.scheduler_block_size == 4
+    assert (later.scheduler_block_size, later.hash_block_size, later.views[0].block_size) == (2, 2, 2)
+    assert layout.scheduler_block_size == 4 and layout.release == releases.REFERENCE
 
 
 def test_from_0_26_a_hybrid_of_full_attention_and_mamba_takes_decode_ranks():
@@ -286,13 +278,14 @@ def test_from_0_26_a_hybrid_of_full_attention_and_mamba_takes_decode_ranks():
     prefill = dataclasses.replace(dcp, dcp_world_size=1, pcp_world_size=2)
     with pytest.raises(RuleError, match="needs a model of one KV-cache group"):
         dcp.make_target(SpecManagerTarget)
-    with releases.judging("0.26.0"):
-        assert [v.block_size for v in dcp.views] == [2, 2]  # attention: 1 token a rank x 2; Mamba: replicated
-        dcp.make_target(SpecManagerTarget)
-        with pytest.raises(RuleError, match="full-attention and Mamba groups only, got SlidingWindowSpec"):
-            swa.make_target(SpecManagerTarget)
-        with pytest.raises(RuleError, match="takes decode context parallelism only"):
-            prefill.make_target(SpecManagerTarget)
+    release = releases.judged("0.26.0")
+    spec = functools.partial(SpecManagerTarget, release=release)
+    assert [v.block_size for v in dcp.for_release(release).views] == [2, 2]  # attention: 1 token a rank x 2
+    dcp.for_release(release).make_target(spec)  # (Mamba: replicated)
+    with pytest.raises(RuleError, match="full-attention and Mamba groups only, got SlidingWindowSpec"):
+        swa.for_release(release).make_target(spec)
+    with pytest.raises(RuleError, match="takes decode context parallelism only"):
+        prefill.for_release(release).make_target(spec)
 
 
 def test_a_later_release_s_layout_is_searched_there_and_skipped_with_its_reason_before():
@@ -302,37 +295,35 @@ def test_a_later_release_s_layout_is_searched_there_and_skipped_with_its_reason_
     assert result.conforms and "has no such configuration" in result.skipped, result
     (result,) = run_gate(GateOptions(**options, release="0.26.0")).results
     assert result.conforms and not result.skipped and result.operations > 0, result
-    with releases.judging("0.26.0"):
-        assert "full+mamba-align-dcp2" in layout_names("manager")
+    assert "full+mamba-align-dcp2" in layout_names("manager", releases.judged("0.26.0"))
     from kvspec.conformance.gate import make_plan
 
     assert ("manager", "full+mamba-align-dcp2") not in make_plan(GateOptions(target="impl", scope="manager"))
     # the default plan is made under the release judged, so a later release's layouts are in it
     assert ("manager", "full+mamba-align-dcp2") in make_plan(GateOptions(target="impl", scope="manager",
                                                                           release="0.26.0"))
-    releases.use(releases.BASE)
 
 
 def test_where_a_release_takes_decode_ranks_the_refused_variant_sends_prefill_ranks():
     from kvspec.conformance.machines.configurations import manager_variants
 
-    def ranks(name):
-        (variant,) = [v for v in manager_variants(MANAGER_LAYOUTS[name]) if v.name.startswith("context parallelism")]
+    def ranks(name, release=releases.REFERENCE):
+        (variant,) = [v for v in manager_variants(MANAGER_LAYOUTS[name].for_release(release))
+                      if v.name.startswith("context parallelism")]
         return variant.layout.dcp_world_size, variant.layout.pcp_world_size
 
     assert ranks("full+mamba-align") == ranks("full+swa") == (2, 1)
-    with releases.judging("0.26.0"):
-        assert ranks("full+mamba-align") == (1, 2) and ranks("full+swa") == (2, 1)
+    later = releases.judged("0.26.0")
+    assert ranks("full+mamba-align", later) == (1, 2) and ranks("full+swa", later) == (2, 1)
 
 
 def test_a_fixed_finding_is_steered_around_only_on_the_releases_that_have_it():
     from kvspec.conformance.findings import inputs_to_avoid
 
     tag = "context-parallel:hybrid-per-group-lookup"  # F12: 0.26.0 up to 0.29.0
-    assert tag not in inputs_to_avoid("vllm")
+    assert tag not in inputs_to_avoid("vllm", release=releases.BASE)
     for version, steered in (("0.26.0", True), ("0.28.0", True), ("0.29.0", False)):
-        with releases.judging(version):
-            assert (tag in inputs_to_avoid("vllm")) == steered, version
+        assert (tag in inputs_to_avoid("vllm", release=version)) == steered, version
 
 
 def test_from_0_26_a_mamba_group_frees_states_on_the_processed_token_basis():
@@ -341,8 +332,7 @@ def test_from_0_26_a_mamba_group_frees_states_on_the_processed_token_basis():
     from 0.26 the caller passes processed tokens and nothing is held back."""
     layout = MANAGER_LAYOUTS["full+mamba-all-drafts"]
     assert layout.views[1].window_hold_back == 2
-    with releases.judging("0.26.0"):
-        assert layout.views[1].window_hold_back == 0
+    assert layout.for_release("0.26.0").views[1].window_hold_back == 0
 
 
 def test_from_0_32_an_eagle_hit_in_a_hybrid_may_be_proved_by_the_prompt_s_last_block():
@@ -358,16 +348,15 @@ def test_from_0_32_an_eagle_hit_in_a_hybrid_may_be_proved_by_the_prompt_s_last_b
     layout = MANAGER_LAYOUTS["full+swa-eagle"]
 
     def resend_hit(version):
-        with releases.judging(version):
-            manager = SpecKVCacheManager(*layout.target_args())
-            hasher = get_request_block_hasher(layout.hash_block_size)
-            first = Request("a", [1, 2, 3, 4, 5], block_hasher=hasher)
-            assert manager.allocate_slots(first, 5) is not None
-            first.num_computed_tokens = 4
-            manager.cache_blocks(first, 4)
-            manager.new_step_starts()
-            _, hit = manager.get_computed_blocks(Request("b", [1, 2, 3, 4], block_hasher=hasher))
-            return hit
+        manager = SpecKVCacheManager(*layout.for_release(version).target_args(), release=version)
+        hasher = get_request_block_hasher(layout.hash_block_size, release=releases.judged(version))
+        first = Request("a", [1, 2, 3, 4, 5], block_hasher=hasher)
+        assert manager.allocate_slots(first, 5) is not None
+        first.num_computed_tokens = 4
+        manager.cache_blocks(first, 4)
+        manager.new_step_starts()
+        _, hit = manager.get_computed_blocks(Request("b", [1, 2, 3, 4], block_hasher=hasher))
+        return hit
 
     assert resend_hit(releases.BASE) == 0
     assert resend_hit("0.32.0") == 2
@@ -387,19 +376,20 @@ def test_from_0_26_a_full_attention_group_registers_the_prompt_s_partial_tail():
     layout = MANAGER_LAYOUTS["full8+swa2-sparse"]
 
     def partial_entries(version):
-        with releases.judging(version):
-            manager = SpecKVCacheManager(*layout.target_args())
-            request = Request("a", list(range(13)), block_hasher=get_request_block_hasher(layout.hash_block_size))
-            assert manager.allocate_slots(request, 13) is not None
-            request.num_computed_tokens = 13
-            for token in (13, 14, 15):
-                request.append_output_token_ids(token)
-                assert manager.allocate_slots(request, 1) is not None
-                request.num_computed_tokens += 1
-            manager.cache_blocks(request, 16)
-            events = [e for e in manager.take_events() if isinstance(e, Stored) and e.group == 0]
-            pool = manager.snapshot().pool
-            return {b: len(keys) for b, keys in pool.partial_of.items()}, [e.block_size for e in events]
+        release = releases.judged(version)
+        manager = SpecKVCacheManager(*layout.for_release(release).target_args(), release=release)
+        request = Request("a", list(range(13)), block_hasher=get_request_block_hasher(layout.hash_block_size,
+                                                                                      release=release))
+        assert manager.allocate_slots(request, 13) is not None
+        request.num_computed_tokens = 13
+        for token in (13, 14, 15):
+            request.append_output_token_ids(token)
+            assert manager.allocate_slots(request, 1) is not None
+            request.num_computed_tokens += 1
+        manager.cache_blocks(request, 16)
+        events = [e for e in manager.take_events() if isinstance(e, Stored) and e.group == 0]
+        pool = manager.snapshot().pool
+        return {b: len(keys) for b, keys in pool.partial_of.items()}, [e.block_size for e in events]
 
     assert partial_entries(releases.BASE) == ({}, [8, 8])
     for version in ("0.26.0", "0.32.0"):
@@ -408,14 +398,15 @@ def test_from_0_26_a_full_attention_group_registers_the_prompt_s_partial_tail():
 
 
 def _manager(layout_name: str, release: releases.Release, manager_kind: str) -> object:
-    """The spec's manager or impl's (built with ``release``'s deltas) on a
-    conformance layout; call inside ``releases.judging`` of that release."""
+    """The spec's manager of ``release`` or impl's (built with ``release``'s
+    deltas) on a conformance layout."""
     from kvspec.impl import KVCacheManager
     from kvspec.spec.manager import SpecKVCacheManager
 
-    layout = MANAGER_LAYOUTS[layout_name]
+    layout = MANAGER_LAYOUTS[layout_name].for_release(release)
     args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
-    return KVCacheManager(*args, deltas=impl_deltas(release)) if manager_kind == "impl" else SpecKVCacheManager(*args)
+    return KVCacheManager(*args, deltas=impl_deltas(release)) if manager_kind == "impl" \
+        else SpecKVCacheManager(*args, release=release)
 
 
 def _prefill_with_a_step_in_flight(version: str, manager_kind: str) -> list[int]:
@@ -428,16 +419,17 @@ def _prefill_with_a_step_in_flight(version: str, manager_kind: str) -> list[int]
     from kvspec.request import Request
 
     layout = MANAGER_LAYOUTS["full+mamba-align"]
-    with releases.judging(version) as release:
-        manager = _manager("full+mamba-align", release, manager_kind)
-        request = Request("r", list(range(16)), block_hasher=get_request_block_hasher(layout.hash_block_size))
-        request.num_in_flight_tokens = 0
-        held = []
-        for _ in range(4):
-            assert manager.allocate_slots(request, 4) is not None
-            request.num_computed_tokens += 4  # the scheduler counts the step as computed ...
-            request.num_in_flight_tokens = 4  # ... and only the step before it has come back
-            held.append([i for i, b in enumerate(manager.get_block_ids("r")[1]) if b != 0])
+    release = releases.judged(version)
+    manager = _manager("full+mamba-align", release, manager_kind)
+    request = Request("r", list(range(16)), block_hasher=get_request_block_hasher(layout.hash_block_size,
+                                                                                  release=release))
+    request.num_in_flight_tokens = 0
+    held = []
+    for _ in range(4):
+        assert manager.allocate_slots(request, 4) is not None
+        request.num_computed_tokens += 4  # the scheduler counts the step as computed ...
+        request.num_in_flight_tokens = 4  # ... and only the step before it has come back
+        held.append([i for i, b in enumerate(manager.get_block_ids("r")[1]) if b != 0])
     return held
 
 
@@ -461,12 +453,11 @@ def test_a_drafter_moves_the_replay_boundaries_a_scheduler_block_lower():
     from kvspec.spec.coordinator import replay_boundaries
 
     for version, aligned, unaligned in (("0.29.0", (15,), (14,)), ("0.30.0", (8, 12), (8,))):
-        with releases.judging(version):
-            assert replay_boundaries(16, 4, with_drafter=True) == aligned
-            assert replay_boundaries(15, 4, with_drafter=True) == unaligned
-            assert replay_boundaries(16, 4, with_drafter=False) == (15,)
-    with releases.judging("0.30.0"):
-        assert replay_boundaries(3, 4, with_drafter=True) == (0,)
+        release = releases.judged(version)
+        assert replay_boundaries(16, 4, with_drafter=True, release=release) == aligned
+        assert replay_boundaries(15, 4, with_drafter=True, release=release) == unaligned
+        assert replay_boundaries(16, 4, with_drafter=False, release=release) == (15,)
+    assert replay_boundaries(3, 4, with_drafter=True, release=releases.judged("0.30.0")) == (0,)
 
 
 def _adopt_a_hit_with_no_new_tokens(version: str, manager_kind: str) -> object:
@@ -477,21 +468,21 @@ def _adopt_a_hit_with_no_new_tokens(version: str, manager_kind: str) -> object:
     from kvspec.request import Request
 
     layout = MANAGER_LAYOUTS["full"]
-    with releases.judging(version) as release:
-        manager = _manager("full", release, manager_kind)
-        hasher = get_request_block_hasher(layout.hash_block_size)
-        size = layout.hash_block_size
-        first = Request("a", list(range(2 * size + 1)), block_hasher=hasher)
-        assert manager.allocate_slots(first, first.num_tokens) is not None
-        second = Request("b", list(range(2 * size + 1)), block_hasher=hasher)
-        blocks, hit = manager.get_computed_blocks(second)[:2]
-        assert hit == 2 * size
-        try:
-            out = manager.allocate_slots(second, 0, hit, blocks)
-        except RuleError as error:
-            return error.rule
-        assert out is not None
-        return manager.get_block_ids("b")
+    release = releases.judged(version)
+    manager = _manager("full", release, manager_kind)
+    hasher = get_request_block_hasher(layout.hash_block_size, release=release)
+    size = layout.hash_block_size
+    first = Request("a", list(range(2 * size + 1)), block_hasher=hasher)
+    assert manager.allocate_slots(first, first.num_tokens) is not None
+    second = Request("b", list(range(2 * size + 1)), block_hasher=hasher)
+    blocks, hit = manager.get_computed_blocks(second)[:2]
+    assert hit == 2 * size
+    try:
+        out = manager.allocate_slots(second, 0, hit, blocks)
+    except RuleError as error:
+        return error.rule
+    assert out is not None
+    return manager.get_block_ids("b")
 
 
 def test_from_0_31_a_call_with_no_new_tokens_may_adopt_a_hit():
@@ -526,11 +517,10 @@ def _two_images_then_a_generated_token(version: str, first_image: str) -> tuple[
 
     features = [MultiModalFeatureSpec(first_image, PlaceholderRange(4, 2)),
                 MultiModalFeatureSpec("B", PlaceholderRange(6, 1))]
-    with releases.judging(version):
-        hasher = get_request_block_hasher(4)
-        resumed = Request("r", list(range(7)), mm_features=features, block_hasher=hasher)
-        resumed.append_output_token_ids(7)
-        fresh = Request("f", list(range(8)), mm_features=features, block_hasher=hasher)
+    hasher = get_request_block_hasher(4, release=releases.judged(version))
+    resumed = Request("r", list(range(7)), mm_features=features, block_hasher=hasher)
+    resumed.append_output_token_ids(7)
+    fresh = Request("f", list(range(8)), mm_features=features, block_hasher=hasher)
     return list(resumed.block_hashes), list(fresh.block_hashes)
 
 
@@ -540,12 +530,13 @@ def test_from_0_31_a_resumed_block_keys_every_image_it_holds():
     differing only in the block's first image share the block's hash (and
     the second would hit KV computed for the first's image); from 0.31
     both images key it, as a fresh request's hash of the same tokens does."""
-    (old_a, fresh_a), (old_c, _) = (_two_images_then_a_generated_token("0.30.0", image) for image in ("A", "C"))
+    before = _two_images_then_a_generated_token("0.30.0", "A")
+    (old_a, fresh_a), (old_c, _) = before, _two_images_then_a_generated_token("0.30.0", "C")
     assert len(old_a) == 2 and old_a[1] == old_c[1]  # the collision: the first image is not in the key
     assert old_a[1] != fresh_a[1]  # and a resumed chain is not a fresh one
     (new_a, fresh_a), (new_c, _) = (_two_images_then_a_generated_token("0.31.0", image) for image in ("A", "C"))
     assert new_a[1] != new_c[1] and new_a == fresh_a
-    assert releases.current().mm_resume_scan == "last"  # judging() restored the base
+    assert _two_images_then_a_generated_token("0.30.0", "A") == before  # hashing for 0.31 changed nothing else
 
 
 def test_from_0_32_the_pool_keys_a_partial_entry_at_a_block_boundary():
@@ -561,23 +552,23 @@ def test_from_0_32_the_pool_keys_a_partial_entry_at_a_block_boundary():
     from kvspec.spec.pool import SpecBlockPool
 
     for version, accepted in (("0.31.0", False), ("0.32.0", True)):
-        with releases.judging(version):
-            states = []
-            for pool in (SpecBlockPool(6, True, 2), ImplPoolTarget(6, True, 2)):
-                request = Request("a", [0, 1, 0, 1], block_hasher=get_request_block_hasher(2))
-                (block,) = pool.get_new_blocks(1)
-                block = getattr(block, "block_id", block)
-                for num_tokens, block_size in ((2, 2), (4, 4)):
-                    if accepted:
+        release = releases.judged(version)
+        states = []
+        for pool in (SpecBlockPool(6, True, 2, release=release), ImplPoolTarget(6, True, 2, release=release)):
+            request = Request("a", [0, 1, 0, 1], block_hasher=get_request_block_hasher(2, release=release))
+            (block,) = pool.get_new_blocks(1)
+            block = getattr(block, "block_id", block)
+            for num_tokens, block_size in ((2, 2), (4, 4)):
+                if accepted:
+                    pool.cache_partial_block(request, block, num_tokens, 0, block_size)
+                else:
+                    with pytest.raises(RuleError):
                         pool.cache_partial_block(request, block, num_tokens, 0, block_size)
-                    else:
-                        with pytest.raises(RuleError):
-                            pool.cache_partial_block(request, block, num_tokens, 0, block_size)
-                with pytest.raises(RuleError, match="not a partial block boundary"):
-                    pool.cache_partial_block(request, block, 3, 0, 4)
-                states.append(pool.snapshot())
-            assert states[0] == states[1], version
-            assert bool(states[0].table) == accepted
+            with pytest.raises(RuleError, match="not a partial block boundary"):
+                pool.cache_partial_block(request, block, 3, 0, 4)
+            states.append(pool.snapshot())
+        assert states[0] == states[1], version
+        assert bool(states[0].table) == accepted
 
 
 def test_from_0_32_a_connector_s_per_group_lookup_peeks_as_the_reconciled_one_does():
@@ -616,20 +607,20 @@ def _sibling_in_the_step_the_owner_passes_its_boundary(version: str, manager_kin
     from kvspec.request import Request
 
     layout = MANAGER_LAYOUTS["full+mamba-align"]
-    with releases.judging(version) as release:
-        manager = _manager("full+mamba-align", release, manager_kind)
-        hasher = get_request_block_hasher(layout.hash_block_size)
-        owner = Request("a", [1, 2, 3, 4, 5], block_hasher=hasher)
-        assert manager.allocate_slots(owner, 4) is not None
-        owner.num_computed_tokens = 4
-        if evicted:
-            manager.evict_blocks({manager.get_block_ids("a")[1][1]})  # Mamba's state at 4
-        manager.new_step_starts()
-        assert manager.allocate_slots(owner, 1) is not None
-        sibling = Request("b", [1, 2, 3, 4, 5], block_hasher=hasher)
-        blocks, hit = manager.get_computed_blocks(sibling)[:2]
-        assert hit == 4
-        return manager.allocate_slots(sibling, 1, hit, blocks) is not None
+    release = releases.judged(version)
+    manager = _manager("full+mamba-align", release, manager_kind)
+    hasher = get_request_block_hasher(layout.hash_block_size, release=release)
+    owner = Request("a", [1, 2, 3, 4, 5], block_hasher=hasher)
+    assert manager.allocate_slots(owner, 4) is not None
+    owner.num_computed_tokens = 4
+    if evicted:
+        manager.evict_blocks({manager.get_block_ids("a")[1][1]})  # Mamba's state at 4
+    manager.new_step_starts()
+    assert manager.allocate_slots(owner, 1) is not None
+    sibling = Request("b", [1, 2, 3, 4, 5], block_hasher=hasher)
+    blocks, hit = manager.get_computed_blocks(sibling)[:2]
+    assert hit == 4
+    return manager.allocate_slots(sibling, 1, hit, blocks) is not None
 
 
 def test_in_0_32_only_a_sibling_waits_while_the_owner_passes_its_prompt_boundary():
@@ -667,20 +658,22 @@ def _boundary_state_keyed_again(layout_name: str, version: str, manager_kind: st
     from kvspec.request import Request
     from kvspec.spec.manager import SpecKVCacheManager
 
-    layout = MANAGER_LAYOUTS[layout_name] if layout_name in MANAGER_LAYOUTS else LATER_LAYOUTS[layout_name]
+    release = releases.judged(version)
+    layout = (MANAGER_LAYOUTS[layout_name] if layout_name in MANAGER_LAYOUTS else LATER_LAYOUTS[layout_name]) \
+        .for_release(release)
     args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
-    with releases.judging(version) as release:
-        manager = KVCacheManager(*args, **layout.target_options(), deltas=impl_deltas(release)) \
-            if manager_kind == "impl" else SpecKVCacheManager(*args, **layout.target_options())
-        owner = Request("a", [1, 2, 3, 4, 5], block_hasher=get_request_block_hasher(layout.hash_block_size))
-        assert manager.allocate_slots(owner, 4) is not None
-        owner.num_computed_tokens = 4
-        state = manager.get_block_ids("a")[1][1]
-        manager.evict_blocks({state})
-        manager.new_step_starts()
-        assert manager.allocate_slots(owner, 1) is not None
-        return state in (manager.pool.snapshot().key_of if manager_kind == "spec"
-                         else {b.block_id for b in manager.block_pool.blocks if b.block_hash is not None})
+    manager = KVCacheManager(*args, **layout.target_options(), deltas=impl_deltas(release)) \
+        if manager_kind == "impl" else SpecKVCacheManager(*args, **layout.target_options(), release=release)
+    owner = Request("a", [1, 2, 3, 4, 5], block_hasher=get_request_block_hasher(layout.hash_block_size,
+                                                                                release=release))
+    assert manager.allocate_slots(owner, 4) is not None
+    owner.num_computed_tokens = 4
+    state = manager.get_block_ids("a")[1][1]
+    manager.evict_blocks({state})
+    manager.new_step_starts()
+    assert manager.allocate_slots(owner, 1) is not None
+    return state in (manager.pool.snapshot().key_of if manager_kind == "spec"
+                     else {b.block_id for b in manager.block_pool.blocks if b.block_hash is not None})
 
 
 @pytest.mark.parametrize("kind", ["spec", "impl"])
@@ -708,20 +701,21 @@ def _cached_under_lookahead(version: str, manager_kind: str) -> list[bool] | str
 
     layout = MANAGER_LAYOUTS["full"]
     args = (layout.kv_cache_config(), layout.max_model_len, layout.scheduler_block_size, layout.hash_block_size)
-    with releases.judging(version) as release:
-        try:
-            manager = KVCacheManager(*args, deltas=impl_deltas(release), num_hash_lookahead_tokens=1) \
-                if manager_kind == "impl" else SpecKVCacheManager(*args, num_hash_lookahead_tokens=1)
-        except (RuleError, ValueError) as error:
-            return getattr(error, "rule", "ValueError")
-        request = Request("r", list(range(12)), block_hasher=get_request_block_hasher(layout.hash_block_size,
-                                                                                      hashing.sha256_cbor, 1))
-        assert manager.allocate_slots(request, 12) is not None
-        request.num_computed_tokens = 12
-        if manager_kind == "impl":
-            return [b.block_hash is not None for b in manager.get_blocks("r").blocks[0]]
-        keys = manager.pool.snapshot().key_of
-        return [b in keys for b in manager.get_block_ids("r")[0]]
+    release = releases.judged(version)
+    try:
+        manager = KVCacheManager(*args, deltas=impl_deltas(release), num_hash_lookahead_tokens=1) \
+            if manager_kind == "impl" else SpecKVCacheManager(*args, num_hash_lookahead_tokens=1, release=release)
+    except (RuleError, ValueError) as error:
+        return getattr(error, "rule", "ValueError")
+    request = Request("r", list(range(12)), block_hasher=get_request_block_hasher(layout.hash_block_size,
+                                                                                  hashing.sha256_cbor, 1,
+                                                                                  release=release))
+    assert manager.allocate_slots(request, 12) is not None
+    request.num_computed_tokens = 12
+    if manager_kind == "impl":
+        return [b.block_hash is not None for b in manager.get_blocks("r").blocks[0]]
+    keys = manager.pool.snapshot().key_of
+    return [b in keys for b in manager.get_block_ids("r")[0]]
 
 
 def test_from_0_33_hashes_cover_the_drafter_s_lookahead_and_only_hashed_blocks_are_cached():
@@ -741,23 +735,23 @@ def test_several_groups_of_one_spec_build_from_0_29(version, builds):
     are refused with caching on until 0.28 and built from 0.29, by the spec
     and by impl alike; built, the two groups are searched as one spec group
     (one hit, the same length in both)."""
-    layout = Layout((full(2), full(2)))
-    with releases.judging(version) as release:
-        targets = [lambda: layout.make_target(SpecManagerTarget),
-                   lambda: layout.make_target(functools.partial(ImplManagerTarget, deltas=impl_deltas(release)))]
-        for make in targets:
-            if not builds:
-                with pytest.raises(ValueError, match="distinct"):
-                    make()
-                continue
-            manager = make()
-            hasher = hashing.get_request_block_hasher(layout.hash_block_size)
-            a = Request("a", [0, 1, 1, 0, 1], block_hasher=hasher)
-            assert manager.allocate_slots(a, 5) is not None
-            a.num_computed_tokens = 5
-            manager.free(a)
-            blocks, hit = manager.get_computed_blocks(Request("b", [0, 1, 1, 0, 1, 1], block_hasher=hasher))
-            assert hit == 4 and [len(group) for group in blocks] == [2, 2]
+    release = releases.judged(version)
+    layout = Layout((full(2), full(2)), release=release)
+    targets = [lambda: layout.make_target(functools.partial(SpecManagerTarget, release=release)),
+               lambda: layout.make_target(functools.partial(ImplManagerTarget, release=release))]
+    for make in targets:
+        if not builds:
+            with pytest.raises(ValueError, match="distinct"):
+                make()
+            continue
+        manager = make()
+        hasher = hashing.get_request_block_hasher(layout.hash_block_size, release=release)
+        a = Request("a", [0, 1, 1, 0, 1], block_hasher=hasher)
+        assert manager.allocate_slots(a, 5) is not None
+        a.num_computed_tokens = 5
+        manager.free(a)
+        blocks, hit = manager.get_computed_blocks(Request("b", [0, 1, 1, 0, 1, 1], block_hasher=hasher))
+        assert hit == 4 and [len(group) for group in blocks] == [2, 2]
 
 
 def test_the_version_matrix_judges_the_reference_and_the_newest_at_l3(tmp_path):
@@ -788,3 +782,94 @@ def test_the_version_matrix_judges_the_reference_and_the_newest_at_l3(tmp_path):
          "owner": "vllm-scheduler"}]}))
     assert matrix.failed_layouts(report) == ["manager/full+swa (free-order)", "manager/rswa (divergence from the spec)"]
     assert matrix.failed_layouts(tmp_path / "none.json") == []
+
+
+def test_two_releases_specs_run_side_by_side_in_one_process():
+    """The release is a value passed in, never process-wide state (issue 53):
+    the spec of 0.25.1 and that of 0.34.0 are built in one process and
+    driven in turns, each by its own rules -- a call with no new tokens
+    adopting a hit (delta zero-token-hit-adoption, 0.31) is refused by the
+    first and taken by the second, a salted block hashes as each release
+    hashes it (tagged-extra-keys), and the conformance machines of both
+    releases run on one layout, one after the other, neither leaking into
+    the other."""
+    from types import SimpleNamespace
+
+    from kvspec.errors import RuleError
+    from kvspec.spec.manager import SpecKVCacheManager
+
+    assert not any(hasattr(releases, name) for name in ("use", "current", "judging", "_current"))
+    base, newest = releases.judged("0.25.1"), releases.judged("0.34.0")
+    layout = MANAGER_LAYOUTS["full"]
+    managers = {r: SpecKVCacheManager(*layout.for_release(r).target_args(), release=r) for r in (base, newest)}
+    hashers = {r: hashing.get_request_block_hasher(layout.hash_block_size, release=r) for r in (base, newest)}
+    size = layout.hash_block_size
+    firsts = {r: Request("a", list(range(2 * size + 1)), block_hasher=hashers[r]) for r in managers}
+    for r, manager in managers.items():  # both live at once, driven in turns
+        assert manager.allocate_slots(firsts[r], firsts[r].num_tokens) is not None
+    adopted = {}
+    for r, manager in managers.items():
+        second = Request("b", list(range(2 * size + 1)), block_hasher=hashers[r])
+        blocks, hit = manager.get_computed_blocks(second)[:2]
+        assert hit == 2 * size
+        try:
+            adopted[r] = manager.allocate_slots(second, 0, hit, blocks) is not None
+        except RuleError as error:
+            adopted[r] = error.rule
+    assert adopted == {base: "allocation-accounting", newest: True}
+    assert managers[base].release is base and managers[newest].pool.release is newest
+
+    salted = SimpleNamespace(cache_salt="s", lora_request=None, mm_features=[], prompt_embeds=None)
+    assert [hashing.generate_block_hash_extra_keys(salted, 0, 2, 0, release=r)[0] for r in (base, newest)] == \
+        [("s",), (("cache_salt", "s"),)]
+
+    for r in (base, newest, base):
+        machine = manager_machine(functools.partial(SpecManagerTarget, release=r), layout, release=r,
+                                  spec_factory=functools.partial(SpecManagerTarget, release=r))
+        run_state_machine_as_test(machine, settings=settings(max_examples=5, deadline=None, database=None,
+                                                             phases=[Phase.generate]))
+
+
+def test_each_release_is_one_module_of_its_own_deltas():
+    """spec/releases/ holds the base (base.py) and one module per later
+    release, oldest first, each chained to the one before (PREVIOUS) and
+    holding only its own release's deltas; no module is left unregistered."""
+    modules = releases.RELEASE_MODULES
+    assert [m.PREVIOUS for m in modules] == list(releases.KNOWN[:-1])
+    assert [m.RELEASE for m in modules] == list(releases.KNOWN[1:])
+    for module in modules:
+        assert module.__name__.rsplit(".", 1)[1] == "v" + module.RELEASE.replace(".", "_")
+        assert all(d.release == module.RELEASE for d in module.DELTAS), module.__name__
+    files = {p.stem for p in (ROOT / "spec" / "releases").glob("*.py")}
+    assert files == {"__init__", "base", *(m.__name__.rsplit(".", 1)[1] for m in modules)}
+
+
+def test_chapter_9_lists_the_deltas_release_by_release_as_the_modules_do():
+    """Chapter 9's table is checked against the modules: a row per delta
+    (test_every_delta_has_its_row_in_the_chapter_and_nothing_else_does),
+    in the modules' order."""
+    assert list(chapter_rows()) == [d.key for d in releases.DELTAS]
+
+
+def test_the_add_a_release_checklist_holds_for_every_known_release():
+    """docs/CONTRIBUTING.md's "Add a vLLM release" names each place a
+    release lives, and each is there for every release the spec knows: its
+    module (above), its deltas' rows in chapter 9, impl following its
+    modelled deltas, the drop-in's API shape, and -- for the newest -- its
+    vectors, generated and replayed by .ci/run."""
+    from kvspec.dropin_releases import API
+
+    section = (ROOT / "docs" / "CONTRIBUTING.md").read_text().split("## Add a vLLM release", 1)[1].split("\n## ")[0]
+    for named in ("spec/releases/", "RELEASE_MODULES", "spec/README.md", "impl/release.py",
+                  "kvspec/dropin_releases.py", "kvspec vectors generate --release", ".ci/run",
+                  "test_the_add_a_release_checklist_holds_for_every_known_release"):
+        assert named in section, named
+    rows = chapter_rows()
+    for module in releases.RELEASE_MODULES:
+        version = module.RELEASE
+        assert all(d.key in rows for d in module.DELTAS), version
+        impl_deltas(releases.judged(version))  # impl follows every modelled delta (else a ValueError names it)
+        assert version in API, f"the drop-in has no API shape for vLLM {version} (kvspec/dropin_releases.py)"
+    newest = releases.KNOWN[-1]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(rf"kvspec vectors generate --out (\S+) --release {re.escape(newest)}\b", ci), newest

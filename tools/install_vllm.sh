@@ -33,9 +33,9 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV_DIR="${1:-$REPO_ROOT/.venv-vllm}"
 PYTHON="${PYTHON:-python3}"
 
-# The reference release, from the one place kvspec keeps it (spec/releases.py, BASE);
+# The reference release, from the one place kvspec keeps it (spec/releases/base.py, BASE);
 # VLLM_VERSION=X in the environment installs another.
-VLLM_VERSION="${VLLM_VERSION:-$("$PYTHON" "$REPO_ROOT/spec/releases.py")}"
+VLLM_VERSION="${VLLM_VERSION:-$("$PYTHON" "$REPO_ROOT/spec/releases/base.py")}"
 LOG_TAG=install_vllm
 # shellcheck source=tools/venv_lib.sh
 source "$REPO_ROOT/tools/venv_lib.sh"  # TORCH_SPEC (the CPU build), log, venv_ready, pip_install

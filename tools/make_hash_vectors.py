@@ -98,9 +98,9 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO_ROOT / "tests" / "vectors" / "hash_chain.json"
 
-# The release the vectors come from: spec/releases.py's BASE, read as text (nothing here imports kvspec).
-BASE = re.search(r'^BASE = "([^"]+)"', (Path(__file__).resolve().parents[1] / "spec" / "releases.py").read_text(),
-                 re.M)[1]
+# The release the vectors come from: spec/releases/base.py's BASE, read as text (nothing here imports kvspec).
+BASE = re.search(r'^BASE = "([^"]+)"',
+                 (Path(__file__).resolve().parents[1] / "spec" / "releases" / "base.py").read_text(), re.M)[1]
 SEEDS = ["0", "42", "random", "kvspec"]
 FORMAT_VERSION = 1
 

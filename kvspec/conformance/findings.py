@@ -245,15 +245,17 @@ def is_avoidable(name: str, layouts: list[str]) -> bool:
     return name in AVOIDABLE and name != "layout:NAME"
 
 
-def known_findings(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "manager")) -> tuple[Finding, ...]:
+def known_findings(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "manager"),
+                   release: releases.Release | str | None = None) -> tuple[Finding, ...]:
     """``target``'s own known findings at ``scopes``: vLLM's block manager's,
     and at scheduler scope its scheduler's
     (kvspec.conformance.vllm.scheduler_findings) -- a block manager of
     another's under that scheduler inherits those instead
-    (:func:`inherited_findings`).  Only those of the release judged: a
-    finding fixed before it (or not yet in it) is not steered around, so
-    that its return is seen."""
-    version = releases.current().version
+    (:func:`inherited_findings`).  Only those of the release judged
+    (``release``; by default the installed vLLM's for the vllm target, else
+    the reference release): a finding fixed before it (or not yet in it) is
+    not steered around, so that its return is seen."""
+    version = _judged(target, release).version
     found = tuple(f for f in FINDINGS if f.target == target and ({f.scope, *f.also} & set(scopes))
                   and f.affects(version))
     if target == "vllm" and "scheduler" in scopes:
@@ -261,6 +263,15 @@ def known_findings(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "
 
         found += tuple(SCHEDULER_FINDINGS.values())
     return found
+
+
+def _judged(target: str, release: releases.Release | str | None) -> releases.Release:
+    """``release``, or where none is given the one a run of ``target`` judges by."""
+    if release is not None or target != "vllm":
+        return releases.as_release(release)
+    from kvspec.conformance.vllm import installed
+
+    return releases.judged(installed.version()) if installed.import_error() is None else releases.REFERENCE
 
 
 def inherited_findings(target: str, scopes: list[str] | tuple[str, ...]) -> tuple:
@@ -276,9 +287,10 @@ def inherited_findings(target: str, scopes: list[str] | tuple[str, ...]) -> tupl
     return tuple(SCHEDULER_FINDINGS.values())
 
 
-def inputs_to_avoid(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "manager")) -> frozenset[str]:
-    """The machine knobs that steer around ``target``'s known findings."""
-    return frozenset(f.avoid for f in known_findings(target, scopes) if f.avoid)
+def inputs_to_avoid(target: str, scopes: list[str] | tuple[str, ...] = ("pool", "manager"),
+                    release: releases.Release | str | None = None) -> frozenset[str]:
+    """The machine knobs that steer around ``target``'s known findings (on ``release``: :func:`known_findings`)."""
+    return frozenset(f.avoid for f in known_findings(target, scopes, release) if f.avoid)
 
 
 def matching_finding(target: str, scope: str, layout: str, trace: object) -> Finding | None:

@@ -185,11 +185,11 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     scopes = list(dict.fromkeys(scope for scope, _ in plan))
     options.findings_of = next((found for scope in scopes if (found := findings_target(options.target, scope))
                                 != options.target), options.target)
-    steered = known_findings(options.findings_of, scopes) if options.known_findings else ()
+    steered = known_findings(options.findings_of, scopes, release_of(options)) if options.known_findings else ()
     if options.known_findings and options.against and options.findings_of != "vllm":
         # the upstream's own findings would read as the target's differences from it
-        steered += tuple(f for f in known_findings("vllm", [s for s in scopes if s in BLOCK_SCOPES])
-                         if f not in steered)
+        upstream = known_findings("vllm", [s for s in scopes if s in BLOCK_SCOPES], release_of(options))
+        steered += tuple(f for f in upstream if f not in steered)
     inherited = options.inherited = () if options.strict else inherited_findings(options.target, scopes)
     avoid = frozenset(f.avoid for f in (*steered, *inherited) if f.avoid) | frozenset(options.avoid)
     deadline = options.started + options.budget if options.budget else None
@@ -198,7 +198,7 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
                        inherited=[f"{COMPONENTS[f.component]}: {f.id}: {f.title}" for f in inherited],
                        strict=options.strict,
                        checked={scope: compared(scope, options.level, options.against) for scope in scopes},
-                       command=options.command, versions=versions(options.findings_of, scopes),
+                       command=options.command, versions=versions(options.findings_of, scopes, release_of(options)),
                        against=_upstream(options))
     if options.cross_release_of:
         report.versions["judged across releases"] = f"vLLM {options.cross_release_of} by the rules of " \
@@ -390,7 +390,7 @@ def _search(options: GateOptions, plan: list[tuple[str, str]], steered: tuple[Fi
         if f"layout:{name}" in avoid:
             why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
             run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=STEERED + why))
-        elif (why := layout_unsupported(options.target, scope, name)) is not None:
+        elif (why := layout_unsupported(options.target, scope, name, release_of(options))) is not None:
             run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=why))
         else:
             todo.append((scope, name))
@@ -434,8 +434,8 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
                          "scheduler scope has no lockstep: use --scope pool, manager or all")
     for scope in scopes:
         check_target(options.target, scope)  # an unusable target stops the run before it starts
-    judge_by(options)  # before the layouts: a later release has layouts of its own
-    plan = [(scope, name) for scope in scopes for name in _layouts(scope, options.layouts)]
+    release = judge_by(options)  # before the layouts: a later release has layouts of its own
+    plan = [(scope, name) for scope in scopes for name in _layouts(scope, options.layouts, release)]
     unknown = [name for name in options.layouts or [] if name != "models" and all(n != name for _, n in plan)]
     if unknown or not plan:
         known = "; ".join(f"{scope}: {', '.join(layout_names(scope))}" for scope in scopes)
@@ -462,20 +462,31 @@ def _stamp(trace: Trace, options: GateOptions) -> None:
 
 def _recorded_release(options: GateOptions) -> str:
     """What a trace records of the release judged: nothing for the base (traces stay as they were)."""
-    return "" if releases.current().is_base else options.release or ""
+    return "" if release_of(options).is_base else options.release or ""
+
+
+def release_of(options: GateOptions) -> releases.Release:
+    """The release this run judges by, once :func:`judge_by` resolved it
+    (``options.release``; before that, or without one, the reference)."""
+    return releases.as_release(options.release or None)
 
 
 def judge_by(options: GateOptions) -> releases.Release:
-    """The release whose rules judge this run, made the process's
-    (:func:`kvspec.spec.releases.use`): ``--release`` when given, else the
-    installed vLLM's for the vllm target (set when the target was checked),
-    else the base release -- impl and the spec are the base's API."""
+    """The release whose rules judge this run, resolved once, here, and
+    written to ``options.release`` -- everything the run builds is given it
+    from there (the workers too): ``--release`` when given, else the
+    installed vLLM's for the vllm target, else the base release -- impl and
+    the spec are the base's API."""
     _check_release_is_installed(options)
     try:
         if options.release:
-            release = releases.use(options.release)
+            release = releases.judged(options.release)
+        elif options.target == "vllm":
+            from kvspec.conformance.vllm import installed
+
+            release = releases.judged(installed.version())
         else:
-            release = releases.current() if options.target == "vllm" else releases.use(releases.BASE)
+            release = releases.REFERENCE
     except ValueError as error:
         raise SetupError(f"--release: {error}") from None
     if options.target == "impl":
@@ -495,7 +506,9 @@ def _check_release_is_installed(options: GateOptions) -> None:
     the release it is based on) are no mismatch."""
     if not options.release or options.target != "vllm":
         return
-    installed = releases.current().version  # the target's check set it (runner.require_vllm)
+    from kvspec.conformance.vllm import installed as installed_vllm
+
+    installed = installed_vllm.version()  # importable: the target's check made sure (runner.require_vllm)
     try:
         same = releases.judged(options.release).known == releases.judged(installed).known
     except ValueError as error:
@@ -518,7 +531,8 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def versions(target: str, scopes: list[str] = ()) -> dict[str, str]:
+def versions(target: str, scopes: list[str] = (),
+             release: releases.Release = releases.REFERENCE) -> dict[str, str]:
     """What a report needs to be reproduced: kvspec's version, the target's
     (vLLM's, when it is the target or its scheduler runs), Python's, Hypothesis's."""
     import hypothesis
@@ -530,17 +544,17 @@ def versions(target: str, scopes: list[str] = ()) -> dict[str, str]:
         found["vLLM"] = installed.version()
         if (source := installed.overlay()) is not None:
             found["vLLM source"] = source  # a fork or main over the release's wheel
-    found["release judged"] = releases.current().known
+    found["release judged"] = release.known
     found["Python"] = platform.python_version()
     found["Hypothesis"] = hypothesis.__version__
     return found
 
 
-def _layouts(scope: str, wanted: list[str] | None) -> list[str]:
-    """The layouts of ``scope`` asked for: all built-in ones by default;
-    ``models`` stands for every ``model:<name>`` layout."""
+def _layouts(scope: str, wanted: list[str] | None, release: releases.Release) -> list[str]:
+    """The layouts of ``scope`` asked for: all built-in ones ``release``
+    has by default; ``models`` stands for every ``model:<name>`` layout."""
     if not wanted:
-        return layout_names(scope)
+        return layout_names(scope, release)
     names = [m for name in wanted for m in (model_layout_names() if name == "models" else [name])]
     return [name for name in dict.fromkeys(names) if is_layout(scope, name)]
 
@@ -711,7 +725,8 @@ def _search_one(run: _Run, scope: str, name: str, profile: object, progress: Pro
     o = run.options
     search = Search(profile, examples=o.examples, seed=o.seed, batch=25 if scope == "pool" else 10,
                     database=o.database, on_first_failure=run.announce(scope, name))
-    r = run_layout(machine_for(scope, name, o.target, o.level, run.avoid, o.against), search, progress)
+    r = run_layout(machine_for(scope, name, o.target, o.level, run.avoid, o.against, release_of(o)), search,
+                   progress)
     r.seed = search.seed
     return r
 
@@ -728,7 +743,7 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
     SHRINK_SHARE) and then its layout is done; the others go on."""
     o, deadline = run.options, run.deadline
     profiles = _profiles(o.profile)
-    machines = {key: machine_for(*key, o.target, o.level, run.avoid, o.against) for key in todo}
+    machines = {key: machine_for(*key, o.target, o.level, run.avoid, o.against, release_of(o)) for key in todo}
     base = o.seed if o.seed is not None else int.from_bytes(os.urandom(4), "big")
     spent = dict.fromkeys(todo, 0.0)
     began: dict[tuple[str, str], float] = {}
@@ -892,8 +907,6 @@ def _worker(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler came with the fork: its stop ends us
     quiet_loggers()
-    if options.release:  # inherited where the worker forked; set where it did not
-        releases.use(options.release)
     measure = spec_coverage.start(options.coverage_dir) if options.coverage_dir else None
     try:
         return _work(options, todo, avoid, deadline)

@@ -161,7 +161,6 @@ def require_vllm(who: str = "the vllm target") -> None:
 
     from kvspec import hashing
 
-    releases.use(installed.version())  # judged by the installed release's rules, hashed in its format
     if os.environ.get("PYTHONHASHSEED") is None:
         os.environ["PYTHONHASHSEED"] = "0"
         hashing.init_none_hash()
@@ -186,6 +185,23 @@ TARGETS: dict[str, dict[str, Callable[..., Any]]] = {
               **{name: engine_factory(name) for name in ENGINE_TARGETS}},
 }
 """The built-in targets per scope; anything else is ``module:factory``."""
+
+RELEASED_TARGETS = frozenset({"spec", "impl"})
+"""The built-in targets built for the release judged (their factories take
+``release=``): the spec, and impl with that release's deltas.  vLLM is the
+release it is; a ``module:factory`` target is called as it was written."""
+
+
+def default_release(target: str | Callable[..., Any], scope: str | None = None) -> releases.Release:
+    """The release a run of ``target`` at ``scope`` judges by when none is
+    asked: the installed vLLM's for the vllm target and under vLLM's
+    scheduler, else the reference release.  (The gate resolves its run's
+    release itself: :func:`kvspec.conformance.gate.judge_by`.)"""
+    if target == "vllm" or scope == "scheduler":
+        from kvspec.conformance.vllm import installed
+
+        return releases.judged(installed.version())
+    return releases.REFERENCE
 
 
 def resolve_target(name: str, scope: str) -> Callable[..., Any]:
@@ -246,7 +262,8 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
     return make
 
 
-def layout_unsupported(target: str, scope: str, name: str) -> str | None:
+def layout_unsupported(target: str, scope: str, name: str,
+                       release: releases.Release = releases.REFERENCE) -> str | None:
     """Why a layout is not searched, or ``None``: the release judged has no
     such configuration (:meth:`kvspec.spec.releases.Release.unsupported`),
     the spec does not model what the release does there
@@ -254,11 +271,11 @@ def layout_unsupported(target: str, scope: str, name: str) -> str | None:
     ``module:factory`` target cannot be given a manager layout's options
     (its factory takes no such keyword).  Such a layout is skipped with that
     reason, never judged: a configuration the target does not offer, or
-    one the spec cannot judge yet, is no failure of it."""
-    release = releases.current()
+    one the spec cannot judge yet, is no failure of it.  ``release``: the
+    release judged."""
     if (why := release.unsupported(_mamba_modes(scope, name)) or release.not_modelled(f"{scope}/{name}")) is not None:
         return why
-    if scope == "manager" and (why := _spec_refusal(name)) is not None:
+    if scope == "manager" and (why := _spec_refusal(name, release)) is not None:
         return why
     if scope == "cache":
         unsupported = getattr(getattr(resolve_target(target, scope), "__wrapped__", None), "unsupported", None) \
@@ -280,13 +297,16 @@ def _engine_unsupported(target: str) -> Callable[[CacheLayout], str | None] | No
     return functools.partial(engines.unsupported, target)
 
 
-def _spec_refusal(name: str) -> str | None:
-    """Why the spec of the release judged refuses to build the manager
-    layout ``name`` (a layout of a later release: :data:`LATER_LAYOUTS`),
-    or ``None``."""
-    if name not in LATER_LAYOUTS or (refused := refusal(LATER_LAYOUTS[name], SpecManagerTarget)) is None:
+def _spec_refusal(name: str, release: releases.Release = releases.REFERENCE) -> str | None:
+    """Why the spec of ``release`` refuses to build the manager layout
+    ``name`` (a layout of a later release: :data:`LATER_LAYOUTS`), or
+    ``None``."""
+    if name not in LATER_LAYOUTS:
         return None
-    return f"vLLM {releases.current().version} has no such configuration: {refused}"
+    spec = functools.partial(SpecManagerTarget, release=release)
+    if (refused := refusal(LATER_LAYOUTS[name].for_release(release), spec)) is None:
+        return None
+    return f"vLLM {release.version} has no such configuration: {refused}"
 
 
 def _mamba_modes(scope: str, name: str) -> set[str]:
@@ -414,12 +434,12 @@ def check_target(name: str, scope: str) -> Callable[..., Any]:
                      f"(it lacks {', '.join(missing)}){hint}")
 
 
-def layout_names(scope: str) -> list[str]:
+def layout_names(scope: str, release: releases.Release = releases.REFERENCE) -> list[str]:
     """The layouts a scope runs by default (the model layouts are chosen by
-    name): a later release's manager layouts where the release judged has
-    them."""
+    name): a later release's manager layouts where ``release`` (the release
+    judged) has them."""
     if scope == "manager":
-        return [*MANAGER_LAYOUTS, *(name for name in LATER_LAYOUTS if _spec_refusal(name) is None)]
+        return [*MANAGER_LAYOUTS, *(name for name in LATER_LAYOUTS if _spec_refusal(name, release) is None)]
     return list({"pool": LAYOUTS, "scheduler": SCHEDULER_LAYOUTS, "cache": CACHE_LAYOUTS}[scope])
 
 
@@ -487,13 +507,16 @@ def manager_layout(name: str) -> Layout:
 
 def machine_for(
     scope: str, layout: str, target: str | Callable[..., Any], level: str, avoid: frozenset[str] = frozenset(),
-    against: str | None = None,
+    against: str | None = None, release: releases.Release | str | None = None,
 ) -> type[CheckingMachine]:
     """The machine class checking ``target`` (a name for
     :func:`resolve_target`, or a factory) over one layout at ``level``, not
     sending the inputs named in ``avoid`` -- and, with ``against`` (an
     upstream vLLM, :func:`upstream`), in lockstep with that upstream instead
-    of the spec, at pool and manager scope."""
+    of the spec, at pool and manager scope.  ``release``: the vLLM release
+    whose rules judge (default the reference release, 0.25.1): the machine,
+    the spec it runs in lockstep with and the built-in spec and impl
+    targets are built for it; ``None``: :func:`default_release`."""
     if scope not in SCOPES:
         raise SetupError(f"unknown scope {scope!r}: use one of {SCOPES}")
     if level not in LEVELS:
@@ -505,11 +528,16 @@ def machine_for(
     if scope == "scheduler":
         if not isinstance(target, str):
             raise SetupError("the scheduler scope takes a target by name: vllm or impl")
-        machine = scheduler_machine(SCHEDULER_LAYOUTS[layout], target=check_scheduler_target(target),
+        target = check_scheduler_target(target)
+        release = releases.as_release(release) if release is not None else default_release(target, scope)
+        machine = scheduler_machine(SCHEDULER_LAYOUTS[layout].for_release(release), target=target,
                                     engine=engine_of(layout), ignore_rules=ignore, avoid=avoid)
         machine.layout_name = layout
         return machine
     factory = resolve_target(target, scope) if isinstance(target, str) else target
+    release = releases.as_release(release) if release is not None else default_release(target, scope)
+    if isinstance(target, str) and target in RELEASED_TARGETS:
+        factory = functools.partial(factory, release=release)
     if scope == "cache":
         if against:
             raise SetupError("--against runs in lockstep at pool and manager scope; the cache scope has none")
@@ -519,11 +547,12 @@ def machine_for(
     partner, name = (RemoteFactory(upstream(against), scope), "upstream") if against else (None, "spec")
     if scope == "pool":
         machine = pool_machine(factory, LAYOUTS[layout], lockstep=lockstep or partner is not None,
-                               ignore_rules=ignore, avoid=avoid, spec_factory=partner, partner=name)
+                               ignore_rules=ignore, avoid=avoid, spec_factory=partner, partner=name, release=release)
     else:
-        spec = partner or (SpecManagerTarget if lockstep else None)
+        spec = partner or (functools.partial(SpecManagerTarget, release=release) if lockstep else None)
         machine = manager_machine(
-            factory, manager_layout(layout), spec_factory=spec, ignore_rules=ignore, avoid=avoid, partner=name
+            factory, manager_layout(layout), spec_factory=spec, ignore_rules=ignore, avoid=avoid, partner=name,
+            release=release,
         )
     machine.layout_name = layout
     return machine
@@ -837,28 +866,28 @@ class ReplayOutcome:
 
 def replay(
     trace: Trace, target: str | Callable[..., Any], level: str, on_step: Callable[[int, Any], None] | None = None,
-    seconds: float | None = None,
+    seconds: float | None = None, release: releases.Release | str | None = None,
 ) -> ReplayOutcome:
-    """Replay ``trace``'s decisions against ``target`` at ``level``.
+    """Replay ``trace``'s decisions against ``target`` at ``level``, judged
+    by the release the trace was recorded under -- where it records none,
+    by ``release``, else the one a run of ``target`` judges by
+    (:func:`default_release`).
     ``on_step(i, step)`` sees each step as this target ran it.  With
     ``seconds``, a target that has not finished by then is stopped where it
     is (SIGALRM, as for a budgeted search) and the replay ends there: the
     target hangs in the call it never returned from."""
     deadline = None if seconds is None else time.perf_counter() + seconds
     machine = None
-    judged_before = releases.current().version
     with _hard_stop_at(deadline):
         try:
             make = machine_for(trace.scope, trace.layout, target, level, frozenset(trace.avoid),
-                               against=trace.against or None)
-            if trace.release:  # judged by the rules it was recorded under (after the target set its own)
-                releases.use(trace.release)
+                               against=trace.against or None,
+                               release=trace.release or release or None)
             machine = make()
             return _replay(machine, trace, on_step)
         except BudgetSpent:
             pass
-        finally:  # the caller judges by what it judged before (a test process replays many traces)
-            releases.use(judged_before)
+        finally:
             if machine is not None:
                 machine.release()  # a failing replay is not torn down: the drop-in must not outlive it
     hung = machine.hung_in if machine is not None else None

@@ -149,7 +149,7 @@ class Trace:
     steps: list[TraceStep] = field(default_factory=list)
     failure: dict[str, Any] | None = None
     avoid: list[str] = field(default_factory=list)  # inputs the machine did not send
-    release: str = ""  # the vLLM release whose rules judged (spec/releases.py); "": the base, or not recorded
+    release: str = ""  # the vLLM release whose rules judged (spec/releases/); "": the base, or not recorded
     against: str = ""  # the upstream run in lockstep with (--against); "": the spec's lockstep, if any
 
     # -- recording

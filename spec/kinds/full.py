@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.kv_cache_interface import AttentionKind
-from kvspec.spec import releases
 from kvspec.spec.kinds.group import (
     GroupManager,
     HitPositions,
@@ -29,7 +28,7 @@ class FullAttention(GroupManager):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        release = releases.current()
+        release = self.pool.release
         self.partial_tails = release.has("partial-tail-entries")
         self.tail_spares_last_token = release.has("partial-tail-resend-boundary")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.kv_cache_interface import AttentionKind, MambaSpec, cdiv
-from kvspec.spec import releases
 from kvspec.spec.kinds.group import (
     NULL,
     GroupManager,
@@ -41,7 +40,7 @@ class Mamba(GroupManager):
         super().__init__(spec, *args, **kwargs)
         self.mode = spec.mamba_cache_mode
         self.num_speculative_blocks = spec.num_speculative_blocks
-        self.hold_back = mamba_hold_back(spec.num_speculative_blocks)
+        self.hold_back = mamba_hold_back(spec.num_speculative_blocks, self.pool.release)
         self.cached_this_step: set[bytes] = set()
         # align mode only: who has allocated, and where the previous state sits
         self.allocated: set[str] = set()
@@ -170,7 +169,7 @@ class Mamba(GroupManager):
         leaves between states (the base stops at the first null, as every
         kind does)."""
         computed = max(0, total_computed_tokens - self.hold_back)
-        if self.mode == "align" and releases.current().has("mamba-retire-across-gaps"):
+        if self.mode == "align" and self.pool.release.has("mamba-retire-across-gaps"):
             plan = self._states_before(rid, max(0, self.skipped_tokens(computed)) // self.block_size)
         else:
             plan = super().removal_plan(rid, computed)
@@ -206,7 +205,7 @@ class Mamba(GroupManager):
             for b in self.table(rid)[before:after]:
                 if b != NULL and b in keys:
                     self.cached_this_step.add(keys[b])
-        release = releases.current()
+        release = self.pool.release
         if self.mode == "align" and release.has("mamba-boundary-remarked"):
             self._remark_prompt_boundary(request, num_tokens,
                                          unkeyed_only=release.has("mamba-boundary-remark-fixed"))

@@ -27,6 +27,7 @@ before it builds a manager, or never produces, and that vLLM 0.25.1's
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -104,7 +105,7 @@ def manager_variants(layout: Layout, retention: bool = True, context_parallel: b
             # (judged with the sizes the engine would derive for the ranks, so that only the ranks differ)
             decode = variant("context parallelism with more than one group", dcp_world_size=2)
             derived = dataclasses.replace(decode.layout, given_scheduler_block_size=None, given_hash_block_size=None)
-            found.append(decode if refusal(derived, SpecManagerTarget) else
+            found.append(decode if refusal(derived, functools.partial(SpecManagerTarget, release=layout.release)) else
                          variant("context parallelism with more than one group", pcp_world_size=2))
     if not retention:
         return tuple(found)
@@ -116,19 +117,20 @@ def manager_variants(layout: Layout, retention: bool = True, context_parallel: b
     return tuple(found)
 
 
-def constructor_variants(takes: Callable[[str], bool] = lambda keyword: True) -> tuple[Variant, ...]:
+def constructor_variants(takes: Callable[[str], bool] = lambda keyword: True,
+                         release: releases.Release = releases.REFERENCE) -> tuple[Variant, ...]:
     """The manager constructor's refusals that no size of a layout reaches
     (spec/README.md chapter 2), each on a small model of its own -- those
-    whose options the target's factory ``takes``."""
+    whose options the target's factory ``takes`` -- under ``release``."""
     def variant(name: str, layout: Layout, engine_checked: bool = False) -> Variant:
-        return Variant(name, False, layout, engine_checked)
+        return Variant(name, False, layout.for_release(release), engine_checked)
 
     found = (
         variant("one group whose block is not the hash block",
                 Layout((full(4),), given_scheduler_block_size=4, given_hash_block_size=2)),
         variant("a hybrid block not made of hash blocks",
                 Layout((full(2), swa(3, window=4)), given_scheduler_block_size=6, given_hash_block_size=2)),
-        *([] if releases.current().has("hybrid-one-spec-group") else [  # built from 0.29
+        *([] if release.has("hybrid-one-spec-group") else [  # built from 0.29
             variant("two groups of one spec", Layout((full(2), full(2))))]),
         variant("a negative watermark", Layout((full(2),), watermark=-0.5)),
         variant("cross attention with caching on", Layout((full(2), cross(2))), True),
@@ -152,7 +154,7 @@ def manager_machine_variants(layout: Layout, factory: Callable[..., Any]) -> tup
         return takes_keyword(factory, keyword)
 
     return (manager_variants(layout, takes("retention_interval"), takes("dcp_world_size"))
-            + constructor_variants(takes))
+            + constructor_variants(takes, layout.release))
 
 
 def pool_variants(layout: Any) -> tuple[Variant, ...]:

@@ -18,6 +18,7 @@ must hold after every operation.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -103,6 +104,7 @@ def manager_machine(
     ignore_rules: frozenset[str] = frozenset(),
     avoid: frozenset[str] = frozenset(),
     partner: str = "spec",
+    release: releases.Release | str | None = None,
 ) -> type[RuleBasedStateMachine]:
     """A state-machine class checking managers made by ``target_factory``
     (called with ``layout.target_args()``) against every rule of
@@ -112,7 +114,14 @@ def manager_machine(
     ``avoid`` names inputs the machine does not send (see
     :mod:`kvspec.conformance.findings`): ``"bad-input:negative"``,
     ``"bad-input:no_tokens"``, ``"mamba-align-external"``,
-    ``"context-parallel:save-past-computed"``."""
+    ``"context-parallel:save-past-computed"``.  ``release``: the vLLM
+    release whose rules judge (default: the layout's own,
+    :attr:`~kvspec.spec.layout.Layout.release`); the layout, the requests'
+    hashes, the rules and the spec's refusals follow it."""
+
+    if release is not None:
+        layout = layout.for_release(release)
+    release = layout.release
 
     sbs = layout.scheduler_block_size
     budget = layout.max_num_batched_tokens or layout.max_model_len  # tokens a step computes at most (a scheduler's)
@@ -124,7 +133,8 @@ def manager_machine(
     COLLECTS = takes_keyword(target_factory, "metrics_collector", named=True)  # noqa: N806
     # the oracle of what configuration is refused, at every level: the spec's (an upstream in lockstep
     # is no oracle of rules: its refusals are compared, not trusted)
-    spec_builder = (spec_factory if partner == "spec" else None) or SpecManagerTarget
+    spec_builder = (spec_factory if partner == "spec" else None) or functools.partial(SpecManagerTarget,
+                                                                                      release=release)
 
     partner_name = partner
 
@@ -142,7 +152,7 @@ def manager_machine(
             observed = {"metrics_collector": self.metrics} if COLLECTS else {}
             self.target = layout.make_target(target_factory, **observed)
             self.spec = layout.make_target(spec_factory) if spec_factory else None
-            self.hasher = get_request_block_hasher(layout.hash_block_size)
+            self.hasher = get_request_block_hasher(layout.hash_block_size, release=release)
             self.waiting: list[Request] = []
             self.running: list[Request] = []
             self.next_id = 0
@@ -152,7 +162,7 @@ def manager_machine(
             self.requests: dict[str, Request] = {}
             self.shadow = Shadow(layout)
             self.ctx = RequestContext(layout=layout, requests=self.requests, shadow=self.shadow,
-                                      release=releases.current())
+                                      release=release)
 
         # --- one operation: apply, compare, check -----------------------------------
 

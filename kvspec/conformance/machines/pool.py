@@ -26,6 +26,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from kvspec.hashing import block_hashes_for_size, get_request_block_hasher
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request
 from kvspec.spec.interface import NULL_BLOCK_ID, PoolTarget
 from kvspec.spec.pool import SpecBlockPool
+from kvspec.spec.releases import Release, as_release
 from kvspec.spec.rules import (
     EventMirror,
     Step,
@@ -130,6 +132,7 @@ def pool_machine(
     avoid: frozenset[str] = frozenset(),
     spec_factory: Callable[..., PoolTarget] | None = None,
     partner: str = "spec",
+    release: Release | str | None = None,
 ) -> type[RuleBasedStateMachine]:
     """A state-machine class checking pools made by ``target_factory``.
 
@@ -140,9 +143,12 @@ def pool_machine(
     :mod:`kvspec.conformance.targets.remote`).  ``avoid``
     names inputs the machine does not send (see
     :mod:`kvspec.conformance.findings`): ``"bad-input:KIND"`` for a kind
-    of :meth:`bad_input`.
+    of :meth:`bad_input`.  ``release``: the vLLM release whose rules judge
+    (default the reference release); the spec's pool, the requests' hashes
+    and the rules follow it.
     """
     layout = layout or PoolLayout()
+    release = as_release(release)
 
     ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
     BAD_CONFIGS = pool_variants(layout)  # noqa: N806 (a constant of the class)
@@ -157,11 +163,12 @@ def pool_machine(
         def __init__(self) -> None:
             super().__init__()
             self.target = layout.make_target(target_factory)
-            self.spec = layout.make_target(spec_factory or SpecBlockPool) if lockstep else None
+            self.spec = layout.make_target(spec_factory or functools.partial(SpecBlockPool, release=release)) \
+                if lockstep else None
             self.owners: list[Owner] = []
             self.shadow: dict[int, tuple[Any, ...]] = {}
             self.mirror = EventMirror()
-            self.hasher = get_request_block_hasher(layout.hash_block_size)
+            self.hasher = get_request_block_hasher(layout.hash_block_size, release=release)
             self.next_id = 0
             self.configured = False  # whether this run built its incoherent configuration (configure)
             # partial-block entries: called where the target has them (a fork may predate them)
@@ -191,11 +198,11 @@ def pool_machine(
             self.cover(op, result, error, after)
             events = self.target.take_events()
             spec_outcome = self.in_lockstep(op, args)
-            step = Step(op, args, before, after, result, error, layout.enable_caching)
+            step = Step(op, args, before, after, result, error, layout.enable_caching, release)
             problems = step_violations(step, events, self.ledger, self.mirror if layout.events else None)
             if events:  # the owners' requests are gathered only when there is an event to hold to them
                 problems += [Violation("hash-map-consistency", p) for p in stored_events_describe_requests(
-                    events, self.requests_by_group(), layout.hash_block_size)]
+                    events, self.requests_by_group(), layout.hash_block_size, release)]
             self.judge(where, problems, (result, error, after, events), spec_outcome)
             if error is not None:
                 raise Refused(error)

@@ -11,6 +11,7 @@ chapters 1-9.  SGLang's and LMDeploy's adapters live in
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from kvspec.hashing import get_request_block_hasher
 from kvspec.request import LoRARequest, Request
 from kvspec.spec.engines import CacheLayout, CacheView, Key, content_key
 from kvspec.spec.interface import NULL_BLOCK_ID
+from kvspec.spec.releases import as_release
 from kvspec.testing import config, full, swa
 
 _ADAPTER_IDS: dict[Any, int] = {}
@@ -43,13 +45,13 @@ class ManagerCacheTarget:
     recorded as it is made); the null block is no usable block, and a
     window's released positions (the null block in the table) are ``None``."""
 
-    def __init__(self, layout: CacheLayout, manager_factory: Any):
+    def __init__(self, layout: CacheLayout, manager_factory: Any, release: Any = None):
         spec = swa(layout.block_size, window=layout.window) if layout.window else full(layout.block_size)
         self.block_size = layout.block_size
         self.num_blocks = layout.num_blocks + 1  # and the null block
         self.manager = manager_factory(config(spec, num_blocks=self.num_blocks), 4096, layout.block_size,
                                        layout.block_size, True, False, False)
-        self.hasher = get_request_block_hasher(layout.block_size)
+        self.hasher = get_request_block_hasher(layout.block_size, release=as_release(release))
         self.requests: dict[str, tuple[Any, Request]] = {}
         self.content: dict[bytes, Key] = {}  # block hash -> the content it was computed from
 
@@ -108,15 +110,17 @@ class ManagerCacheTarget:
             cached={b: self.content.get(h, (None, ())) for b, h in keyed.items()})
 
 
-def impl_cache_target(layout: CacheLayout) -> ManagerCacheTarget:
-    """kvspec's impl manager through the content view (``--target impl --scope cache``)."""
+def impl_cache_target(layout: CacheLayout, release: Any = None) -> ManagerCacheTarget:
+    """kvspec's impl manager through the content view (``--target impl --scope cache``),
+    built for ``release`` (default the reference release)."""
     from kvspec.conformance.targets.manager import ImplManagerTarget
 
-    return ManagerCacheTarget(layout, ImplManagerTarget)
+    return ManagerCacheTarget(layout, functools.partial(ImplManagerTarget, release=release), release)
 
 
-def spec_cache_target(layout: CacheLayout) -> ManagerCacheTarget:
-    """The spec's manager through the content view (``--target spec --scope cache``)."""
+def spec_cache_target(layout: CacheLayout, release: Any = None) -> ManagerCacheTarget:
+    """The spec's manager through the content view (``--target spec --scope cache``),
+    built for ``release`` (default the reference release)."""
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
-    return ManagerCacheTarget(layout, SpecManagerTarget)
+    return ManagerCacheTarget(layout, functools.partial(SpecManagerTarget, release=release), release)

@@ -233,12 +233,13 @@ class ImplManagerTarget(KVCacheManagerTarget):
         use_eagle: bool = False,
         enable_kv_cache_events: bool = False,
         metrics_collector: Any = None,
+        release: releases.Release | str | None = None,
         **options: Any,
     ):
         from kvspec.impl import KVCacheManager
 
         options.setdefault("log_stats", True)  # as vLLM's engine runs by default: the stats are observed
-        options.setdefault("deltas", impl_deltas(releases.current()))  # the release judged
+        options.setdefault("deltas", impl_deltas(releases.as_release(release)))  # the release judged
         super().__init__(
             KVCacheManager(
                 kv_cache_config,

@@ -178,14 +178,14 @@ class VllmApiPoolTarget:
 
 class ImplPoolTarget(VllmApiPoolTarget):
     """kvspec's production pool as a target, built with the deltas of the
-    release judged."""
+    release judged (``release``: default the reference release)."""
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, hash_block_size: int = 16,
-                 enable_kv_cache_events: bool = False):
+                 enable_kv_cache_events: bool = False, release: Any = None):
         from kvspec.dropin_releases import impl_deltas
         from kvspec.impl import BlockPool
         from kvspec.spec import releases
 
         super().__init__(BlockPool(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
-                                   deltas=impl_deltas(releases.current())))
+                                   deltas=impl_deltas(releases.as_release(release))))
 

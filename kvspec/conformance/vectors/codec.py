@@ -196,7 +196,8 @@ def request_progress(request: Request) -> dict[str, Any]:
     }
 
 
-def build_request(rid: str, identity: dict[str, Any], hash_block_size: int) -> Request:
+def build_request(rid: str, identity: dict[str, Any], hash_block_size: int,
+                  release: releases.Release = releases.REFERENCE) -> Request:
     embeds = identity.get("prompt_embeds")
     return Request(
         rid,
@@ -206,7 +207,7 @@ def build_request(rid: str, identity: dict[str, Any], hash_block_size: int) -> R
         mm_features=from_json(identity.get("mm_features") or []),
         prompt_embeds=None if embeds is None else from_json(embeds),
         skip_reading_prefix_cache=identity.get("skip_reading_prefix_cache", False),
-        block_hasher=get_request_block_hasher(hash_block_size),
+        block_hasher=get_request_block_hasher(hash_block_size, release=release),
     )
 
 
@@ -233,11 +234,12 @@ def bring_up_to_date(request: Request, progress: dict[str, Any]) -> str | None:
 # --- layouts ----------------------------------------------------------------------------------
 
 
-def config_of(scope: str, layout: Any, events: bool = True) -> dict[str, Any]:
+def config_of(scope: str, layout: Any, events: bool = True,
+              release: releases.Release = releases.REFERENCE) -> dict[str, Any]:
     """A layout as a vector's ``config``: the pool's constructor arguments,
     or a manager layout's groups (each spec by type and fields); ``release``
-    when the release judged is not the base (spec/releases.py)."""
-    release = {} if releases.current().is_base else {"release": releases.current().known}
+    when the release judged is not the base (spec/releases/)."""
+    release = {} if release.is_base else {"release": release.known}
     if scope == "pool":
         return {"hash_seed": HASH_SEED, **release, "num_blocks": layout.num_blocks,
                 "enable_caching": layout.enable_caching, "hash_block_size": layout.hash_block_size,
@@ -273,7 +275,8 @@ def target_of(scope: str, config: dict[str, Any], factory: Callable[..., Any]) -
                     retention_interval=config.get("retention_interval"),
                     dcp_world_size=config.get("dcp_world_size", 1), pcp_world_size=config.get("pcp_world_size", 1),
                     max_num_batched_tokens=config.get("max_num_batched_tokens"),
-                    watermark=config.get("watermark", 0.0))
+                    watermark=config.get("watermark", 0.0),
+                    release=releases.judged(config.get("release", releases.BASE)))
     return layout.make_target(factory, config["enable_kv_cache_events"])
 
 
@@ -542,10 +545,29 @@ def _replay_refusal(scope: str, config: dict[str, Any], rule: str, kind: str | N
     return [f"construction: built a {type(got).__name__}; the configuration breaks {rule} and must be refused"]
 
 
+def vector_release(doc: dict[str, Any]) -> releases.Release:
+    """The release whose rules a vector was written under (its config's
+    ``release``; none: the base)."""
+    return releases.judged(doc["config"].get("release", releases.BASE))
+
+
+def for_release(factory: Callable[..., Any], release: releases.Release) -> Callable[..., Any]:
+    """``factory`` building for ``release``: a factory bound to a release
+    (``functools.partial(..., release=...)``, as :func:`targets_for` gives
+    the spec and impl) is bound to this one; any other is as it is (vLLM is
+    the release it is)."""
+    if isinstance(factory, functools.partial) and "release" in factory.keywords:
+        return functools.partial(factory.func, *factory.args, **{**factory.keywords, "release": release})
+    return factory
+
+
 def replay_vector(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]:
-    """Replay one vector against a target built by ``factory``; every
-    observation that differs, as one line each (empty: it conforms)."""
+    """Replay one vector against a target built by ``factory`` (built for
+    the vector's release where it is bound to one: :func:`for_release`);
+    every observation that differs, as one line each (empty: it conforms)."""
     scope, config = doc["scope"], doc["config"]
+    release = vector_release(doc)
+    factory = for_release(factory, release)
     if "refused" in doc:
         return _replay_refusal(scope, config, doc["refused"], doc.get("refused_with"), factory)
     target = target_of(scope, config, factory)
@@ -558,7 +580,7 @@ def replay_vector(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]
         where = f"step {i} {step['op']}"
         for rid, progress in step.get("progress", {}).items():
             if rid not in requests:
-                requests[rid] = build_request(rid, doc["requests"][rid], config["hash_block_size"])
+                requests[rid] = build_request(rid, doc["requests"][rid], config["hash_block_size"], release)
             if (problem := bring_up_to_date(requests[rid], progress)) is not None:
                 return [*problems, f"{where}: {problem}"]
         method = getattr(target, step["op"], None)
@@ -649,7 +671,12 @@ def targets_for(target: str, scopes: list[str]) -> dict[str, Callable[..., Any]]
     if target == "vllm" and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
         raise SetupError(f"vectors are hashed as under PYTHONHASHSEED={HASH_SEED}, and vLLM roots its hashes "
                          f"at start-up: run with PYTHONHASHSEED={HASH_SEED}")
-    return {scope: check_target(target, scope) for scope in scopes}
+    from kvspec.conformance.runner import RELEASED_TARGETS
+
+    factories = {scope: check_target(target, scope) for scope in scopes}
+    if target in RELEASED_TARGETS:  # built for each vector's release (for_release)
+        factories = {scope: functools.partial(f, release=releases.REFERENCE) for scope, f in factories.items()}
+    return factories
 
 
 def check(root: Path, factories: dict[str, Callable[..., Any]], known_findings: frozenset[str] = frozenset(),
@@ -673,8 +700,7 @@ def check(root: Path, factories: dict[str, Callable[..., Any]], known_findings: 
             report.skipped[path] = f"no {doc['scope']} target"
             continue
         try:
-            with rooted_at(doc["config"].get("hash_seed", HASH_SEED)), \
-                    releases.judging(doc["config"].get("release", releases.BASE)):
+            with rooted_at(doc["config"].get("hash_seed", HASH_SEED)):
                 problems = replay_vector(doc, factory)
         except (VectorError, KeyError, IndexError, ValueError) as error:  # ValueError: a release no version
             report.unreadable[path] = f"{path}: malformed vector ({type(error).__name__}: {error})"

@@ -25,6 +25,7 @@ branch coverage over the whole generation goes to ``coverage.json``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,9 +86,9 @@ def _refused(fn: Callable[..., Any], *args: Any) -> None:
     raise AssertionError(f"the spec accepted {fn.__name__}{args}: the case expects a refusal")
 
 
-def _refused_until(delta: str, fn: Callable[..., Any], *args: Any) -> None:
-    """A call refused in the releases before ``delta`` and accepted from it on."""
-    if releases.current().has(delta):
+def _refused_until(release: releases.Release, delta: str, fn: Callable[..., Any], *args: Any) -> None:
+    """A call refused in the releases before ``delta`` and accepted from it on (``release``: the case's)."""
+    if release.has(delta):
         fn(*args)
     else:
         _refused(fn, *args)
@@ -220,8 +221,8 @@ def _bad_input(p, req):
     (block,) = p.get_new_blocks(1)
     # a block of 2 has no boundary inside, and 4 tokens end the block of 4: not partial -- refused until
     # 0.32, whose pool keys an entry at a block boundary too (release delta partial-entries-at-boundaries)
-    _refused_until("partial-entries-at-boundaries", p.cache_partial_block, r, block, 2, 0, 2)
-    _refused_until("partial-entries-at-boundaries", p.cache_partial_block, r, block, 4, 0, 4)
+    _refused_until(p.release, "partial-entries-at-boundaries", p.cache_partial_block, r, block, 2, 0, 2)
+    _refused_until(p.release, "partial-entries-at-boundaries", p.cache_partial_block, r, block, 4, 0, 4)
     _refused(p.cache_partial_block, r, block, 3, 0, 4)  # not a whole hash block
     _refused(p.cache_partial_block, req("c", [1]), block, 2, 0, 4)  # the request has no hash yet
     p.free_blocks([block])
@@ -365,13 +366,13 @@ POOL_CASES: tuple[PoolCase, ...] = (
 )
 
 
-def pool_case_vector(case: PoolCase) -> Vector:
+def pool_case_vector(case: PoolCase, release: releases.Release = releases.REFERENCE) -> Vector:
     layout = case.layout
-    vector = Vector(f"pool/cases/{case.name}", "pool", config_of("pool", layout), case.description,
+    vector = Vector(f"pool/cases/{case.name}", "pool", config_of("pool", layout, release=release), case.description,
                     list(case.findings))
-    pool = Recorder(SpecBlockPool(layout.num_blocks, layout.enable_caching, layout.hash_block_size, layout.events),
-                    vector)
-    hasher = get_request_block_hasher(layout.hash_block_size)
+    pool = Recorder(SpecBlockPool(layout.num_blocks, layout.enable_caching, layout.hash_block_size, layout.events,
+                                  release), vector)
+    hasher = get_request_block_hasher(layout.hash_block_size, release=release)
     case.run(pool, lambda rid, tokens, **kw: Request(rid, tokens, block_hasher=hasher, **kw))
     return vector
 
@@ -637,7 +638,7 @@ def _common_prefix(m, req):
     holds the answer to at most what the tables show (its contract is soundness); gone from 0.34 (delta
     common-prefix-blocks-removed), where the case only allocates and frees."""
     def ask(r):
-        if not releases.current().has("common-prefix-blocks-removed"):
+        if not m.release.has("common-prefix-blocks-removed"):
             m.get_num_common_prefix_blocks(r.request_id)
 
     a = req("a", [0, 1] * 6)
@@ -803,15 +804,15 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
 )
 
 
-def manager_case_vector(case: ManagerCase) -> Vector:
+def manager_case_vector(case: ManagerCase, release: releases.Release = releases.REFERENCE) -> Vector:
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
     layout = MANAGER_LAYOUTS[case.layout] if isinstance(case.layout, str) else case.layout
-    layout = dataclasses.replace(layout, watermark=case.watermark)
-    vector = Vector(f"manager/cases/{case.name}", "manager", config_of("manager", layout), case.description,
-                    list(case.findings))
-    manager = Recorder(layout.make_target(SpecManagerTarget), vector)
-    hasher = get_request_block_hasher(layout.hash_block_size)
+    layout = dataclasses.replace(layout, watermark=case.watermark).for_release(release)
+    vector = Vector(f"manager/cases/{case.name}", "manager", config_of("manager", layout, release=release),
+                    case.description, list(case.findings))
+    manager = Recorder(layout.make_target(functools.partial(SpecManagerTarget, release=release)), vector)
+    hasher = get_request_block_hasher(layout.hash_block_size, release=release)
     seen: dict[str, Request] = {}
 
     def req(rid: str, tokens: list[int], **kw: Any) -> Request:
@@ -845,8 +846,9 @@ own vectors -- so that a target with known findings still learns from
 every walk.  Walks over a finding's layout are tagged with the finding."""
 
 
-def walk_vectors(scope: str, name: str, examples: int, steps: int) -> list[Vector]:
-    """The machine's derandomized walks over layout ``name``, the spec as target."""
+def walk_vectors(scope: str, name: str, examples: int, steps: int,
+                 release: releases.Release = releases.REFERENCE) -> list[Vector]:
+    """The machine's derandomized walks over layout ``name``, the spec of ``release`` as target."""
     from kvspec.conformance.machines.manager import manager_machine
     from kvspec.conformance.machines.pool import pool_machine
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
@@ -855,12 +857,14 @@ def walk_vectors(scope: str, name: str, examples: int, steps: int) -> list[Vecto
     if scope == "pool":
         layout = LAYOUTS[name]
         description = f"a walk of the pool machine over the {name} pool"
-        factory = _recording(scope, name, config_of(scope, layout), SpecBlockPool, vectors, description)
-        machine = pool_machine(factory, layout, lockstep=False, avoid=WALKS_AVOID)
+        factory = _recording(scope, name, config_of(scope, layout, release=release),
+                             functools.partial(SpecBlockPool, release=release), vectors, description)
+        machine = pool_machine(factory, layout, lockstep=False, avoid=WALKS_AVOID, release=release)
     else:
-        layout = MANAGER_LAYOUTS[name]
+        layout = MANAGER_LAYOUTS[name].for_release(release)
         description = f"a walk of the manager machine (a scheduler in miniature) over the {name} layout"
-        factory = _recording(scope, name, config_of(scope, layout), SpecManagerTarget, vectors, description)
+        factory = _recording(scope, name, config_of(scope, layout, release=release),
+                             functools.partial(SpecManagerTarget, release=release), vectors, description)
         machine = manager_machine(factory, layout, avoid=WALKS_AVOID)
     run_machine(machine, settings(
         derandomize=True, database=None, max_examples=examples, stateful_step_count=steps, deadline=None,
@@ -876,7 +880,7 @@ CONFIG_LAYOUTS = {"pool": ("two-groups",), "manager": ("full", "caching-off", "f
 """The layouts whose incoherent variants are written as configuration vectors."""
 
 
-def config_vectors() -> list[Vector]:
+def config_vectors(release: releases.Release = releases.REFERENCE) -> list[Vector]:
     """Every incoherent variant of a few layouts, and the manager
     constructor's other refusals
     (:mod:`kvspec.conformance.machines.configurations`): the configuration,
@@ -884,16 +888,16 @@ def config_vectors() -> list[Vector]:
     from kvspec.conformance.machines.configurations import constructor_variants
 
     cases = [(scope, name, variant) for scope, names in CONFIG_LAYOUTS.items() for name in names
-             for variant in _variants(scope, name)]
-    cases += [("manager", "constructor", variant) for variant in constructor_variants()]
+             for variant in _variants(scope, name, release)]
+    cases += [("manager", "constructor", variant) for variant in constructor_variants(release=release)]
     out = []
     for scope, name, variant in cases:
         slug = "-".join("".join(c if c.isalnum() else " " for c in variant.name.lower()).split())
-        out.append(_config_vector(f"{scope}/configs/{name}/{slug}", scope, variant))
+        out.append(_config_vector(f"{scope}/configs/{name}/{slug}", scope, variant, release))
     return out
 
 
-def _variants(scope: str, layout: str, machine: bool = False) -> tuple[Any, ...]:
+def _variants(scope: str, layout: str, release: releases.Release, machine: bool = False) -> tuple[Any, ...]:
     """The incoherent variants of ``layout`` -- with ``machine``, every
     configuration the manager machine builds there (its trace may name any)."""
     from kvspec.conformance.machines.configurations import manager_machine_variants, manager_variants, pool_variants
@@ -903,49 +907,53 @@ def _variants(scope: str, layout: str, machine: bool = False) -> tuple[Any, ...]
     if scope == "pool":
         return pool_variants(LAYOUTS[layout])
     if machine:
-        return manager_machine_variants(manager_layout(layout), SpecManagerTarget)
-    return manager_variants(manager_layout(layout))
+        return manager_machine_variants(manager_layout(layout).for_release(release),
+                                        functools.partial(SpecManagerTarget, release=release))
+    return manager_variants(manager_layout(layout).for_release(release))
 
 
-def _config_vector(name: str, scope: str, variant: Any, description: str = "") -> Vector:
+def _config_vector(name: str, scope: str, variant: Any, release: releases.Release, description: str = "") -> Vector:
     from kvspec.conformance.machines.configurations import ENGINE_CHECKED, NON_POSITIVE_SIZE, spec_refusal
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
-    refusal = spec_refusal(variant, SpecBlockPool if scope == "pool" else SpecManagerTarget)
+    refusal = spec_refusal(variant, functools.partial(SpecBlockPool if scope == "pool" else SpecManagerTarget,
+                                                      release=release))
     findings = [f.id for f in FINDINGS if variant.non_positive_size and f.avoid == NON_POSITIVE_SIZE
                 or variant.engine_checked and f.avoid == ENGINE_CHECKED]
-    return Vector(name, scope, config_of(scope, variant.layout),
+    return Vector(name, scope, config_of(scope, variant.layout, release=release),
                   description or f"built with {variant.name}: refused ({refusal})", findings, refused=refusal.rule,
                   refused_with=refusal_kind(refusal))
 
 
-def finding_vectors() -> list[Vector]:
-    """Each known finding's trace replayed on the spec: what the spec does
-    where the implementation the finding is about went wrong."""
+def finding_vectors(release: releases.Release = releases.REFERENCE) -> list[Vector]:
+    """Each known finding's trace replayed on the spec of ``release``: what
+    the spec does where the implementation the finding is about went wrong."""
     from kvspec.conformance.runner import manager_layout, replay
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
     from kvspec.conformance.trace import Trace
 
     out = []
     for finding in FINDINGS:
-        if not finding.affects(releases.current().version):  # a corpus holds its own release's findings
+        if not finding.affects(release.version):  # a corpus holds its own release's findings
             continue
         trace = Trace.load(finding.trace_path)
         if [s.rule for s in trace.steps] == ["configure"]:  # a construction: its vector is a configuration's
             built = dict(trace.steps[0].draws)["configuration"]
-            variant = next(v for v in _variants(trace.scope, trace.layout, machine=True) if v.name == built)
-            out.append(_config_vector(f"{trace.scope}/findings/{finding.id}", trace.scope, variant,
+            variant = next(v for v in _variants(trace.scope, trace.layout, release, machine=True) if v.name == built)
+            out.append(_config_vector(f"{trace.scope}/findings/{finding.id}", trace.scope, variant, release,
                                       f"{finding.id} ({finding.target}): {finding.title}"))
             continue
-        layout = LAYOUTS[trace.layout] if trace.scope == "pool" else manager_layout(trace.layout)
-        vector = Vector(f"{trace.scope}/findings/{finding.id}", trace.scope, config_of(trace.scope, layout),
+        layout = LAYOUTS[trace.layout] if trace.scope == "pool" else manager_layout(trace.layout).for_release(release)
+        vector = Vector(f"{trace.scope}/findings/{finding.id}", trace.scope,
+                        config_of(trace.scope, layout, release=release),
                         f"{finding.id} ({finding.target}): {finding.title}", findings=[finding.id])
-        spec = SpecBlockPool if trace.scope == "pool" else SpecManagerTarget
+        judged = releases.judged(trace.release) if trace.release else release  # as replay judges it
+        spec = functools.partial(SpecBlockPool if trace.scope == "pool" else SpecManagerTarget, release=judged)
 
         def make(*args: Any, _vector: Vector = vector, _spec: Any = spec, **options: Any) -> Recorder:
             return Recorder(_spec(*args, **options), _vector)
 
-        replay(trace, make, "L1")
+        replay(trace, make, "L1", release=release)
         out.append(vector)
     return out
 
@@ -985,7 +993,7 @@ def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None 
     """Write the corpus under ``out`` (see the module docstring), replacing
     the vectors a previous corpus left there: a vector the spec no longer
     yields must not linger.  ``release``: the spec of that vLLM release
-    (spec/releases.py; default the base), recorded in every vector."""
+    (spec/releases/; default the base), recorded in every vector."""
     if size not in SIZES:
         raise ValueError(f"unknown corpus size {size!r}: use one of {sorted(SIZES)}")
     if out.exists() and not out.is_dir():
@@ -994,8 +1002,8 @@ def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None 
         old.unlink()
     cov = _start_coverage() if measure_coverage else None
     try:
-        with rooted_at(HASH_SEED), releases.judging(release or releases.BASE):
-            vectors = _all_vectors(size)
+        with rooted_at(HASH_SEED):
+            vectors = _all_vectors(size, releases.judged(release or releases.BASE))
     finally:
         coverage = _stop_coverage(cov) if cov is not None else None
     corpus = Corpus(out, coverage=coverage)
@@ -1018,23 +1026,24 @@ def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None 
     return corpus
 
 
-def _exists(layout: Layout) -> bool:
+def _exists(layout: Layout, release: releases.Release) -> bool:
     """Whether the release has the layout: from 0.33 no Mamba group uses the ``all`` mode (a release's
     corpus holds no walk a target on it could not even build)."""
     modes = set(layout.mamba_cache_modes) if layout.enable_caching else set()
-    return releases.current().unsupported(modes) is None
+    return release.unsupported(modes) is None
 
 
-def _all_vectors(size: str) -> list[Vector]:
+def _all_vectors(size: str, release: releases.Release) -> list[Vector]:
     pool_examples, pool_steps, manager_examples, manager_steps = SIZES[size]
-    vectors = [pool_case_vector(case) for case in POOL_CASES] + [manager_case_vector(c) for c in MANAGER_CASES]
-    vectors += config_vectors()
+    vectors = [pool_case_vector(case, release) for case in POOL_CASES]
+    vectors += [manager_case_vector(c, release) for c in MANAGER_CASES]
+    vectors += config_vectors(release)
     for name in LAYOUTS if pool_examples else ():
-        vectors += walk_vectors("pool", name, pool_examples, pool_steps)
+        vectors += walk_vectors("pool", name, pool_examples, pool_steps, release)
     for name in MANAGER_LAYOUTS if manager_examples else ():
-        if _exists(MANAGER_LAYOUTS[name]):
-            vectors += walk_vectors("manager", name, manager_examples, manager_steps)
-    return vectors + finding_vectors()
+        if _exists(MANAGER_LAYOUTS[name], release):
+            vectors += walk_vectors("manager", name, manager_examples, manager_steps, release)
+    return vectors + finding_vectors(release)
 
 
 def _start_coverage() -> Any:

@@ -7,7 +7,7 @@ the stats, the third value of ``get_computed_blocks``, ...), and this
 module reads the spec's releases rather than keeping its own.  What is
 left here is how kvspec reaches into each release's code, named by the
 release that changed it, so that adding a release means reading this file
-and spec/releases.py, not searching the tree:
+and spec/releases/, not searching the tree:
 
 - 0.34: the pool's hash table stores block ids,
   not blocks, with the keys several blocks cache kept apart

@@ -125,11 +125,8 @@ def hello() -> dict[str, Any]:
 def build(scope: str, args: Any, kwargs: dict[str, Any]) -> Any:
     """vLLM's own pool or manager behind the adapters ``--target vllm`` uses."""
     from kvspec import hashing
-    from kvspec.conformance.vllm import installed
     from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget
-    from kvspec.spec import releases
 
-    releases.use(installed.version())
     hashing.init_none_hash()
     return (VllmPoolTarget if scope == "pool" else VllmManagerTarget)(*args, **kwargs)
 

@@ -24,14 +24,14 @@ def _manager_findings() -> dict[str, dict[str, Any]]:
     from kvspec.conformance.findings import FINDINGS
     from kvspec.conformance.runner import replay
     from kvspec.conformance.trace import Trace
-    from kvspec.spec import releases
+    from kvspec.conformance.vllm import installed
     from kvspec.spec.releases import version_key
 
     out = {}
     for finding in FINDINGS:
         if finding.target != "vllm":
             continue
-        if version_key(releases.current().version) < version_key(finding.releases[0]):
+        if version_key(installed.version()) < version_key(finding.releases[0]):
             out[finding.id] = {"status": "n/a", "detail": f"{finding.id} is a finding of {finding.releases[0]} on"}
             continue
         try:
