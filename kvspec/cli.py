@@ -37,12 +37,11 @@ from kvspec.conformance.gate import (
     Listener,
     run_gate,
 )
-from kvspec.conformance.machines.machinery import TargetImportError, unnamed_failure
+from kvspec.conformance.machines.machinery import unnamed_failure
 from kvspec.conformance.report import BUDGET_SPENT, FAIL_FAST, STEERED, TOO_FEW, LayoutResult
 from kvspec.conformance.runner import (
     BLOCK_SCOPES,
     LEVELS,
-    SetupError,
     layout_names,
     machine_for,
     model_layout_names,
@@ -55,6 +54,7 @@ from kvspec.conformance.vectors import content_view
 from kvspec.conformance.vectors.codec import CHAPTERS, check, targets_for
 from kvspec.conformance.vectors.corpus import SIZES, generate
 from kvspec.conformance.vllm.compat import REFERENCE_RELEASE
+from kvspec.errors import SetupError, TargetImportError
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 

@@ -7,6 +7,7 @@ operation would have broken (``error.rule``) and the offending value.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 
@@ -35,3 +36,40 @@ def require_int(rule: str, name: str, value: Any, minimum: int = 0, why: str = "
     if value < minimum:
         raise RuleError(rule, f"{name} must be >= {minimum}{why}, got {value}")
     return value
+
+
+class SetupError(Exception):
+    """The run cannot start: a target, layout or file that is not usable."""
+
+
+class TargetImportError(Exception):
+    """The target is installed but its code does not import (a syntax
+    error, a name a change removed): the target's failure -- a pull request
+    that breaks vLLM's import is red, exit 1 -- not the environment's, as a
+    target that is not installed is (:class:`SetupError`, exit 2)."""
+
+    def __init__(self, target: str, error: BaseException):
+        self.target, self.error, self.where = target, error, failing_line(error)
+        text = " ".join(str(error).split())
+        super().__init__(f"target {target} is installed but does not import: {type(error).__name__}: {text}"
+                         + (f" (at {self.where})" if self.where else ""))
+
+
+def failing_line(error: BaseException) -> str | None:
+    """``file:line`` where ``error`` was raised: a syntax error's own, else
+    the innermost frame of its traceback outside Python's import machinery."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}:{error.lineno}"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+class HarnessError(SetupError):
+    """kvspec's own harness failed (its code raised, not the target's): a
+    usage or environment error, never the target's failure."""
+
+
+class HarnessFault(KeyboardInterrupt):  # noqa: N818 (raised as an interrupt is: see BudgetSpent)
+    """Inside a run: the harness raised.  An interrupt, so that Hypothesis
+    neither shrinks it nor calls it the target's failure; the runner turns
+    it into a :class:`HarnessError`."""

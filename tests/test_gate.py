@@ -5,7 +5,7 @@ import pytest
 from test_cli import broken
 
 from kvspec.conformance.gate import FirstFailure, GateOptions, Listener, make_plan, run_gate
-from kvspec.conformance.runner import SetupError
+from kvspec.errors import SetupError
 
 
 class Recorder(Listener):

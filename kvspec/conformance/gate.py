@@ -24,7 +24,7 @@ it does what a pull-request gate needs:
 
 What happens along the way is told to a :class:`Listener` (the CLI's prints
 lines; the default stays quiet).  A bad option raises
-:class:`~kvspec.conformance.runner.SetupError` before anything runs.
+:class:`~kvspec.errors.SetupError` before anything runs.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from kvspec.conformance.findings import (
     known_findings,
     matching_finding,
 )
-from kvspec.conformance.machines.machinery import ConformanceError, TargetImportError, unnamed_failure
+from kvspec.conformance.machines.machinery import ConformanceError, unnamed_failure
 from kvspec.conformance.report import (
     BUDGET_SPENT,
     FAIL_FAST,
@@ -72,7 +72,6 @@ from kvspec.conformance.runner import (
     SCOPES,
     Progress,
     Search,
-    SetupError,
     check_target,
     compared,
     findings_target,
@@ -90,6 +89,7 @@ from kvspec.conformance.runner import replay as replay_trace
 from kvspec.conformance.settings import PROFILES, DatabaseError, example_database, scope_settings
 from kvspec.conformance.trace import Trace, trace_file_name
 from kvspec.dropin_releases import impl_deltas
+from kvspec.errors import SetupError, TargetImportError
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 

@@ -36,10 +36,6 @@ from kvspec.conformance.machines.machinery import (
     BudgetSpent,
     CheckingMachine,
     ConformanceError,
-    HarnessError,
-    HarnessFault,
-    SetupError,
-    TargetImportError,
     in_final_replay,
     missing_dependency,
     stopped_on,
@@ -58,6 +54,7 @@ from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
 from kvspec.conformance.vllm import compat
 from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget, refusal_of
+from kvspec.errors import HarnessError, HarnessFault, SetupError, TargetImportError
 from kvspec.kv_cache_interface import AttentionKind, attention_kind
 from kvspec.spec import releases
 from kvspec.spec.catalogue import LEVELS
