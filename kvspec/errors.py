@@ -1,8 +1,17 @@
-"""Errors shared by the spec and the implementation.
+"""Errors shared by the spec and the implementation, and by the rooms of
+conformance.
 
-A refused operation raises one of these *before* changing anything, so the
-pool is exactly as it was.  Each names the rule of the catalogue that the
-operation would have broken (``error.rule``) and the offending value.
+A refused operation raises a :class:`RuleError` or :class:`RuleTypeError`
+*before* changing anything, so the pool is exactly as it was.  Each names
+the rule of the catalogue that the operation would have broken
+(``error.rule``) and the offending value.
+
+A conformance run that cannot start raises a :class:`SetupError` (exit 2);
+one whose target does not import, a :class:`TargetImportError` (exit 1);
+kvspec's own harness failing inside a run raises :class:`HarnessFault`,
+which the runner turns into a :class:`HarnessError`.  They live here, below
+every room of ``kvspec/conformance/``, because targets, machines, engines,
+the vLLM seam and the runner all raise them (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
