@@ -72,15 +72,15 @@ from kvspec.conformance.runner import (
     SCOPES,
     Progress,
     Search,
-    check_target,
+    Target,
     compared,
-    findings_target,
     is_layout,
     layout_names,
     layout_unsupported,
     machine_for,
     model_layout_names,
     quiet_loggers,
+    resolve,
     run_layout,
     scopes_for,
     upstream,
@@ -176,15 +176,14 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     ``options.report_dir`` too, its paths in ``report.written``)."""
     listener = listener or Listener()
     try:
-        plan = make_plan(options)
+        target, plan = plan_run(options)
     except TargetImportError as error:
         return _import_failure(options, error, listener)
     if options.budget and options.seed is None:  # a budgeted search is random: its seed is chosen here, and told
         options.seed = int.from_bytes(os.urandom(4), "big")
     quiet_loggers()
     scopes = list(dict.fromkeys(scope for scope, _ in plan))
-    options.findings_of = next((found for scope in scopes if (found := findings_target(options.target, scope))
-                                != options.target), options.target)
+    options.findings_of = target.findings_of(scopes)
     steered = known_findings(options.findings_of, scopes) if options.known_findings else ()
     if options.known_findings and options.against and options.findings_of != "vllm":
         # the upstream's own findings would read as the target's differences from it
@@ -208,7 +207,7 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     found = _FirstFailures(listener)
     with _measured(options) as measure, _terminated_as_interrupt():
         try:
-            _search(options, plan, steered, avoid, deadline, report, found)
+            _search(options, target, plan, steered, avoid, deadline, report, found)
         except (KeyboardInterrupt, Terminated) as stop:
             if isinstance(stop, KeyboardInterrupt) and type(stop) is not KeyboardInterrupt:
                 raise  # the budget's or the harness's own stop (machinery.BudgetSpent, HarnessFault), no interrupt
@@ -361,15 +360,15 @@ def _measured(options: GateOptions) -> Iterator[dict[str, Any]]:
         out["report"] = spec_coverage.report(data_dir)
 
 
-def _search(options: GateOptions, plan: list[tuple[str, str]], steered: tuple[Finding, ...], avoid: frozenset[str],
-            deadline: float | None, report: RunReport, listener: Listener) -> None:
-    run = _Run(options, avoid, deadline, report, listener)
+def _search(options: GateOptions, target: Target, plan: list[tuple[str, str]], steered: tuple[Finding, ...],
+            avoid: frozenset[str], deadline: float | None, report: RunReport, listener: Listener) -> None:
+    run = _Run(options, target, avoid, deadline, report, listener)
     todo = []
     for scope, name in plan:
         if f"layout:{name}" in avoid:
             why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
             run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=STEERED + why))
-        elif (why := layout_unsupported(options.target, scope, name)) is not None:
+        elif (why := layout_unsupported(options.target, scope, name, target.factory(scope))) is not None:
             run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=why))
         else:
             todo.append((scope, name))
@@ -387,6 +386,12 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
     """The (scope, layout) pairs to search, the options checked first: a
     bad option or an unusable target raises ``SetupError`` before any
     search."""
+    return plan_run(options)[1]
+
+
+def plan_run(options: GateOptions) -> tuple[Target, list[tuple[str, str]]]:
+    """The target, resolved once (:func:`~kvspec.conformance.runner.resolve`),
+    and the plan (:func:`make_plan`)."""
     if options.examples is not None and options.examples <= 0:
         raise SetupError(f"--examples must be positive, got {options.examples}")
     if options.workers < 1:
@@ -411,8 +416,7 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
     if options.against and not set(scopes) & set(BLOCK_SCOPES):
         raise SetupError("--against runs the target in lockstep with its upstream at pool and manager scope; the "
                          "scheduler scope has no lockstep: use --scope pool, manager or all")
-    for scope in scopes:
-        check_target(options.target, scope)  # an unusable target stops the run before it starts
+    target = resolve(options.target, scopes)  # an unusable target stops the run before it starts
     judge_by(options)  # before the layouts: a later release has layouts of its own
     plan = [(scope, name) for scope in scopes for name in _layouts(scope, options.layouts)]
     unknown = [name for name in options.layouts or [] if name != "models" and all(n != name for _, n in plan)]
@@ -429,7 +433,7 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
         plan = plan[shard - 1::shards]  # round robin: each shard gets pool and manager layouts alike
         if not plan:
             raise SetupError(f"--shard {options.shard}: only {shard - 1} layout(s) to share, shard {shard} has none")
-    return plan
+    return target, plan
 
 
 def _stamp(trace: Trace, options: GateOptions) -> None:
@@ -533,9 +537,10 @@ class _Run:
     """One gate run's shared state: the options, what the machines avoid,
     the deadline, the report it fills and the fail-fast switch."""
 
-    def __init__(self, options: GateOptions, avoid: frozenset[str], deadline: float | None,
+    def __init__(self, options: GateOptions, target: Target, avoid: frozenset[str], deadline: float | None,
                  report: RunReport | None, listener: Listener):
-        self.options, self.avoid, self.deadline, self.report, self.listener = options, avoid, deadline, report, listener
+        self.options, self.target, self.avoid, self.deadline = options, target, avoid, deadline
+        self.report, self.listener = report, listener
         self.stopped = False  # --fail-fast saw a failure
         self.collected: list[LayoutResult] = []  # in a worker: the results, for the parent to finish
         # Under a budget, what is left of this process's share for making failures small: one bug that
@@ -570,7 +575,7 @@ class _Run:
             return
         _stamp(r.trace, self.options)  # each replay runs with the run's upstream and rules
         start = time.perf_counter()
-        cut = minimise(r.trace, self.options.target, self.options.level, seconds=seconds)
+        cut = minimise(r.trace, self.target.factory(r.scope), self.options.level, seconds=seconds)
         self.shrunk(time.perf_counter() - start)
         if cut is not None and len(cut.trace.steps) < len(r.trace.steps):
             r.minimised_from, r.trace, r.details = len(r.trace.steps), cut.trace, cut.message.splitlines()
@@ -690,7 +695,8 @@ def _search_one(run: _Run, scope: str, name: str, profile: object, progress: Pro
     o = run.options
     search = Search(profile, examples=o.examples, seed=o.seed, batch=25 if scope == "pool" else 10,
                     database=o.database, on_first_failure=run.announce(scope, name))
-    r = run_layout(machine_for(scope, name, o.target, o.level, run.avoid, o.against), search, progress)
+    r = run_layout(machine_for(scope, name, run.target.factory(scope), o.level, run.avoid, o.against,
+                               checked=True), search, progress)
     r.seed = search.seed
     return r
 
@@ -707,7 +713,8 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
     SHRINK_SHARE) and then its layout is done; the others go on."""
     o, deadline = run.options, run.deadline
     profiles = _profiles(o.profile)
-    machines = {key: machine_for(*key, o.target, o.level, run.avoid, o.against) for key in todo}
+    machines = {(scope, name): machine_for(scope, name, run.target.factory(scope), o.level, run.avoid, o.against,
+                                           checked=True) for scope, name in todo}
     base = o.seed if o.seed is not None else int.from_bytes(os.urandom(4), "big")
     spent = dict.fromkeys(todo, 0.0)
     began: dict[tuple[str, str], float] = {}
@@ -777,10 +784,10 @@ def _search_in_parallel(run: _Run, todo: list[tuple[str, str]]) -> None:
     pool = ProcessPoolExecutor(max_workers=o.workers, mp_context=context, initializer=_Relay.install,
                                initargs=(relay,))
     if deadline is None:  # sized by examples: one task per layout
-        pending = {pool.submit(_worker, o, [key], run.avoid, None): [key] for key in todo}
+        pending = {pool.submit(_worker, o, run.target, [key], run.avoid, None): [key] for key in todo}
     else:  # under a budget: each worker takes its round-robin share of the layouts in rounds
         shares = [todo[i::o.workers] for i in range(min(o.workers, len(todo)))]
-        pending = {pool.submit(_worker, o, share, run.avoid, deadline): share for share in shares}
+        pending = {pool.submit(_worker, o, run.target, share, run.avoid, deadline): share for share in shares}
     try:
         while pending:
             done, _ = wait(pending, timeout=RELAY_INTERVAL, return_when=FIRST_COMPLETED)
@@ -862,7 +869,7 @@ class _Relay(Listener):
                 sys.stderr.flush()
 
 
-def _worker(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[str],
+def _worker(options: GateOptions, target: Target, todo: list[tuple[str, str]], avoid: frozenset[str],
             deadline: float | None) -> list[LayoutResult]:
     """Some layouts' search in a worker process (see _search_in_parallel):
     their results, for the parent to finish.  The only worker of a budgeted
@@ -875,16 +882,16 @@ def _worker(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[
         releases.use(options.release)
     measure = spec_coverage.start(options.coverage_dir) if options.coverage_dir else None
     try:
-        return _work(options, todo, avoid, deadline)
+        return _work(options, target, todo, avoid, deadline)
     finally:
         if measure is not None:
             spec_coverage.stop(measure)
 
 
-def _work(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[str],
+def _work(options: GateOptions, target: Target, todo: list[tuple[str, str]], avoid: frozenset[str],
           deadline: float | None) -> list[LayoutResult]:
     relay = _Relay.current or Listener()
-    run = _Run(options, avoid, deadline, None, relay)
+    run = _Run(options, target, avoid, deadline, None, relay)
     if deadline is None:
         (scope, name), = todo
         return [_search_one(run, scope, name, _profiles(options.profile)[scope])]
