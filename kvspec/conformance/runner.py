@@ -30,6 +30,7 @@ from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER
 
 from kvspec.conformance.machines.cache import CACHE_LAYOUTS, cache_machine
+from kvspec.conformance.machines.catalogue import CATALOGUE, LATER
 from kvspec.conformance.machines.configurations import refusal, takes_keyword
 from kvspec.conformance.machines.layouts import LATER_LAYOUTS, MANAGER_LAYOUTS
 from kvspec.conformance.machines.machinery import (
@@ -462,9 +463,7 @@ def layout_names(scope: str) -> list[str]:
     """The layouts a scope runs by default (the model layouts are chosen by
     name): a later release's manager layouts where the release judged has
     them."""
-    if scope == "manager":
-        return [*MANAGER_LAYOUTS, *(name for name in LATER_LAYOUTS if _spec_refusal(name) is None)]
-    return list({"pool": LAYOUTS, "scheduler": SCHEDULER_LAYOUTS, "cache": CACHE_LAYOUTS}[scope])
+    return [*CATALOGUE[scope], *(name for name in LATER.get(scope, ()) if _spec_refusal(name) is None)]
 
 
 def model_layout_names() -> list[str]:
