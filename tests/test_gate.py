@@ -364,3 +364,24 @@ def test_a_run_resolves_its_target_once_and_checks_each_layout_once(tmp_path, mo
     assert all(n == 1 for n in validated.values()), validated
     assert {(s, n) for s, n in validated} >= {(r.scope, r.layout) for r in report.results}  # the plan asks each
     # scope about each name asked for (at scope all, "full" is no pool layout): each once
+
+
+def test_the_options_are_an_input_never_written(tmp_path):
+    """Issue 53: run_gate writes nothing into the GateOptions it is given --
+    a budgeted run's seed, the release judged, whose findings apply, the
+    coverage directory are the run's own (the listener is told them)."""
+    import dataclasses
+
+    class Told(Listener):
+        def begin(self, options, steered, avoid):
+            self.options = options
+
+    options = GateOptions(target="impl", scope="pool", layouts=["tiny-pool"], budget=3, known_findings=True,
+                          report_dir=str(tmp_path))
+    given, told = dataclasses.replace(options), Told()
+    report = run_gate(options, told)
+    assert options == given and options.seed is None and options.release is None and options.findings_of is None
+    assert told.options.seed == report.seed is not None and told.options.findings_of == "impl"
+    assert told.options.release is not None and told.options is not options
+    make_plan(options)
+    assert options == given

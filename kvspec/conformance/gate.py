@@ -103,7 +103,10 @@ QUIET_WEIGHT = 0.25  # a layout whose last slice reached no new state gets this 
 
 @dataclass
 class GateOptions:
-    """One gate run; the fields are ``kvspec conform``'s options."""
+    """One gate run; the fields are ``kvspec conform``'s options.  An input:
+    :func:`run_gate` never writes it; the fields it settles (the seed of a
+    budgeted run, the release judged, whose findings apply) are filled in
+    the run's own copy, which the listener and the workers are given."""
 
     target: str = "impl"  # impl, spec, vllm or module:factory
     scope: str = "all"  # pool, manager, scheduler or all (the scheduler where the target has one: scopes_for)
@@ -122,15 +125,15 @@ class GateOptions:
     shard: str | None = None  # "I/N"
     release: str | None = None  # the vLLM release whose rules judge (None: the installed vLLM's, or the base)
     cross_release: bool = False  # judge an installed vLLM by the rules of another release (--release), on purpose
-    cross_release_of: str | None = None  # set by the gate: the installed release so judged
+    cross_release_of: str | None = None  # the installed release so judged (in run_gate's copy)
     against: str | None = None  # an upstream vLLM to run in lockstep with instead of the spec (vllm==X, a python)
     report_dir: str | None = None
     trace_dir: str | None = None
     progress: bool = False  # a progress bar on stderr
     coverage: bool = False  # measure what the run exercises of the spec (kvspec.conformance.spec_coverage)
-    coverage_dir: str | None = None  # where each process's measurement goes (set by run_gate)
-    findings_of: str | None = None  # whose known findings apply: set by run_gate (runner.findings_target)
-    inherited: tuple[Any, ...] = ()  # the findings of components the target runs on, steered: set by run_gate
+    coverage_dir: str | None = None  # where each process's measurement goes (in run_gate's copy)
+    findings_of: str | None = None  # whose known findings apply (in run_gate's copy: runner.Target.findings_of)
+    inherited: tuple[Any, ...] = ()  # the findings of components the target runs on, steered (in run_gate's copy)
     minimise: bool = True  # cut a failing layout's run by replay (kvspec mutate needs the verdict only)
     command: str = "kvspec conform"  # recorded in the report
     started: float = field(default_factory=time.perf_counter)  # the budget counts from here
@@ -173,23 +176,28 @@ class Listener:
 
 def run_gate(options: GateOptions, listener: Listener | None = None) -> RunReport:
     """Search every layout of the plan and return the report (written to
-    ``options.report_dir`` too, its paths in ``report.written``)."""
+    ``options.report_dir`` too, its paths in ``report.written``).  ``options``
+    is an input, never written: what the run settles (its seed, whose
+    findings apply, the release judged) goes into the run's own copy, made
+    once before the search, which the listener and the workers read."""
     listener = listener or Listener()
     try:
-        target, plan = plan_run(options)
+        options, target, plan = plan_run(options)
     except TargetImportError as error:
         return _import_failure(options, error, listener)
-    if options.budget and options.seed is None:  # a budgeted search is random: its seed is chosen here, and told
-        options.seed = int.from_bytes(os.urandom(4), "big")
+    seed = options.seed
+    if options.budget and seed is None:  # a budgeted search is random: its seed is chosen here, and told
+        seed = int.from_bytes(os.urandom(4), "big")
     quiet_loggers()
     scopes = list(dict.fromkeys(scope for scope, _ in plan))
-    options.findings_of = target.findings_of(scopes)
-    steered = known_findings(options.findings_of, scopes) if options.known_findings else ()
-    if options.known_findings and options.against and options.findings_of != "vllm":
+    findings_of = target.findings_of(scopes)
+    steered = known_findings(findings_of, scopes) if options.known_findings else ()
+    if options.known_findings and options.against and findings_of != "vllm":
         # the upstream's own findings would read as the target's differences from it
         steered += tuple(f for f in known_findings("vllm", [s for s in scopes if s in BLOCK_SCOPES])
                          if f not in steered)
-    inherited = options.inherited = () if options.strict else inherited_findings(options.target, scopes)
+    inherited = () if options.strict else inherited_findings(options.target, scopes)
+    options = dataclasses.replace(options, seed=seed, findings_of=findings_of, inherited=inherited)
     avoid = frozenset(f.avoid for f in (*steered, *inherited) if f.avoid) | frozenset(options.avoid)
     deadline = options.started + options.budget if options.budget else None
     report = RunReport(options.target, options.level, options.profile, seed=options.seed,
@@ -207,7 +215,8 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     found = _FirstFailures(listener)
     with _measured(options) as measure, _terminated_as_interrupt():
         try:
-            _search(options, target, plan, steered, avoid, deadline, report, found)
+            _search(dataclasses.replace(options, coverage_dir=measure.get("dir")), target, plan, steered, avoid,
+                    deadline, report, found)
         except (KeyboardInterrupt, Terminated) as stop:
             if isinstance(stop, KeyboardInterrupt) and type(stop) is not KeyboardInterrupt:
                 raise  # the budget's or the harness's own stop (machinery.BudgetSpent, HarnessFault), no interrupt
@@ -344,19 +353,18 @@ def _check_budget_covers_loading(options: GateOptions, deadline: float | None) -
 def _measured(options: GateOptions) -> Iterator[dict[str, Any]]:
     """With ``options.coverage``: every process of the run measures the
     spec into one directory (this one here, the workers in :func:`_worker`),
-    and the combined report is left in the dict yielded."""
+    named in the dict yielded (``dir``), where the combined report is left (``report``)."""
     out: dict[str, Any] = {}
     if not options.coverage:
         yield out
         return
     with tempfile.TemporaryDirectory(prefix="kvspec-coverage-") as data_dir:
-        options.coverage_dir = data_dir
+        out["dir"] = data_dir  # the workers' (GateOptions.coverage_dir of the run's copy)
         measure = spec_coverage.start(data_dir)
         try:
             yield out
         finally:
             spec_coverage.stop(measure)
-            options.coverage_dir = None
         out["report"] = spec_coverage.report(data_dir)
 
 
@@ -386,12 +394,15 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
     """The (scope, layout) pairs to search, the options checked first: a
     bad option or an unusable target raises ``SetupError`` before any
     search."""
-    return plan_run(options)[1]
+    return plan_run(options)[2]
 
 
-def plan_run(options: GateOptions) -> tuple[Target, list[tuple[str, str]]]:
-    """The target, resolved once (:func:`~kvspec.conformance.runner.resolve`),
-    and the plan (:func:`make_plan`)."""
+def plan_run(options: GateOptions) -> tuple[GateOptions, Target, list[tuple[str, str]]]:
+    """The run's own copy of ``options`` (the release judged recorded in
+    it: :func:`judge_by`), the target, resolved once
+    (:func:`~kvspec.conformance.runner.resolve`), and the plan
+    (:func:`make_plan`)."""
+    options = dataclasses.replace(options)
     if options.examples is not None and options.examples <= 0:
         raise SetupError(f"--examples must be positive, got {options.examples}")
     if options.workers < 1:
@@ -433,7 +444,7 @@ def plan_run(options: GateOptions) -> tuple[Target, list[tuple[str, str]]]:
         plan = plan[shard - 1::shards]  # round robin: each shard gets pool and manager layouts alike
         if not plan:
             raise SetupError(f"--shard {options.shard}: only {shard - 1} layout(s) to share, shard {shard} has none")
-    return target, plan
+    return options, target, plan
 
 
 def _stamp(trace: Trace, options: GateOptions) -> None:
