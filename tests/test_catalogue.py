@@ -44,3 +44,19 @@ def test_the_counts_are_the_tables():
     assert counts["manager"] + counts["manager (later releases)"] == \
         len(catalogue.CATALOGUE["manager"]) + len(catalogue.LATER["manager"])
     assert counts["models"] == len(catalogue.MODELS) > 0
+
+
+def test_the_command_line_lists_the_layouts_without_building_a_spec(monkeypatch):
+    """--layout's help reads the catalogue: no spec manager is built (to ask
+    a release whether it has a later layout) before an argument is read."""
+    import kvspec.conformance.machines.configurations as configurations
+    from kvspec.cli import build_parser
+
+    def built(*args, **kwargs):
+        raise AssertionError("a spec manager built to write the help")
+
+    monkeypatch.setattr(configurations, "refusal", built)
+    monkeypatch.setattr("kvspec.conformance.runner.refusal", built)
+    text = build_parser().format_help() + next(a for a in build_parser()._subparsers._actions
+                                               if a.choices).choices["conform"].format_help()
+    assert "full+swa" in text and "tiny-pool" in text and "page-4" in text
