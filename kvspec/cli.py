@@ -394,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run the target in lockstep with an upstream vLLM instead of the spec, at pool and "
                      "manager scope: vllm==X.Y.Z (that release, installed alone under ~/.cache/kvspec) or the "
                      "python of another environment with vLLM; every difference is the target's change "
-                     "(README: Gate your vLLM fork)")
+                     "(docs/vllm.md: Gate your vLLM fork)")
     run.add_argument("--report-dir", help="write report.json, report.md and junit.xml here")
     run.add_argument("--trace-dir",
                      help="save each failing layout's minimal run here (default: REPORT_DIR/traces with "

@@ -322,6 +322,39 @@ def test_fail_fast_keeps_a_failure_that_was_still_shrinking(tmp_path):
     assert next(iter(report.causes())) == "content-soundness after allocate_slots"  # the clearest leads
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_python_swallows_is_delivered_again(signal_name):
+    """A signal's exception raised inside a gc callback is printed as
+    "Exception ignored" and lost -- Hypothesis times the collector with one,
+    and a Ctrl-C during shrinking was lost there (issue 52): within the
+    gate, it comes again where it can be raised."""
+    import gc
+    import os
+    import signal
+    import time
+
+    from kvspec.conformance import gate
+
+    expected = gate.Terminated if signal_name == "SIGTERM" else KeyboardInterrupt
+    sent = []
+
+    def signal_inside_the_collector(phase, info):
+        if phase == "start" and not sent:
+            sent.append(phase)
+            os.kill(os.getpid(), getattr(signal, signal_name))  # its handler runs here, in the callback
+
+    with pytest.raises(expected), gate._interrupts_delivered():
+        gc.callbacks.append(signal_inside_the_collector)
+        try:
+            gc.collect()
+            assert sent
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the interrupt, delivered again, lands here
+                time.sleep(0.01)
+        finally:
+            gc.callbacks.remove(signal_inside_the_collector)
+
+
 def _counting(monkeypatch, name, *modules):
     """Count the calls of function ``name`` (by its arguments) wherever
     ``modules`` call it, calling it still."""

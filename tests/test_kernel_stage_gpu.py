@@ -6,7 +6,7 @@ hybrids).  flex_attention runs compiled; vLLM's kernels run compiled where
 vLLM is installed (its Triton attention, its Mamba ``selective_state_update``).
 
 Opt-in: ``KVSPEC_DEVICE=cuda python -m pytest -m gpu tests/test_kernel_stage_gpu.py``
-(see the README for the whole GPU command and its runtime).
+(see docs/kernels.md for the whole GPU command and its runtime).
 """
 
 import os

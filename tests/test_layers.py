@@ -1,23 +1,8 @@
 """The house by layer: which part of kvspec may import which.
 
-Read bottom-up, each layer uses only the layers below it:
-
-=============  =====================================================  =====
-layer          modules                                                rank
-=============  =====================================================  =====
-vocabulary     kvspec (its version), kvspec.errors, .hashing,          0
-               .request, .kv_cache_interface
-spec           kvspec.spec (the executable specification)              1
-impl           kvspec.impl (the production implementation)             1
-dropin         kvspec.dropin (impl in place of vLLM's classes),        2
-               .dropin_releases (their API, release by release)
-testing        kvspec.testing (spec constructors for tests, layouts)   2
-models         kvspec.models (model layouts, kernels, the worker)      3
-conformance    kvspec.conformance (machines, targets, the gate;        4
-               its rooms ranked among themselves: see below)
-proofs         kvspec.proofs (CrossHair obligations)                   5
-roof           kvspec.cli, .pytest_plugin                              6
-=============  =====================================================  =====
+Read bottom-up, each layer uses only the layers below it: ``LAYERS`` below is
+the table, defined here only; docs/layers.md and the README show it, and the
+last test checks their rows against it.
 
 spec and impl share a rank and never import each other: impl is checked
 against spec, so neither may lean on the other.  The drop-in is impl seen
@@ -36,13 +21,27 @@ only the rooms below it.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"kvspec": "kvspec", "kvspec.spec": "spec", "kvspec.impl": "impl", "kvspec.models": "models",
             "kvspec.proofs": "proofs"}
-VOCABULARY = {"kvspec", "kvspec.errors", "kvspec.hashing", "kvspec.request", "kvspec.kv_cache_interface"}
-ROOF = {"kvspec.cli", "kvspec.pytest_plugin"}
+# The layers, bottom-up: (layer, rank, modules).  A module is in the row that names it or a package
+# above it (``kvspec.spec`` holds every ``kvspec.spec.*``); ``kvspec`` names the package's root alone.
+LAYERS = (
+    ("vocabulary", 0, ("kvspec", "kvspec.errors", "kvspec.hashing", "kvspec.request", "kvspec.kv_cache_interface")),
+    ("spec", 1, ("kvspec.spec",)),
+    ("impl", 1, ("kvspec.impl",)),
+    ("dropin", 2, ("kvspec.dropin", "kvspec.dropin_releases")),
+    ("testing", 2, ("kvspec.testing",)),
+    ("models", 3, ("kvspec.models",)),
+    ("conformance", 4, ("kvspec.conformance",)),
+    ("proofs", 5, ("kvspec.proofs",)),
+    ("roof", 6, ("kvspec.cli", "kvspec.pytest_plugin")),
+)
 
 
 def modules() -> dict[str, Path]:
@@ -103,17 +102,10 @@ GRAPH = {name: imports(name) for name in MODULES}
 
 
 def layer(name: str) -> tuple[str, int]:
-    if name in VOCABULARY:
-        return "vocabulary", 0
-    if name in ROOF:
-        return "roof", 6
-    if name in ("kvspec.dropin", "kvspec.dropin_releases"):
-        return "dropin", 2
-    for prefix, rank in (("kvspec.spec", 1), ("kvspec.impl", 1), ("kvspec.testing", 2), ("kvspec.models", 3),
-                         ("kvspec.conformance", 4), ("kvspec.proofs", 5)):
-        if name == prefix or name.startswith(prefix + "."):
-            return prefix.split(".")[1], rank
-    raise AssertionError(f"{name} belongs to no layer: add it to tests/test_layers.py's table")
+    for layer_name, rank, names in LAYERS:
+        if any(name == n or (n != "kvspec" and name.startswith(n + ".")) for n in names):
+            return layer_name, rank
+    raise AssertionError(f"{name} belongs to no layer: add it to tests/test_layers.py's LAYERS")
 
 
 def test_every_module_belongs_to_a_layer():
@@ -175,7 +167,7 @@ def test_the_graph_sees_lazy_imports():
     assert "kvspec.conformance.machines.kernel" in GRAPH["kvspec.conformance.kernel_stage"]
 
 
-# --- conformance/ in rooms, and the README's table of them -------------------------------------------
+# --- conformance/ in rooms, and the documents' tables of the layers ----------------------------------
 
 CONFORMANCE = ROOT / "kvspec" / "conformance"
 ROOMS = sorted(p.parent.name for p in CONFORMANCE.glob("*/__init__.py"))
@@ -195,11 +187,29 @@ def test_every_room_says_in_a_paragraph_what_lives_there():
                 assert f"``{module.stem}``" in doc, f"{room}'s docstring does not say what {module.name} is"
 
 
-def test_the_readme_table_names_every_conformance_module_and_room():
-    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| conformance |"))
+def test_the_layer_table_names_every_conformance_module_and_room():
+    row = next(line for line in (ROOT / "docs" / "layers.md").read_text().splitlines()
+               if line.startswith("| conformance |"))
     missing = [p.name for p in CONFORMANCE.glob("*.py") if p.stem != "__init__" and f"`{p.name}`" not in row]
     missing += [f"{room}/" for room in ROOMS if f"`{room}/`" not in row]
-    assert not missing, f"README's conformance row does not name {missing}"
+    assert not missing, f"docs/layers.md's conformance row does not name {missing}"
+
+
+def table_rows(path: Path) -> list[tuple[str, int, tuple[str, ...]]]:
+    """A document's layer table: each row whose second cell is a rank, as
+    (layer, rank, the modules its third cell names)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) >= 3 and cells[1].isdigit():
+            rows.append((cells[0], int(cells[1]), tuple(re.findall(r"`(kvspec[\w.]*)`", cells[2]))))
+    return rows
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/layers.md"])
+def test_the_documents_layer_tables_are_layers(document):
+    """The README's table and docs/layers.md's are LAYERS, row for row."""
+    assert table_rows(ROOT / document) == list(LAYERS), f"{document}'s layer table differs from LAYERS"
 
 
 # --- inside conformance: its rooms form a ladder -----------------------------------------------------

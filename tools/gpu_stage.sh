@@ -7,7 +7,7 @@
 #
 #   --device cuda   (default) the GPU stage proper: needs torch with CUDA;
 #                   run it from the environment that runs vLLM on that GPU
-#                   (README, "The GPU stage": kvspec installs there without
+#                   (docs/kernels.md, "The GPU stage": kvspec installs there without
 #                   touching vLLM's torch)
 #   --device cpu --smoke
 #                   the dry run CI makes: the same steps at tiny shapes and a
