@@ -343,8 +343,8 @@ def bench_hashing(*, tokens: int, repeats: int, whole_request: bool = False) -> 
 def use_release(version: str) -> None:
     """Put vLLM ``version`` first on the path (installed alone under
     kvspec's cache if it is not yet), before anything imports vLLM."""
-    from kvspec.conformance.runner import SetupError
     from kvspec.conformance.vllm import upstream
+    from kvspec.errors import SetupError
 
     if "vllm" in sys.modules:
         raise RuntimeError("use_release must run before vLLM is imported")

@@ -37,13 +37,13 @@ from kvspec.conformance.gate import (
     Listener,
     run_gate,
 )
-from kvspec.conformance.machines.machinery import TargetImportError, unnamed_failure
+from kvspec.conformance.machines.catalogue import CATALOGUE
+from kvspec.conformance.machines.machinery import unnamed_failure
 from kvspec.conformance.report import BUDGET_SPENT, FAIL_FAST, STEERED, TOO_FEW, LayoutResult
 from kvspec.conformance.runner import (
     BLOCK_SCOPES,
     LEVELS,
-    SetupError,
-    layout_names,
+    SCOPES,
     machine_for,
     model_layout_names,
     quiet_loggers,
@@ -55,6 +55,7 @@ from kvspec.conformance.vectors import content_view
 from kvspec.conformance.vectors.codec import CHAPTERS, check, targets_for
 from kvspec.conformance.vectors.corpus import SIZES, generate
 from kvspec.conformance.vllm.compat import REFERENCE_RELEASE
+from kvspec.errors import SetupError, TargetImportError
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 
@@ -345,9 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--layout", action="append",
-        help=f"pool: {', '.join(layout_names('pool'))}; manager: {', '.join(layout_names('manager'))}; "
-        f"scheduler: {', '.join(layout_names('scheduler'))}; cache: {', '.join(layout_names('cache'))}; "
-        f"real models (manager): {', '.join(model_layout_names())}, or 'models' for all of them "
+        help="; ".join(f"{scope}: {', '.join(CATALOGUE[scope])}" for scope in SCOPES)  # no spec built to list them
+        + f"; real models (manager): {', '.join(model_layout_names())}, or 'models' for all of them "
         "(repeatable; default: every layout of the scopes run, not the models)",
     )
     run.add_argument("--profile", default="ci", choices=sorted(PROFILES), help="Hypothesis profile (default ci)")

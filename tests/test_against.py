@@ -16,13 +16,13 @@ import textwrap
 import pytest
 
 from kvspec.cli import main
-from kvspec.conformance.machines.machinery import HarnessFault, SetupError
 from kvspec.conformance.machines.pool import LAYOUTS, pool_machine
 from kvspec.conformance.runner import Search, manager_layout, run_layout
 from kvspec.conformance.settings import PROFILES
 from kvspec.conformance.targets.pool import ImplPoolTarget
 from kvspec.conformance.targets.remote import Child, Interpreter, RemoteFactory
 from kvspec.conformance.vllm import installed, upstream
+from kvspec.errors import HarnessFault, SetupError
 from kvspec.hashing import get_request_block_hasher
 from kvspec.request import Request
 
@@ -110,7 +110,7 @@ def test_a_child_that_dies_is_the_harness_failing_not_the_target(tmp_path):
     """The other side stops answering mid-run: the run stops as kvspec's own
     failure (a HarnessError: exit 2), with the child's last words -- never a
     "difference from upstream" charged to the target."""
-    from kvspec.conformance.machines.machinery import HarnessError
+    from kvspec.errors import HarnessError
 
     child = child_running(tmp_path, "dying", DYING)
     try:

@@ -5,7 +5,7 @@ import pytest
 from test_cli import broken
 
 from kvspec.conformance.gate import FirstFailure, GateOptions, Listener, make_plan, run_gate
-from kvspec.conformance.runner import SetupError
+from kvspec.errors import SetupError
 
 
 class Recorder(Listener):
@@ -211,14 +211,15 @@ def test_failures_shrink_within_a_share_of_the_budget():
     failures of a process shrink within a quarter of the budget together,
     then for a second each (the run as found is saved either way)."""
     from kvspec.conformance.gate import SHRINK_FLOOR, SHRINK_SECONDS, SHRINK_SHARE, _Run
+    from kvspec.conformance.runner import Target
 
-    run = _Run(GateOptions(budget=60), frozenset(), None, None, Listener())
+    run = _Run(GateOptions(budget=60), Target("impl"), frozenset(), None, None, Listener())
     assert run.shrink_seconds(SHRINK_SECONDS) == SHRINK_SECONDS
     run.shrunk(SHRINK_SHARE * 60 - 4)  # four seconds of the share left
     assert run.shrink_seconds(SHRINK_SECONDS) == 4
     run.shrunk(30)
     assert run.shrink_seconds(SHRINK_SECONDS) == SHRINK_FLOOR
-    unbudgeted = _Run(GateOptions(), frozenset(), None, None, Listener())
+    unbudgeted = _Run(GateOptions(), Target("impl"), frozenset(), None, None, Listener())
     unbudgeted.shrunk(1000)
     assert unbudgeted.shrink_seconds(SHRINK_SECONDS) == SHRINK_SECONDS
 
@@ -374,3 +375,68 @@ def test_an_interrupt_python_swallows_is_delivered_again(signal_name):
                 time.sleep(0.01)
         finally:
             gc.callbacks.remove(signal_inside_the_collector)
+
+
+def _counting(monkeypatch, name, *modules):
+    """Count the calls of function ``name`` (by its arguments) wherever
+    ``modules`` call it, calling it still."""
+    calls: dict = {}
+    real = getattr(modules[0], name)
+
+    def counted(*args, **kwargs):
+        calls[args] = calls.get(args, 0) + 1
+        return real(*args, **kwargs)
+
+    for module in modules:
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("target, scope, layouts, workers", [
+    ("impl", "all", ["tiny-pool", "full", "mla", "full+swa"], 1),
+    ("kvspec.conformance.targets.manager:ImplManagerTarget", "manager", ["full", "mla", "full+swa"], 1),
+    ("impl", "manager", ["full", "mla"], 2),  # the workers get the resolved target, not its name
+])
+def test_a_run_resolves_its_target_once_and_checks_each_layout_once(tmp_path, monkeypatch, target, scope, layouts,
+                                                                    workers):
+    """Issue 53: --target is resolved once a run into a value
+    (runner.Target), each scope's factory checked once, and a layout's name
+    validated once (the plan's) -- not again by each layout's machine, its
+    skip reasons and its replays."""
+    import kvspec.conformance.gate as gate
+    import kvspec.conformance.runner as runner
+
+    resolved = _counting(monkeypatch, "resolve_target", runner)
+    validated = _counting(monkeypatch, "is_layout", runner, gate)
+    options = GateOptions(target=target, scope=scope, layouts=layouts, examples=2, seed=1, workers=workers,
+                          report_dir=str(tmp_path))
+    report = run_gate(options)
+    assert report.conforms and len(report.results) == len(make_plan(options))
+    resolved.clear(), validated.clear()
+    report = run_gate(options)
+    assert all(n == 1 for n in resolved.values()), resolved
+    assert {s for _, s in resolved} == {r.scope for r in report.results}
+    assert all(n == 1 for n in validated.values()), validated
+    assert {(s, n) for s, n in validated} >= {(r.scope, r.layout) for r in report.results}  # the plan asks each
+    # scope about each name asked for (at scope all, "full" is no pool layout): each once
+
+
+def test_the_options_are_an_input_never_written(tmp_path):
+    """Issue 53: run_gate writes nothing into the GateOptions it is given --
+    a budgeted run's seed, the release judged, whose findings apply, the
+    coverage directory are the run's own (the listener is told them)."""
+    import dataclasses
+
+    class Told(Listener):
+        def begin(self, options, steered, avoid):
+            self.options = options
+
+    options = GateOptions(target="impl", scope="pool", layouts=["tiny-pool"], budget=3, known_findings=True,
+                          report_dir=str(tmp_path))
+    given, told = dataclasses.replace(options), Told()
+    report = run_gate(options, told)
+    assert options == given and options.seed is None and options.release is None and options.findings_of is None
+    assert told.options.seed == report.seed is not None and told.options.findings_of == "impl"
+    assert told.options.release is not None and told.options is not options
+    make_plan(options)
+    assert options == given

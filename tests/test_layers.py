@@ -12,6 +12,10 @@ under vLLM's own scheduler.  Every import counts, those
 inside functions too -- a lazy import is still a dependency, and a cycle
 through one is still a cycle; only ``if TYPE_CHECKING:`` imports, which
 never run, do not count.
+
+Conformance is one layer seen from outside and a ladder of rooms inside
+(its table is further down, at ``CONFORMANCE_RANKS``): each room imports
+only the rooms below it.
 """
 
 from __future__ import annotations
@@ -206,3 +210,107 @@ def table_rows(path: Path) -> list[tuple[str, int, tuple[str, ...]]]:
 def test_the_documents_layer_tables_are_layers(document):
     """The README's table and docs/layers.md's are LAYERS, row for row."""
     assert table_rows(ROOT / document) == list(LAYERS), f"{document}'s layer table differs from LAYERS"
+
+
+# --- inside conformance: its rooms form a ladder -----------------------------------------------------
+#
+# A room is a folder of kvspec/conformance/ or a module at its root.  Read bottom-up, each room imports
+# only rooms of a lower rank (and itself); rooms that share a rank never import each other, so there is
+# no cycle among rooms.  The errors every room raises live below them all, in kvspec.errors.
+#
+# The vLLM seam (vllm/) is one folder, so that it is the one place vLLM is imported
+# (tests/test_vllm_seam.py), but its modules sit at four heights: the seam's floor drives vLLM's own
+# classes and imports nothing of conformance; its adapters build on targets/; its scheduler findings
+# are traces for the scheduler machine; its version probe replays every finding, as the gate does.
+#
+# ====  ===============================================================================================
+# rank  rooms
+# ====  ===============================================================================================
+#  0    trace, settings, spec_coverage, vllm (floor: compat, installed, scheduler, connector)
+#  1    targets, engines
+#  2    vllm (adapters: targets, upstream)
+#  3    machines
+#  4    vllm (scheduler_findings)
+#  5    findings
+#  6    report
+#  7    runner
+#  8    show, kernel_stage, vectors, vllm (version_probe)
+#  9    gate
+# 10    mutation
+# ====  ===============================================================================================
+
+CONFORMANCE_RANKS = {
+    "trace": 0, "settings": 0, "spec_coverage": 0, "vllm": 0,
+    "targets": 1, "engines": 1,
+    "vllm.adapters": 2,
+    "machines": 3,
+    "vllm.findings": 4,
+    "findings": 5,
+    "report": 6,
+    "runner": 7,
+    "show": 8, "kernel_stage": 8, "vectors": 8, "vllm.probe": 8,
+    "gate": 9,
+    "mutation": 10,
+}
+VLLM_HEIGHTS = {"targets": "vllm.adapters", "upstream": "vllm.adapters", "scheduler_findings": "vllm.findings",
+                "version_probe": "vllm.probe"}
+
+
+def room(name: str) -> str | None:
+    """The conformance room of module ``name`` (vllm's modules by their height); None outside conformance."""
+    parts = name.split(".")
+    if parts[:2] != ["kvspec", "conformance"] or len(parts) < 3:
+        return None
+    if parts[2] == "vllm" and len(parts) > 3:
+        return VLLM_HEIGHTS.get(parts[3], "vllm")
+    return parts[2]
+
+
+def test_every_conformance_room_has_a_rank():
+    unranked = sorted({room(n) for n in MODULES if room(n) and room(n) not in CONFORMANCE_RANKS})
+    assert not unranked, f"conformance rooms with no rank: add them to tests/test_layers.py's ladder: {unranked}"
+    assert set(CONFORMANCE_RANKS) == {room(n) for n in MODULES if room(n)}, "a rank for a room that is gone"
+
+
+def test_each_conformance_room_imports_only_rooms_below_it():
+    wrong = []
+    for name, targets in GRAPH.items():
+        if (mine := room(name)) is None:
+            continue
+        for target in sorted(targets):
+            theirs = room(target)
+            if theirs is not None and theirs != mine and CONFORMANCE_RANKS[theirs] >= CONFORMANCE_RANKS[mine]:
+                wrong.append(f"{name} ({mine}, rank {CONFORMANCE_RANKS[mine]}) imports "
+                             f"{target} ({theirs}, rank {CONFORMANCE_RANKS[theirs]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_cycle_among_conformance_rooms():
+    """The ladder rules cycles out; this checks it outright, over the rooms' graph (vllm/ as one room too,
+    but for its heights)."""
+    edges: dict[str, set[str]] = {}
+    for name, targets in GRAPH.items():
+        if (mine := room(name)) is not None:
+            edges.setdefault(mine, set()).update(t for t in map(room, targets) if t is not None and t != mine)
+    order: list[str] = []
+    state: dict[str, int] = {}
+
+    def visit(v: str, path: list[str]) -> None:
+        if state.get(v) == 1:
+            raise AssertionError(f"a cycle among conformance's rooms: {' -> '.join(path[path.index(v):] + [v])}")
+        if state.get(v) == 2:
+            return
+        state[v] = 1
+        for w in sorted(edges.get(v, ())):
+            visit(w, path + [v])
+        state[v] = 2
+        order.append(v)
+
+    for v in sorted(edges):
+        visit(v, [])
+
+
+def test_the_ladder_sees_a_lazy_import():
+    """findings imports the scheduler's findings inside a function: still an edge of the ladder."""
+    assert "kvspec.conformance.vllm.scheduler_findings" in GRAPH["kvspec.conformance.findings"]
+    assert room("kvspec.conformance.vllm.scheduler_findings") == "vllm.findings"

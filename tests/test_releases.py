@@ -14,10 +14,11 @@ from kvspec import hashing
 from kvspec.conformance.gate import GateOptions, run_gate
 from kvspec.conformance.machines.layouts import LATER_LAYOUTS, MANAGER_LAYOUTS
 from kvspec.conformance.machines.manager import manager_machine
-from kvspec.conformance.runner import SetupError, layout_names
+from kvspec.conformance.runner import layout_names
 from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.dropin_releases import impl_deltas
+from kvspec.errors import SetupError
 from kvspec.request import Request
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES

@@ -296,8 +296,8 @@ def vllm_path(release: str, python: str) -> str | None:
     probe = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True)
     if probe.returncode == 0 and probe.stdout.strip().split("+")[0] == release:
         return None
-    from kvspec.conformance.runner import SetupError
     from kvspec.conformance.vllm import upstream
+    from kvspec.errors import SetupError
 
     try:
         return os.pathsep.join(upstream.release_path(upstream.install(release, python)))

@@ -24,7 +24,7 @@ it does what a pull-request gate needs:
 
 What happens along the way is told to a :class:`Listener` (the CLI's prints
 lines; the default stays quiet).  A bad option raises
-:class:`~kvspec.conformance.runner.SetupError` before anything runs.
+:class:`~kvspec.errors.SetupError` before anything runs.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from kvspec.conformance.findings import (
     known_findings,
     matching_finding,
 )
-from kvspec.conformance.machines.machinery import ConformanceError, TargetImportError, unnamed_failure
+from kvspec.conformance.machines.machinery import ConformanceError, unnamed_failure
 from kvspec.conformance.report import (
     BUDGET_SPENT,
     FAIL_FAST,
@@ -72,16 +72,15 @@ from kvspec.conformance.runner import (
     SCOPES,
     Progress,
     Search,
-    SetupError,
-    check_target,
+    Target,
     compared,
-    findings_target,
     is_layout,
     layout_names,
     layout_unsupported,
     machine_for,
     model_layout_names,
     quiet_loggers,
+    resolve,
     run_layout,
     scopes_for,
     upstream,
@@ -90,6 +89,7 @@ from kvspec.conformance.runner import replay as replay_trace
 from kvspec.conformance.settings import PROFILES, DatabaseError, example_database, scope_settings
 from kvspec.conformance.trace import Trace, trace_file_name
 from kvspec.dropin_releases import impl_deltas
+from kvspec.errors import SetupError, TargetImportError
 from kvspec.spec import releases
 from kvspec.spec.catalogue import RULES
 
@@ -103,7 +103,10 @@ QUIET_WEIGHT = 0.25  # a layout whose last slice reached no new state gets this 
 
 @dataclass
 class GateOptions:
-    """One gate run; the fields are ``kvspec conform``'s options."""
+    """One gate run; the fields are ``kvspec conform``'s options.  An input:
+    :func:`run_gate` never writes it; the fields it settles (the seed of a
+    budgeted run, the release judged, whose findings apply) are filled in
+    the run's own copy, which the listener and the workers are given."""
 
     target: str = "impl"  # impl, spec, vllm or module:factory
     scope: str = "all"  # pool, manager, scheduler or all (the scheduler where the target has one: scopes_for)
@@ -122,15 +125,15 @@ class GateOptions:
     shard: str | None = None  # "I/N"
     release: str | None = None  # the vLLM release whose rules judge (None: the installed vLLM's, or the base)
     cross_release: bool = False  # judge an installed vLLM by the rules of another release (--release), on purpose
-    cross_release_of: str | None = None  # set by the gate: the installed release so judged
+    cross_release_of: str | None = None  # the installed release so judged (in run_gate's copy)
     against: str | None = None  # an upstream vLLM to run in lockstep with instead of the spec (vllm==X, a python)
     report_dir: str | None = None
     trace_dir: str | None = None
     progress: bool = False  # a progress bar on stderr
     coverage: bool = False  # measure what the run exercises of the spec (kvspec.conformance.spec_coverage)
-    coverage_dir: str | None = None  # where each process's measurement goes (set by run_gate)
-    findings_of: str | None = None  # whose known findings apply: set by run_gate (runner.findings_target)
-    inherited: tuple[Any, ...] = ()  # the findings of components the target runs on, steered: set by run_gate
+    coverage_dir: str | None = None  # where each process's measurement goes (in run_gate's copy)
+    findings_of: str | None = None  # whose known findings apply (in run_gate's copy: runner.Target.findings_of)
+    inherited: tuple[Any, ...] = ()  # the findings of components the target runs on, steered (in run_gate's copy)
     minimise: bool = True  # cut a failing layout's run by replay (kvspec mutate needs the verdict only)
     command: str = "kvspec conform"  # recorded in the report
     started: float = field(default_factory=time.perf_counter)  # the budget counts from here
@@ -173,24 +176,28 @@ class Listener:
 
 def run_gate(options: GateOptions, listener: Listener | None = None) -> RunReport:
     """Search every layout of the plan and return the report (written to
-    ``options.report_dir`` too, its paths in ``report.written``)."""
+    ``options.report_dir`` too, its paths in ``report.written``).  ``options``
+    is an input, never written: what the run settles (its seed, whose
+    findings apply, the release judged) goes into the run's own copy, made
+    once before the search, which the listener and the workers read."""
     listener = listener or Listener()
     try:
-        plan = make_plan(options)
+        options, target, plan = plan_run(options)
     except TargetImportError as error:
         return _import_failure(options, error, listener)
-    if options.budget and options.seed is None:  # a budgeted search is random: its seed is chosen here, and told
-        options.seed = int.from_bytes(os.urandom(4), "big")
+    seed = options.seed
+    if options.budget and seed is None:  # a budgeted search is random: its seed is chosen here, and told
+        seed = int.from_bytes(os.urandom(4), "big")
     quiet_loggers()
     scopes = list(dict.fromkeys(scope for scope, _ in plan))
-    options.findings_of = next((found for scope in scopes if (found := findings_target(options.target, scope))
-                                != options.target), options.target)
-    steered = known_findings(options.findings_of, scopes, release_of(options)) if options.known_findings else ()
-    if options.known_findings and options.against and options.findings_of != "vllm":
+    findings_of = target.findings_of(scopes)
+    steered = known_findings(findings_of, scopes, release_of(options)) if options.known_findings else ()
+    if options.known_findings and options.against and findings_of != "vllm":
         # the upstream's own findings would read as the target's differences from it
         upstream = known_findings("vllm", [s for s in scopes if s in BLOCK_SCOPES], release_of(options))
         steered += tuple(f for f in upstream if f not in steered)
-    inherited = options.inherited = () if options.strict else inherited_findings(options.target, scopes)
+    inherited = () if options.strict else inherited_findings(options.target, scopes)
+    options = dataclasses.replace(options, seed=seed, findings_of=findings_of, inherited=inherited)
     avoid = frozenset(f.avoid for f in (*steered, *inherited) if f.avoid) | frozenset(options.avoid)
     deadline = options.started + options.budget if options.budget else None
     report = RunReport(options.target, options.level, options.profile, seed=options.seed,
@@ -208,7 +215,8 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
     found = _FirstFailures(listener)
     with _measured(options) as measure, _interrupts_delivered():
         try:
-            _search(options, plan, steered, avoid, deadline, report, found)
+            _search(dataclasses.replace(options, coverage_dir=measure.get("dir")), target, plan, steered, avoid,
+                    deadline, report, found)
         except (KeyboardInterrupt, Terminated) as stop:
             if isinstance(stop, KeyboardInterrupt) and type(stop) is not KeyboardInterrupt:
                 raise  # the budget's or the harness's own stop (machinery.BudgetSpent, HarnessFault), no interrupt
@@ -366,31 +374,31 @@ def _check_budget_covers_loading(options: GateOptions, deadline: float | None) -
 def _measured(options: GateOptions) -> Iterator[dict[str, Any]]:
     """With ``options.coverage``: every process of the run measures the
     spec into one directory (this one here, the workers in :func:`_worker`),
-    and the combined report is left in the dict yielded."""
+    named in the dict yielded (``dir``), where the combined report is left (``report``)."""
     out: dict[str, Any] = {}
     if not options.coverage:
         yield out
         return
     with tempfile.TemporaryDirectory(prefix="kvspec-coverage-") as data_dir:
-        options.coverage_dir = data_dir
+        out["dir"] = data_dir  # the workers' (GateOptions.coverage_dir of the run's copy)
         measure = spec_coverage.start(data_dir)
         try:
             yield out
         finally:
             spec_coverage.stop(measure)
-            options.coverage_dir = None
         out["report"] = spec_coverage.report(data_dir)
 
 
-def _search(options: GateOptions, plan: list[tuple[str, str]], steered: tuple[Finding, ...], avoid: frozenset[str],
-            deadline: float | None, report: RunReport, listener: Listener) -> None:
-    run = _Run(options, avoid, deadline, report, listener)
+def _search(options: GateOptions, target: Target, plan: list[tuple[str, str]], steered: tuple[Finding, ...],
+            avoid: frozenset[str], deadline: float | None, report: RunReport, listener: Listener) -> None:
+    run = _Run(options, target, avoid, deadline, report, listener)
     todo = []
     for scope, name in plan:
         if f"layout:{name}" in avoid:
             why = ", ".join(f.id for f in steered if f.avoid == f"layout:{name}") or "--avoid"
             run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=STEERED + why))
-        elif (why := layout_unsupported(options.target, scope, name, release_of(options))) is not None:
+        elif (why := layout_unsupported(options.target, scope, name, release_of(options),
+                                        target.factory(scope))) is not None:
             run.finish(LayoutResult(scope, name, 0, 0.0, True, skipped=why))
         else:
             todo.append((scope, name))
@@ -408,6 +416,15 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
     """The (scope, layout) pairs to search, the options checked first: a
     bad option or an unusable target raises ``SetupError`` before any
     search."""
+    return plan_run(options)[2]
+
+
+def plan_run(options: GateOptions) -> tuple[GateOptions, Target, list[tuple[str, str]]]:
+    """The run's own copy of ``options`` (the release judged recorded in
+    it: :func:`judge_by`), the target, resolved once
+    (:func:`~kvspec.conformance.runner.resolve`), and the plan
+    (:func:`make_plan`)."""
+    options = dataclasses.replace(options)
     if options.examples is not None and options.examples <= 0:
         raise SetupError(f"--examples must be positive, got {options.examples}")
     if options.workers < 1:
@@ -432,8 +449,7 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
     if options.against and not set(scopes) & set(BLOCK_SCOPES):
         raise SetupError("--against runs the target in lockstep with its upstream at pool and manager scope; the "
                          "scheduler scope has no lockstep: use --scope pool, manager or all")
-    for scope in scopes:
-        check_target(options.target, scope)  # an unusable target stops the run before it starts
+    target = resolve(options.target, scopes)  # an unusable target stops the run before it starts
     release = judge_by(options)  # before the layouts: a later release has layouts of its own
     plan = [(scope, name) for scope in scopes for name in _layouts(scope, options.layouts, release)]
     unknown = [name for name in options.layouts or [] if name != "models" and all(n != name for _, n in plan)]
@@ -450,7 +466,7 @@ def make_plan(options: GateOptions) -> list[tuple[str, str]]:
         plan = plan[shard - 1::shards]  # round robin: each shard gets pool and manager layouts alike
         if not plan:
             raise SetupError(f"--shard {options.shard}: only {shard - 1} layout(s) to share, shard {shard} has none")
-    return plan
+    return options, target, plan
 
 
 def _stamp(trace: Trace, options: GateOptions) -> None:
@@ -568,9 +584,10 @@ class _Run:
     """One gate run's shared state: the options, what the machines avoid,
     the deadline, the report it fills and the fail-fast switch."""
 
-    def __init__(self, options: GateOptions, avoid: frozenset[str], deadline: float | None,
+    def __init__(self, options: GateOptions, target: Target, avoid: frozenset[str], deadline: float | None,
                  report: RunReport | None, listener: Listener):
-        self.options, self.avoid, self.deadline, self.report, self.listener = options, avoid, deadline, report, listener
+        self.options, self.target, self.avoid, self.deadline = options, target, avoid, deadline
+        self.report, self.listener = report, listener
         self.stopped = False  # --fail-fast saw a failure
         self.collected: list[LayoutResult] = []  # in a worker: the results, for the parent to finish
         # Under a budget, what is left of this process's share for making failures small: one bug that
@@ -605,7 +622,7 @@ class _Run:
             return
         _stamp(r.trace, self.options)  # each replay runs with the run's upstream and rules
         start = time.perf_counter()
-        cut = minimise(r.trace, self.options.target, self.options.level, seconds=seconds)
+        cut = minimise(r.trace, self.target.factory(r.scope), self.options.level, seconds=seconds)
         self.shrunk(time.perf_counter() - start)
         if cut is not None and len(cut.trace.steps) < len(r.trace.steps):
             r.minimised_from, r.trace, r.details = len(r.trace.steps), cut.trace, cut.message.splitlines()
@@ -725,8 +742,8 @@ def _search_one(run: _Run, scope: str, name: str, profile: object, progress: Pro
     o = run.options
     search = Search(profile, examples=o.examples, seed=o.seed, batch=25 if scope == "pool" else 10,
                     database=o.database, on_first_failure=run.announce(scope, name))
-    r = run_layout(machine_for(scope, name, o.target, o.level, run.avoid, o.against, release_of(o)), search,
-                   progress)
+    r = run_layout(machine_for(scope, name, o.target, o.level, run.avoid, o.against, release_of(o), checked=True,
+                               factory=run.target.factory(scope)), search, progress)
     r.seed = search.seed
     return r
 
@@ -743,7 +760,8 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
     SHRINK_SHARE) and then its layout is done; the others go on."""
     o, deadline = run.options, run.deadline
     profiles = _profiles(o.profile)
-    machines = {key: machine_for(*key, o.target, o.level, run.avoid, o.against, release_of(o)) for key in todo}
+    machines = {(scope, name): machine_for(scope, name, o.target, o.level, run.avoid, o.against, release_of(o),
+                                           checked=True, factory=run.target.factory(scope)) for scope, name in todo}
     base = o.seed if o.seed is not None else int.from_bytes(os.urandom(4), "big")
     spent = dict.fromkeys(todo, 0.0)
     began: dict[tuple[str, str], float] = {}
@@ -813,10 +831,10 @@ def _search_in_parallel(run: _Run, todo: list[tuple[str, str]]) -> None:
     pool = ProcessPoolExecutor(max_workers=o.workers, mp_context=context, initializer=_Relay.install,
                                initargs=(relay,))
     if deadline is None:  # sized by examples: one task per layout
-        pending = {pool.submit(_worker, o, [key], run.avoid, None): [key] for key in todo}
+        pending = {pool.submit(_worker, o, run.target, [key], run.avoid, None): [key] for key in todo}
     else:  # under a budget: each worker takes its round-robin share of the layouts in rounds
         shares = [todo[i::o.workers] for i in range(min(o.workers, len(todo)))]
-        pending = {pool.submit(_worker, o, share, run.avoid, deadline): share for share in shares}
+        pending = {pool.submit(_worker, o, run.target, share, run.avoid, deadline): share for share in shares}
     try:
         while pending:
             done, _ = wait(pending, timeout=RELAY_INTERVAL, return_when=FIRST_COMPLETED)
@@ -898,7 +916,7 @@ class _Relay(Listener):
                 sys.stderr.flush()
 
 
-def _worker(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[str],
+def _worker(options: GateOptions, target: Target, todo: list[tuple[str, str]], avoid: frozenset[str],
             deadline: float | None) -> list[LayoutResult]:
     """Some layouts' search in a worker process (see _search_in_parallel):
     their results, for the parent to finish.  The only worker of a budgeted
@@ -909,16 +927,16 @@ def _worker(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[
     quiet_loggers()
     measure = spec_coverage.start(options.coverage_dir) if options.coverage_dir else None
     try:
-        return _work(options, todo, avoid, deadline)
+        return _work(options, target, todo, avoid, deadline)
     finally:
         if measure is not None:
             spec_coverage.stop(measure)
 
 
-def _work(options: GateOptions, todo: list[tuple[str, str]], avoid: frozenset[str],
+def _work(options: GateOptions, target: Target, todo: list[tuple[str, str]], avoid: frozenset[str],
           deadline: float | None) -> list[LayoutResult]:
     relay = _Relay.current or Listener()
-    run = _Run(options, avoid, deadline, None, relay)
+    run = _Run(options, target, avoid, deadline, None, relay)
     if deadline is None:
         (scope, name), = todo
         return [_search_one(run, scope, name, _profiles(options.profile)[scope])]

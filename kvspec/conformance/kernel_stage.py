@@ -6,7 +6,7 @@ model setups chosen, each searched by the kernel machine
 :class:`KernelPlan`, whose ``run`` returns one
 ``(setup, StageResult)`` per model, telling ``on_result`` as each finishes.
 A bad option, or a kernel or worker this environment cannot run, raises
-:class:`~kvspec.conformance.runner.SetupError` before anything runs.
+:class:`~kvspec.errors.SetupError` before anything runs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.conformance.runner import SetupError, quiet_loggers, resolve_target, shrinking_limited_to
+from kvspec.conformance.runner import quiet_loggers, resolve_target, shrinking_limited_to
+from kvspec.errors import SetupError
 
 SHRINK_SECONDS = 30.0
 """How long a failing model's example may shrink: each replay runs real

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import seed as hypothesis_seed
@@ -30,16 +30,13 @@ from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER
 
 from kvspec.conformance.machines.cache import CACHE_LAYOUTS, cache_machine
+from kvspec.conformance.machines.catalogue import CATALOGUE, LATER
 from kvspec.conformance.machines.configurations import refusal, takes_keyword
 from kvspec.conformance.machines.layouts import LATER_LAYOUTS, MANAGER_LAYOUTS
 from kvspec.conformance.machines.machinery import (
     BudgetSpent,
     CheckingMachine,
     ConformanceError,
-    HarnessError,
-    HarnessFault,
-    SetupError,
-    TargetImportError,
     in_final_replay,
     missing_dependency,
     stopped_on,
@@ -58,6 +55,7 @@ from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 from kvspec.conformance.trace import ReplayData, Trace, TraceEnd, TraceError, TraceMismatch
 from kvspec.conformance.vllm import compat
 from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget, refusal_of
+from kvspec.errors import HarnessError, HarnessFault, SetupError, TargetImportError
 from kvspec.kv_cache_interface import AttentionKind, attention_kind
 from kvspec.spec import releases
 from kvspec.spec.catalogue import LEVELS
@@ -262,8 +260,8 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
     return make
 
 
-def layout_unsupported(target: str, scope: str, name: str,
-                       release: releases.Release = releases.REFERENCE) -> str | None:
+def layout_unsupported(target: str, scope: str, name: str, release: releases.Release = releases.REFERENCE,
+                       factory: Callable[..., Any] | None = None) -> str | None:
     """Why a layout is not searched, or ``None``: the release judged has no
     such configuration (:meth:`kvspec.spec.releases.Release.unsupported`),
     the spec does not model what the release does there
@@ -272,18 +270,19 @@ def layout_unsupported(target: str, scope: str, name: str,
     (its factory takes no such keyword).  Such a layout is skipped with that
     reason, never judged: a configuration the target does not offer, or
     one the spec cannot judge yet, is no failure of it.  ``release``: the
-    release judged."""
+    release judged; ``factory`` is the target's, where it is resolved
+    already (:class:`Target`)."""
     if (why := release.unsupported(_mamba_modes(scope, name)) or release.not_modelled(f"{scope}/{name}")) is not None:
         return why
     if scope == "manager" and (why := _spec_refusal(name, release)) is not None:
         return why
     if scope == "cache":
-        unsupported = getattr(getattr(resolve_target(target, scope), "__wrapped__", None), "unsupported", None) \
-            or _engine_unsupported(target)
+        factory = factory or resolve_target(target, scope)
+        unsupported = getattr(getattr(factory, "__wrapped__", None), "unsupported", None) or _engine_unsupported(target)
         return unsupported(CACHE_LAYOUTS[name]) if unsupported is not None else None
     if scope != "manager" or target in TARGETS[scope]:
         return None
-    factory = resolve_target(target, scope)
+    factory = factory or resolve_target(target, scope)
     missing = [k for k in manager_layout(name).target_options() if not takes_keyword(factory, k)]
     return f"the target factory takes no {', '.join(missing)} keyword" if missing else None
 
@@ -365,7 +364,6 @@ def builds_vllm(target: Any) -> bool:
     return is_vllm(target) or any(is_vllm(v) for v in getattr(target, "__dict__", {}).values())
 
 
-@functools.cache
 def findings_target(name: str, scope: str) -> str:
     """Whose known findings a target at ``scope`` inherits: ``vllm`` for the
     vllm target and for a ``module:factory`` whose targets are vLLM's code
@@ -373,13 +371,26 @@ def findings_target(name: str, scope: str) -> str:
     adapter around them) -- so that ``--known-findings`` steers around
     upstream's findings and labels them, and the hash chains share vLLM's
     root (``PYTHONHASHSEED``, set as for the vllm target); else ``name``."""
+    return _findings_of(name, scope, None)
+
+
+def _findings_of(name: str, scope: str, factory: Callable[..., Any] | None) -> str:
+    """:func:`findings_target`, of ``factory`` when the target is resolved
+    already; once a process for each target and scope (:data:`_WHOSE`)."""
     if ":" not in name or scope in ("scheduler", "cache"):
         return name
-    built = _build(resolve_target(name, scope), scope)
-    if isinstance(built, BaseException) or not builds_vllm(built):
-        return name
-    require_vllm(f"target {name} (vLLM's classes)")
-    return "vllm"
+    if (name, scope) not in _WHOSE:
+        built = _build(factory or resolve_target(name, scope), scope)
+        if isinstance(built, BaseException) or not builds_vllm(built):
+            _WHOSE[name, scope] = name
+        else:
+            require_vllm(f"target {name} (vLLM's classes)")
+            _WHOSE[name, scope] = "vllm"
+    return _WHOSE[name, scope]
+
+
+_WHOSE: dict[tuple[str, str], str] = {}
+"""Whose findings each ``module:factory`` target inherits, per scope: judged once a process."""
 
 
 @functools.cache
@@ -434,13 +445,45 @@ def check_target(name: str, scope: str) -> Callable[..., Any]:
                      f"(it lacks {', '.join(missing)}){hint}")
 
 
+@dataclass
+class Target:
+    """``--target`` resolved once for a run (:func:`resolve`): its name and
+    each scope's checked factory (at scheduler scope the name itself: vLLM's
+    scheduler builds the manager).  It travels to a worker process without
+    its factories (a ``module:factory`` is a closure); there each scope's is
+    resolved once, when first asked."""
+
+    name: str
+    factories: dict[str, Callable[..., Any] | str] = field(default_factory=dict, repr=False, compare=False)
+
+    def factory(self, scope: str) -> Callable[..., Any] | str:
+        if scope not in self.factories:
+            self.factories[scope] = check_scheduler_target(self.name) if scope == "scheduler" else \
+                resolve_target(self.name, scope)
+        return self.factories[scope]
+
+    def findings_of(self, scopes: list[str] | tuple[str, ...]) -> str:
+        """Whose known findings the target inherits at ``scopes`` (:func:`findings_target`)."""
+        whose = (_findings_of(self.name, scope, self.factory(scope) if scope in BLOCK_SCOPES else None)
+                 for scope in scopes)
+        return next((found for found in whose if found != self.name), self.name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "factories": {}}
+
+
+def resolve(name: str, scopes: list[str] | tuple[str, ...]) -> Target:
+    """``--target name`` at ``scopes``, each scope's factory checked
+    (:func:`check_target`: an unusable target stops the run before it
+    starts) -- the one resolution of a run."""
+    return Target(name, {scope: check_target(name, scope) for scope in scopes})
+
+
 def layout_names(scope: str, release: releases.Release = releases.REFERENCE) -> list[str]:
     """The layouts a scope runs by default (the model layouts are chosen by
     name): a later release's manager layouts where ``release`` (the release
     judged) has them."""
-    if scope == "manager":
-        return [*MANAGER_LAYOUTS, *(name for name in LATER_LAYOUTS if _spec_refusal(name, release) is None)]
-    return list({"pool": LAYOUTS, "scheduler": SCHEDULER_LAYOUTS, "cache": CACHE_LAYOUTS}[scope])
+    return [*CATALOGUE[scope], *(name for name in LATER.get(scope, ()) if _spec_refusal(name, release) is None)]
 
 
 def model_layout_names() -> list[str]:
@@ -505,9 +548,19 @@ def manager_layout(name: str) -> Layout:
                      f"or {', '.join(model_layout_names())}")
 
 
+def check_layout(scope: str, layout: str) -> None:
+    """A :class:`SetupError` unless ``layout`` is one of ``scope``'s (:func:`is_layout`)."""
+    if scope not in SCOPES:
+        raise SetupError(f"unknown scope {scope!r}: use one of {SCOPES}")
+    if not is_layout(scope, layout):
+        extra = f" or {', '.join(model_layout_names())}" if scope == "manager" else ""
+        raise SetupError(f"no {scope} layout named {layout!r}: use one of {layout_names(scope)}{extra}")
+
+
 def machine_for(
     scope: str, layout: str, target: str | Callable[..., Any], level: str, avoid: frozenset[str] = frozenset(),
-    against: str | None = None, release: releases.Release | str | None = None,
+    against: str | None = None, release: releases.Release | str | None = None, *, checked: bool = False,
+    factory: Callable[..., Any] | None = None,
 ) -> type[CheckingMachine]:
     """The machine class checking ``target`` (a name for
     :func:`resolve_target`, or a factory) over one layout at ``level``, not
@@ -516,14 +569,16 @@ def machine_for(
     of the spec, at pool and manager scope.  ``release``: the vLLM release
     whose rules judge (default the reference release, 0.25.1): the machine,
     the spec it runs in lockstep with and the built-in spec and impl
-    targets are built for it; ``None``: :func:`default_release`."""
+    targets are built for it; ``None``: :func:`default_release`.
+    ``checked``: the scope and layout are a plan's, validated when it was
+    made (the gate's); ``factory``: the target's, resolved already (the
+    run's :class:`Target`), never resolved again here."""
     if scope not in SCOPES:
         raise SetupError(f"unknown scope {scope!r}: use one of {SCOPES}")
     if level not in LEVELS:
         raise SetupError(f"unknown level {level!r}: use one of {sorted(LEVELS)}")
-    if not is_layout(scope, layout):
-        extra = f" or {', '.join(model_layout_names())}" if scope == "manager" else ""
-        raise SetupError(f"no {scope} layout named {layout!r}: use one of {layout_names(scope)}{extra}")
+    if not checked:
+        check_layout(scope, layout)
     lockstep, ignore = level == "L3", LEVELS[level]
     if scope == "scheduler":
         if not isinstance(target, str):
@@ -534,7 +589,8 @@ def machine_for(
                                     engine=engine_of(layout), ignore_rules=ignore, avoid=avoid)
         machine.layout_name = layout
         return machine
-    factory = resolve_target(target, scope) if isinstance(target, str) else target
+    if factory is None:
+        factory = resolve_target(target, scope) if isinstance(target, str) else target
     release = releases.as_release(release) if release is not None else default_release(target, scope)
     if isinstance(target, str) and target in RELEASED_TARGETS:
         factory = functools.partial(factory, release=release)

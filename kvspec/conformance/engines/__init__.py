@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kvspec.conformance.machines.machinery import SetupError
+from kvspec.errors import SetupError
 from kvspec.spec.engines import CacheLayout
 
 MODULES = {"sglang": "kvspec.conformance.engines.sglang", "lmdeploy": "kvspec.conformance.engines.lmdeploy"}

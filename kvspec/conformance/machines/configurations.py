@@ -32,9 +32,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from kvspec.conformance.machines.machinery import HarnessFault
 from kvspec.conformance.targets.spec_manager import SpecManagerTarget
-from kvspec.errors import RuleError, RuleTypeError
+from kvspec.errors import HarnessFault, RuleError, RuleTypeError
 from kvspec.kv_cache_interface import AttentionKind
 from kvspec.spec import releases
 from kvspec.spec.layout import Layout

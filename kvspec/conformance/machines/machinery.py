@@ -18,35 +18,10 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from kvspec.conformance.targets.pool import BrokenFreeList
 from kvspec.conformance.trace import Trace, clip
+from kvspec.errors import HarnessFault
 from kvspec.request import Request
 from kvspec.spec.interface import ManagerSnapshot, PoolSnapshot, comparable
 from kvspec.spec.rules import Violation
-
-
-class SetupError(Exception):
-    """The run cannot start: a target, layout or file that is not usable."""
-
-
-class TargetImportError(Exception):
-    """The target is installed but its code does not import (a syntax
-    error, a name a change removed): the target's failure -- a pull request
-    that breaks vLLM's import is red, exit 1 -- not the environment's, as a
-    target that is not installed is (:class:`SetupError`, exit 2)."""
-
-    def __init__(self, target: str, error: BaseException):
-        self.target, self.error, self.where = target, error, failing_line(error)
-        text = " ".join(str(error).split())
-        super().__init__(f"target {target} is installed but does not import: {type(error).__name__}: {text}"
-                         + (f" (at {self.where})" if self.where else ""))
-
-
-def failing_line(error: BaseException) -> str | None:
-    """``file:line`` where ``error`` was raised: a syntax error's own, else
-    the innermost frame of its traceback outside Python's import machinery."""
-    if isinstance(error, SyntaxError) and error.filename:
-        return f"{error.filename}:{error.lineno}"
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
 
 
 def missing_dependency(error: BaseException, package: str) -> bool:
@@ -56,17 +31,6 @@ def missing_dependency(error: BaseException, package: str) -> bool:
     if not isinstance(error, ModuleNotFoundError) or error.name is None:
         return False
     return error.name == package or not error.name.startswith(package + ".")
-
-
-class HarnessError(SetupError):
-    """kvspec's own harness failed (its code raised, not the target's): a
-    usage or environment error, never the target's failure."""
-
-
-class HarnessFault(KeyboardInterrupt):  # noqa: N818 (raised as an interrupt is: see BudgetSpent)
-    """Inside a run: the harness raised.  An interrupt, so that Hypothesis
-    neither shrinks it nor calls it the target's failure; the runner turns
-    it into a :class:`HarnessError`."""
 
 
 def harness_frame(error: BaseException, target_roots: tuple[str, ...], harness_roots: tuple[str, ...]) -> str | None:

@@ -452,8 +452,9 @@ def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple
     from hypothesis import strategies as st
     from hypothesis.stateful import rule
 
-    from kvspec.conformance.machines.machinery import CheckingMachine, HarnessFault, harness_frame, one_of
+    from kvspec.conformance.machines.machinery import CheckingMachine, harness_frame, one_of
     from kvspec.conformance.trace import recorded
+    from kvspec.errors import HarnessFault
 
     system = [[rng.randrange(1000) for _ in range(48)] for rng in map(random.Random, range(families))]
     has_mamba = any(isinstance(g, MambaSpec) for g in layout.groups)

@@ -59,7 +59,7 @@ def run_one(name: str, target: str, level: str, budget: float, seed: int | None)
     run = MutantRun(name, mutant.bug_class, target, level)
     family = Family(target)  # imports the target's modules before the clock starts
     from kvspec.conformance.gate import GateOptions, run_gate
-    from kvspec.conformance.runner import SetupError
+    from kvspec.errors import SetupError
 
     with tempfile.TemporaryDirectory() as trace_dir, applied(mutant, family):
         options = GateOptions(target=target, level=level, budget=budget, seed=seed, fail_fast=True, minimise=False,

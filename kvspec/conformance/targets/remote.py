@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from kvspec.conformance.machines.machinery import HarnessFault
+from kvspec.errors import HarnessFault
 from kvspec.request import Request
 
 _LENGTH = struct.Struct("!Q")

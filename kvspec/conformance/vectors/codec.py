@@ -664,7 +664,8 @@ def vector_files(root: Path) -> list[Path]:
 def targets_for(target: str, scopes: list[str]) -> dict[str, Callable[..., Any]]:
     """The factories a check replays ``target`` through, per scope; a
     target that cannot replay the vectors here raises ``SetupError``."""
-    from kvspec.conformance.runner import SetupError, check_target
+    from kvspec.conformance.runner import check_target
+    from kvspec.errors import SetupError
 
     if ":" in target and len(scopes) > 1:
         raise SetupError("a module:factory target serves one scope: add --scope pool or --scope manager")

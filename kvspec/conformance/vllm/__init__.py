@@ -17,4 +17,10 @@ vLLM).  Nothing else in kvspec's package imports vLLM
 (``tests/test_vllm_seam.py``).
 vLLM is imported lazily, inside these modules' functions, so that kvspec
 installs and runs without it.
+
+One folder, its modules at four heights of conformance's ladder
+(``tests/test_layers.py``): ``compat``, ``installed``, ``scheduler`` and
+``connector`` below targets/ (they import nothing of conformance);
+``targets`` and ``upstream`` above targets/; ``scheduler_findings`` above
+machines/; ``version_probe`` at the top, beside the gate's readers.
 """

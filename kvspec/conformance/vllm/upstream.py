@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvspec.conformance.machines.machinery import SetupError
 from kvspec.conformance.targets import remote
+from kvspec.errors import SetupError
 
 CACHE = Path(os.environ.get("KVSPEC_CACHE", Path.home() / ".cache" / "kvspec")) / "vllm-versions"
 LATER_IMPORTS = ("fastapi", "starlette", "opentelemetry-api", "partial_json_parser", "anyio", "annotated-doc", "einops")
