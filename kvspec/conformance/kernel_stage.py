@@ -68,6 +68,15 @@ class KernelPlan:
     dtype: Any  # torch.dtype
     steered: tuple[Any, ...] = ()  # the known findings (Finding) steered around
     skipped: dict[str, str] = field(default_factory=dict)  # setup name -> why it is not searched
+    runners: dict[str, Any] = field(default_factory=dict)  # setup name -> (vLLM's RunnerChoice, runner driven)
+
+    def runner_line(self, name: str) -> str:
+        """Which model runner vLLM picks for a setup, and which the stage drove ("" without vLLM's worker)."""
+        if name not in self.runners:
+            return ""
+        choice, driven = self.runners[name]
+        picks = f"vLLM picks {choice.describe()}" if choice.picked else f"vLLM's choice unknown ({choice.why})"
+        return f"{picks}; driven: {driven}"
 
     def searched(self) -> list[Any]:
         """The setups the run searches: all but those steered around."""
@@ -146,8 +155,9 @@ def stage_report(plan: KernelPlan, results: list[tuple[Any, Any]]) -> Any:
         failure = [f"{type(r.failure).__name__}: {r.failure}"] if r.failure is not None else []
         report.results.append(LayoutResult(
             "kernels", setup.name, steps, round(r.seconds, 3), r.passed, details=failure + r.example,
-            skipped=below_floor("kernels", steps) if r.passed else None))
-    report.results += [LayoutResult("kernels", name, 0, 0.0, True, skipped=why) for name, why in plan.skipped.items()]
+            skipped=below_floor("kernels", steps) if r.passed else None, runner=plan.runner_line(setup.name)))
+    report.results += [LayoutResult("kernels", name, 0, 0.0, True, skipped=why, runner=plan.runner_line(name))
+                       for name, why in plan.skipped.items()]
     return report
 
 
@@ -258,5 +268,25 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
 
         run_settings, seeded = hypothesis_settings(run_settings, derandomize=False), hypothesis_seed(o.seed)
     plan = KernelPlan(o, setups, factory, run_settings, seeded, getattr(torch, o.dtype))
+    if worker == "vllm":
+        plan.runners = model_runners(setups)
     steer(plan)
     return plan
+
+
+DRIVEN_V1 = "Model Runner V1 (its _update_states, InputBatch and MultiGroupBlockTable)"
+
+
+def model_runners(setups: list[Any]) -> dict[str, Any]:
+    """For each setup, vLLM's own choice of model runner for its model on a
+    CUDA GPU (:func:`~kvspec.models.vllm_runner_choice.vllm_runner_choice`)
+    and the runner the stage drives."""
+    from kvspec.models.vllm_runner_choice import V2, architecture_of, vllm_runner_choice
+
+    runners = {}
+    for s in setups:
+        choice = vllm_runner_choice(architecture_of(s.name))
+        driven = DRIVEN_V1 + (" -- not the runner vLLM picks: Model Runner V2 is not driven yet"
+                              if choice.picked == V2 else "")
+        runners[s.name] = (choice, driven)
+    return runners
