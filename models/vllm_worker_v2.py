@@ -63,7 +63,6 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-import numpy as np
 import torch
 
 from kvspec.models.block_table import manager_block_ids
@@ -323,5 +322,3 @@ class VllmWorkerV2(VllmWorker):
                       f"scheduled up to {w.end}")
                 return
 
-
-_ = np  # numpy arrays are V2's host mirrors (RequestState, BlockTables.num_blocks)
