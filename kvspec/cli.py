@@ -303,6 +303,9 @@ def kernels_command(args: argparse.Namespace) -> int:
         steered = ", ".join(f.id for f in plan.steered)
         print(f"steering around known findings {steered} (docs/findings.md)" if steered else
               "known findings: the kernel machine sends none of their inputs here (docs/findings.md)")
+    for setup in plan.setups:
+        if line := plan.runner_line(setup.name):
+            print(f"runner {setup.name}: {line}")
     print(f"{'layout':<28} {'steps':>7} {'checks':>8} {'seconds':>8}  result", flush=True)
     for name, why in plan.skipped.items():
         print(f"{name:<28} {0:>7} {0:>8} {0:>8.1f}  skipped ({why})")

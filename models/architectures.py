@@ -114,6 +114,7 @@ class Architecture:
     name: str
     hf_id: str
     source: str
+    hf_architecture: str  # config.json's "architectures"[0]: the class vLLM's model registry serves it with
     layers: tuple[str, ...]
     num_heads: int
     num_kv_heads: int
@@ -130,6 +131,7 @@ class Architecture:
     num_encoder_tokens: int = 0
     prefix_caching: bool = True  # vLLM's default for the architecture
     notes: tuple[str, ...] = field(default=())
+    hf_experts: tuple[tuple[str, int], ...] = ()  # config.json's expert counts (key, value): MoE for vLLM
 
     def count(self, kind: str) -> int:
         return self.layers.count(kind)
@@ -149,6 +151,7 @@ LLAMA_3_8B = Architecture(
     # config.json: num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, hidden_size 4096
     # (head_dim 128), max_position_embeddings 8192, torch_dtype bfloat16.
     source="https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json",
+    hf_architecture="LlamaForCausalLM",
     layers=(FULL,) * 32,
     num_heads=32, num_kv_heads=8, head_size=128, max_model_len=8192,
 )
@@ -159,6 +162,7 @@ MISTRAL_7B = Architecture(
     # config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096 (head_dim 128), sliding_window 4096,
     # max_position_embeddings 32768.  No layer_types: vLLM puts the window on every layer (one group).
     source="https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json",
+    hf_architecture="MistralForCausalLM",
     layers=(SLIDING,) * 32,
     num_heads=32, num_kv_heads=8, head_size=128, max_model_len=32768, sliding_window=4096,
 )
@@ -169,6 +173,7 @@ GEMMA_3_27B = Architecture(
     # text_config: 62 layers, 32 heads, 16 KV heads, head_dim 128, sliding_window 1024; transformers'
     # Gemma3 default sliding_window_pattern 6: layer i is global when (i + 1) % 6 == 0 (10 global, 52 local).
     source="https://huggingface.co/google/gemma-3-27b-it/blob/main/config.json",
+    hf_architecture="Gemma3ForConditionalGeneration",
     layers=_pattern(62, lambda i: FULL if (i + 1) % 6 == 0 else SLIDING),
     num_heads=32, num_kv_heads=16, head_size=128, max_model_len=131072, sliding_window=1024,
 )
@@ -180,6 +185,7 @@ GPT_OSS_20B = Architecture(
     # sliding), 64 heads, 8 KV heads, head_dim 64, sliding_window 128, max_position_embeddings 131072.
     # Attention sinks: one learned logit per head (a weight, not a config field).
     source="https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json",
+    hf_architecture="GptOssForCausalLM", hf_experts=(("num_local_experts", 32),),  # config.json
     layers=_pattern(24, lambda i: SLIDING if i % 2 == 0 else FULL),
     num_heads=64, num_kv_heads=8, head_size=64, max_model_len=131072, sliding_window=128, sinks=True,
 )
@@ -190,6 +196,8 @@ LLAMA_4_SCOUT = Architecture(
     # text_config: 48 layers, 40 heads, 8 KV heads, head_dim 128, attention_chunk_size 8192; transformers'
     # no_rope_layers default: every 4th layer (3, 7, ...) is NoPE and global, the others chunked local.
     source="https://huggingface.co/meta-llama/Llama-4-Scout-17B-16E/blob/main/config.json",
+    hf_architecture="Llama4ForConditionalGeneration",
+    hf_experts=(("num_local_experts", 16),),  # text_config.num_local_experts
     layers=_pattern(48, lambda i: FULL if (i + 1) % 4 == 0 else CHUNKED),
     num_heads=40, num_kv_heads=8, head_size=128, max_model_len=262144, attention_chunk_size=8192,
 )
@@ -204,6 +212,7 @@ NEMOTRON_H_8B = Architecture(
     # vLLM: NemotronH supports Mamba prefix caching (mode "all"); hybrid models run without prefix
     # caching unless asked; the SSM state is float32 by default.
     source="https://huggingface.co/nvidia/Nemotron-H-8B-Base-8K/blob/main/config.json",
+    hf_architecture="NemotronHForCausalLM",
     layers=tuple(MAMBA if c == "M" else FULL for c in _NEMOTRON_H_PATTERN if c in "M*"),
     num_heads=32, num_kv_heads=8, head_size=128, max_model_len=8192,
     mamba=Mamba2(num_heads=128, head_dim=64, state_size=128, num_groups=8, conv_kernel=4, chunk_size=128),
@@ -216,6 +225,7 @@ DEEPSEEK_V3 = Architecture(
     # config.json: 61 layers, 128 heads, kv_lora_rank 512, qk_rope_head_dim 64 (the MLA cache holds
     # 512 + 64 values per token), max_position_embeddings 163840, bfloat16.
     source="https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json",
+    hf_architecture="DeepseekV3ForCausalLM", hf_experts=(("n_routed_experts", 256),),  # config.json
     layers=(MLA,) * 61,
     num_heads=128, num_kv_heads=1, head_size=512 + 64, max_model_len=163840, mla_latent=512, mla_rope=64,
 )
@@ -227,6 +237,7 @@ WHISPER_LARGE_V3 = Architecture(
     # max_source_positions 1500 (encoder tokens), max_target_positions 448.  Each decoder layer has a
     # self-attention (full) and a cross-attention; the encoder's attention keeps no cache.
     source="https://huggingface.co/openai/whisper-large-v3/blob/main/config.json",
+    hf_architecture="WhisperForConditionalGeneration",
     layers=(FULL, CROSS) * 32,
     num_heads=20, num_kv_heads=20, head_size=64, dtype="float16", max_model_len=448,
     num_encoder_tokens=1500, prefix_caching=False,

@@ -82,6 +82,8 @@ WORKERS = {
     "vllm": "vLLM's own: _update_states over its InputBatch, its block tables, Triton slot mapping, "
             "triton_reshape_and_cache_flash and Mamba state indices "
             "(kvspec's tables stay the oracle)",
+    "vllm-v2": "vLLM's Model Runner V2: its request states, BlockTables (staged writes, gather, slot mapping) "
+               "and input preparation, triton_reshape_and_cache_flash (kvspec's tables stay the oracle)",
 }
 
 TAG_CHUNKS, TAG_BITS = 6, 8  # a Mamba page's tag: the state's 48-bit content id in 8-bit pieces (exact in bf16)
@@ -344,6 +346,10 @@ class Engine:
             from kvspec.models.vllm_worker import VllmWorker
 
             self.worker = VllmWorker(self)  # the kernels read vLLM's; self.tables stays the oracle
+        elif worker == "vllm-v2":
+            from kvspec.models.vllm_worker_v2 import VllmWorkerV2
+
+            self.worker = VllmWorkerV2(self)  # Model Runner V2's tables; self.tables stays the oracle
         # The caches: one tensor per layer index as vLLM's worker plans them, or kvspec's model of that plan.
         self.cache = PagedCache(self.groups, layout, layout.num_blocks, dtype, device,
                                 plan=self.worker.cache_plan if self.worker else None)
@@ -830,6 +836,8 @@ class Engine:
     # --- after the step ----------------------------------------------------------------------------------
 
     def _move_on(self, sampled: dict[str, int], accepted: dict[str, int]) -> None:
+        if self.worker is not None and hasattr(self.worker, "after_step"):
+            self.worker.after_step(self.work, accepted)  # Model Runner V2 advances its own computed tokens
         for w in self.work:
             request = w.request
             if w.num_new == 0:

@@ -336,12 +336,15 @@ class VllmWorker:
         """The device tensor the kernels read (rows 0..n-1 of this step)."""
         return self.table[group].get_device_tensor(self._num_rows)
 
+    def held(self, group: int, row: int) -> torch.Tensor:
+        """The kernel-block ids ``row`` of vLLM's table holds for ``group``."""
+        table = self.table[group]
+        return table.get_cpu_tensor()[row, :int(table.num_blocks_per_row[row])]
+
     def row(self, group: int, row: int) -> list[int]:
         """The manager-sized block ids of ``row`` in vLLM's table (for Mamba
         rows, which vLLM never splits into kernel blocks)."""
-        table = self.table[group]
-        n = int(table.num_blocks_per_row[row])
-        return manager_block_ids(table.get_cpu_tensor()[row, :n].tolist(), table.blocks_per_kv_block)
+        return manager_block_ids(self.held(group, row).tolist(), self.table[group].blocks_per_kv_block)
 
     def mamba_state(self, group: Group, request_id: str) -> tuple[int, int, int]:
         """Where vLLM runs the request's Mamba step: the table position its
@@ -403,7 +406,7 @@ class VllmWorker:
                 return
         for w in work:
             rid = w.request.request_id
-            if rid not in self.batch.req_id_to_index:
+            if rid not in self.positions:  # vLLM's persistent batch computed no positions for it
                 check(f"request {rid} is scheduled but not in vLLM's persistent batch")
                 return
             if self.positions[rid] != list(range(w.start, w.end)):
@@ -411,14 +414,13 @@ class VllmWorker:
                       f"scheduler scheduled {_span(range(w.start, w.end))}")
                 return
         for g, group in enumerate(self.engine.groups):
-            ours, theirs = ours_tables[g], self.table[g]
+            ours = ours_tables[g]
             for w in work:
                 rid = w.request.request_id
                 mine, row = ours_tables.row_of(rid), self.row_of(rid)
                 n = ours.num_blocks[mine]
-                held = theirs.get_cpu_tensor()[row, :int(theirs.num_blocks_per_row[row])]
-                if int(theirs.num_blocks_per_row[row]) != n or not torch.equal(held.to(ours.tensor.device),
-                                                                              ours.tensor[mine, :n]):
+                held = self.held(g, row)
+                if len(held) != n or not torch.equal(held.to(ours.tensor.device), ours.tensor[mine, :n]):
                     check(f"group {g} request {rid}: vLLM's table row {row} holds {held.tolist()}, kvspec's "
                           f"{ours.tensor[mine, :n].tolist()}")
                     return

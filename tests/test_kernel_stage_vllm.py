@@ -69,6 +69,22 @@ def test_vllm_manager_and_kernels(name):
     assert totals["check exact-gather"] > 0
 
 
+@pytest.mark.parametrize("name", ["llama-3-8b", "mistral-7b", "whisper"])
+def test_vllm_model_runner_v2(name):
+    """The models vLLM 0.25.1 serves with Model Runner V2, through V2's request states, block tables and input
+    preparation; vLLM's kernels read V2's gathered tables."""
+    from kvspec.models.vllm_worker_v2 import vllm_worker_v2_available
+
+    if vllm_worker_v2_available() is not None:
+        pytest.skip(vllm_worker_v2_available())
+    examples = EXAMPLES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
+    machine = kernel_machine(model_setup(name, layers=1), vllm_manager, kernels=VLLM_KERNELS, worker="vllm-v2")
+    run_state_machine_as_test(machine, settings=kernel_settings(examples=examples))
+    totals = machine.totals
+    assert totals["kernel vllm"] > 0 and totals["check vllm-block-table"] > 0
+    assert totals["check exact-gather"] > 0
+
+
 @pytest.mark.parametrize("name", ["gpt-oss", "nemotron-h-8b", "deepseek-v3"])
 def test_vllm_kernels_at_real_shapes(name):
     """vLLM's manager and kernels at real block sizes and windows (Nemotron-H: 1152-token blocks read

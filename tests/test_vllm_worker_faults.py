@@ -154,6 +154,48 @@ def tensors_one_page_short(monkeypatch):
              "KVCacheTensor(size=page_size * (num_blocks - 1), shared_by=shared_by)")
 
 
+# --- Model Runner V2 (vllm/v1/worker/gpu/), the runner vLLM picks for dense models like Llama-3 ---------
+
+
+def v2_staged_write_one_on(monkeypatch):
+    """BlockTables.append_block_ids stages a new request's table one entry further on."""
+    from vllm.v1.worker.gpu import block_table
+
+    _rewrite(monkeypatch, block_table.BlockTables, "append_block_ids",
+             "if not overwrite else 0", "if not overwrite else 1")
+
+
+def v2_gather_drops_last_block(monkeypatch):
+    """BlockTables.gather_block_tables copies one block fewer of every row into the batch's tables."""
+    from vllm.v1.worker.gpu import block_table
+
+    _rewrite(monkeypatch, block_table.BlockTables, "gather_block_tables", "self.num_blocks.gpu,",
+             "(self.num_blocks.gpu - 1).clamp(min=0),")
+
+
+def v2_slot_mapping_one_on(monkeypatch):
+    """BlockTables.compute_slot_mappings places every token at the next position's slot."""
+    from vllm.v1.worker.gpu import block_table
+
+    _rewrite(monkeypatch, block_table.BlockTables, "compute_slot_mappings", "    positions,\n",
+             "    positions + 1,\n")
+
+
+def v2_new_request_one_token_on(monkeypatch):
+    """add_requests records a new request's computed tokens one too many (its request state)."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    _rewrite(monkeypatch, GPUModelRunner, "add_requests", "num_computed_tokens=new_req_data.num_computed_tokens,",
+             "num_computed_tokens=new_req_data.num_computed_tokens + 1,")
+
+
+def v2_rejected_drafts_kept(monkeypatch):
+    """postprocess_sampled advances the computed tokens over rejected drafts too."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    _rewrite(monkeypatch, GPUModelRunner, "postprocess_sampled", "num_rejected,\n", "num_rejected * 0,\n")
+
+
 FAULTS = {
     slot_mapping_offset: {"vllm-block-table", "slot-ownership", "exact-gather"},
     cache_write_drops_a_token: {"exact-gather"},
@@ -166,12 +208,25 @@ FAULTS = {
     mamba_last_block_one_on: {"vllm-block-table", "mamba-state"},
     layers_share_a_tensor: {"cache-layout"},
     tensors_one_page_short: {"cache-layout"},
+    v2_staged_write_one_on: {"vllm-block-table", "exact-gather"},
+    v2_gather_drops_last_block: {"vllm-block-table", "exact-gather"},
+    v2_slot_mapping_one_on: {"vllm-block-table", "slot-ownership", "exact-gather"},
+    v2_new_request_one_token_on: {"vllm-block-table"},
+    v2_rejected_drafts_kept: {"vllm-block-table"},
 }
+V2_FAULTS = {v2_staged_write_one_on, v2_gather_drops_last_block, v2_slot_mapping_one_on, v2_new_request_one_token_on,
+             v2_rejected_drafts_kept}
 # Align mode's state copies run on the manager layout with an align-mode Mamba group; all mode's metadata on
 # Nemotron-H (vLLM's "all" for it).
 MODEL = {kernel_block_split_off_by_one: "nemotron-h-8b@small",  # 1152-token blocks as 64-token kernel blocks
          mamba_state_index_one_block_on: "full+mamba-align", mamba_kernel_block_one_back: "full+mamba-align",
          mamba_last_block_one_on: "nemotron-h-8b", layers_share_a_tensor: "nemotron-h-8b"}
+
+
+# Model Runner V1's own faults on a model vLLM serves with V1 (gpt-oss: MoE); V2's and the shared cache write's
+# on Llama-3, which vLLM serves with V2.
+V1_MODEL = "gpt-oss"
+MODEL.update({f: V1_MODEL for f in (slot_mapping_offset, append_row_drops_a_block, resumed_row_not_replaced)})
 
 
 @pytest.mark.parametrize("plant", FAULTS, ids=lambda f: f.__name__)
@@ -183,15 +238,20 @@ def test_a_fault_in_vllms_worker_is_caught_by_default(plant, monkeypatch, capsys
     out = capsys.readouterr().out
     assert code == 1, out
     assert "worker=vllm" in out
+    runner = "Model Runner V2" if plant in V2_FAULTS else None
+    if runner:
+        assert f"driven: {runner}" in out, out
     failed = [line for line in out.splitlines() if "KernelStageError" in line]
     assert failed and any(check in failed[0] for check in FAULTS[plant]), out
 
 
-def test_vllms_worker_unbroken_passes(capsys):
-    code = main(["kernels", "--target", "vllm", "--model", "llama-3-8b", "--examples", EXAMPLES, "--seed", "1"])
+@pytest.mark.parametrize("model", ["llama-3-8b", V1_MODEL])
+def test_vllms_worker_unbroken_passes(model, capsys):
+    code = main(["kernels", "--target", "vllm", "--model", model, "--examples", EXAMPLES, "--seed", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "worker=vllm" in out
+    assert f"driven: Model Runner {'V2' if model == 'llama-3-8b' else 'V1'}" in out, out
 
 
 def test_kvspecs_worker_does_not_see_vllms(monkeypatch, capsys):
@@ -199,6 +259,6 @@ def test_kvspecs_worker_does_not_see_vllms(monkeypatch, capsys):
     fault in vLLM's worker code is never exercised -- which is why vLLM's is
     the default for the target vllm."""
     slot_mapping_offset(monkeypatch)
-    code = main(["kernels", "--target", "vllm", "--worker", "kvspec", "--model", "llama-3-8b", "--examples", "5",
+    code = main(["kernels", "--target", "vllm", "--worker", "kvspec", "--model", V1_MODEL, "--examples", "5",
                  "--seed", "1"])
     assert code == 0, capsys.readouterr().out

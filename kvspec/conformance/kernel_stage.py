@@ -69,6 +69,22 @@ class KernelPlan:
     dtype: Any  # torch.dtype
     steered: tuple[Any, ...] = ()  # the known findings (Finding) steered around
     skipped: dict[str, str] = field(default_factory=dict)  # setup name -> why it is not searched
+    runners: dict[str, Any] = field(default_factory=dict)  # setup name -> (vLLM's RunnerChoice, runner driven)
+
+    def worker_for(self, name: str) -> str:
+        """The engine's worker for a setup: with vLLM's worker, the model
+        runner vLLM picks for its model (``vllm-v2`` for Model Runner V2)."""
+        if name in self.runners and self.runners[name][1].startswith(DRIVEN_V2):
+            return "vllm-v2"
+        return self.options.chosen_worker()
+
+    def runner_line(self, name: str) -> str:
+        """Which model runner vLLM picks for a setup, and which the stage drove ("" without vLLM's worker)."""
+        if name not in self.runners:
+            return ""
+        choice, driven = self.runners[name]
+        picks = f"vLLM picks {choice.describe()}" if choice.picked else f"vLLM's choice unknown ({choice.why})"
+        return f"{picks}; driven: {driven}"
 
     def searched(self) -> list[Any]:
         """The setups the run searches: all but those steered around."""
@@ -101,7 +117,7 @@ class KernelPlan:
         o = self.options
         with shrinking_limited_to(SHRINK_SECONDS):
             return run_stage(setup, self.factory, run_settings, seeded=seeded, kernels=o.kernels, dtype=self.dtype,
-                             device=o.device, worker=o.chosen_worker())
+                             device=o.device, worker=self.worker_for(setup.name))
 
     def _search_for(self, setup: Any, seconds: float) -> Any:
         """Batches of the kernel machine on ``setup`` for ``seconds``; one result, totals summed."""
@@ -147,8 +163,9 @@ def stage_report(plan: KernelPlan, results: list[tuple[Any, Any]]) -> Any:
         failure = [f"{type(r.failure).__name__}: {r.failure}"] if r.failure is not None else []
         report.results.append(LayoutResult(
             "kernels", setup.name, steps, round(r.seconds, 3), r.passed, details=failure + r.example,
-            skipped=below_floor("kernels", steps) if r.passed else None))
-    report.results += [LayoutResult("kernels", name, 0, 0.0, True, skipped=why) for name, why in plan.skipped.items()]
+            skipped=below_floor("kernels", steps) if r.passed else None, runner=plan.runner_line(setup.name)))
+    report.results += [LayoutResult("kernels", name, 0, 0.0, True, skipped=why, runner=plan.runner_line(name))
+                       for name, why in plan.skipped.items()]
     return report
 
 
@@ -259,5 +276,33 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
 
         run_settings, seeded = hypothesis_settings(run_settings, derandomize=False), hypothesis_seed(o.seed)
     plan = KernelPlan(o, setups, factory, run_settings, seeded, getattr(torch, o.dtype))
+    if worker == "vllm":
+        plan.runners = model_runners(setups)
+        plan.skipped.update({name: f"runner {driven.removeprefix('none: ')}" for name, (_, driven)
+                             in plan.runners.items() if driven.startswith("none: ")})
     steer(plan)
     return plan
+
+
+DRIVEN_V1 = "Model Runner V1 (its _update_states, InputBatch and MultiGroupBlockTable)"
+DRIVEN_V2 = "Model Runner V2 (its request states, BlockTables and prepare_inputs)"
+
+
+def model_runners(setups: list[Any]) -> dict[str, Any]:
+    """For each setup, vLLM's own choice of model runner for its model on a
+    CUDA GPU (:func:`~kvspec.models.vllm_runner_choice.vllm_runner_choice`)
+    and the runner the stage drives: the one vLLM picks, V1 where vLLM's
+    choice is unknown (a manager layout) and this release still has V1."""
+    from kvspec.models.vllm_runner_choice import V2, architecture_of, vllm_runner_choice
+    from kvspec.models.vllm_worker_v2 import vllm_worker_v2_available
+
+    runners = {}
+    for s in setups:
+        choice = vllm_runner_choice(architecture_of(s.name))
+        if choice.picked == V2:
+            problem = vllm_worker_v2_available()
+            driven = DRIVEN_V2 if problem is None else f"none: Model Runner V2 cannot run here ({problem})"
+        else:
+            driven = DRIVEN_V1
+        runners[s.name] = (choice, driven)
+    return runners

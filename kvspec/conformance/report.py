@@ -70,6 +70,7 @@ class LayoutResult:
     owner: str | None = None  # a failure that is not the target's: the component it is (findings.COMPONENTS)
     parameters: str = ""  # a failing layout's groups, block sizes, windows, pool (runner.describe_layout)
     labelled: bool = False  # known_finding and owner are said (by the worker that ran it, or the gate)
+    runner: str = ""  # the kernel stage with vLLM's worker: the model runner vLLM picks, and the one driven
 
     def failed(self, strict: bool = False) -> bool:
         """Whether this layout fails the target: it broke, and the failure
@@ -286,6 +287,9 @@ class RunReport:
                 reasons.setdefault(_result_text(r), []).append(f"{r.scope}/{r.layout}")
             lines += ["", f"<details><summary>{len(folded)} more layouts, not searched or skipped</summary>", "",
                       *(f"- {why}: {', '.join(layouts)}" for why, layouts in reasons.items()), "", "</details>"]
+        if runners := [r for r in self.results if r.runner]:
+            lines += ["", "Model runners (vLLM's own choice for each model on a CUDA GPU, and the one driven):", "",
+                      *(f"- {r.layout}: {r.runner}" for r in runners)]
         if self.checked:
             lines += ["", "<details><summary>Rules checked</summary>", "",
                       "| rule | layouts checked | broken in |", "|---|---:|---|"]

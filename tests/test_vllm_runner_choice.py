@@ -1,0 +1,96 @@
+"""Which model runner vLLM picks for each model is vLLM's own decision
+(``VllmConfig.use_v2_model_runner``), asked as on a CUDA GPU: kvspec only
+states each checkpoint's architecture and expert counts.
+
+Run under tools/install_vllm.sh's environment:
+``PYTHONHASHSEED=0 .venv-vllm/bin/python -m pytest tests/test_vllm_runner_choice.py``.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from kvspec.models.architectures import ARCHITECTURES  # noqa: E402
+from kvspec.models.vllm_runner_choice import V1, V2, architecture_of, vllm_runner_choice  # noqa: E402
+
+# vLLM 0.25.1's answers: dense generate models run V2; hybrid and MoE models (none of these in its default
+# list) V1.  Gemma-3's multimodal module imports torchvision: undecided where that is missing.
+EXPECTED = {"llama-3-8b": V2, "mistral-7b": V2, "whisper": V2, "gpt-oss": V1, "llama-4-scout": V1,
+            "nemotron-h-8b": V1, "deepseek-v3": V1, "gemma-3": (V2, None)}
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    vllm_runner_choice.cache_clear()
+    yield
+    vllm_runner_choice.cache_clear()
+
+
+def _release_has_both_runners():
+    import importlib.util
+
+    from vllm.config import VllmConfig
+    return hasattr(VllmConfig, "use_v2_model_runner") and \
+        importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "gpt-oss", "nemotron-h-8b", "deepseek-v3", "whisper",
+                                  "llama-4-scout"])
+def test_vllms_choice_for_each_model(name):
+    choice = vllm_runner_choice(ARCHITECTURES[name])
+    if not _release_has_both_runners():
+        pytest.skip(f"this release has one runner: {choice.describe()}")
+    assert choice.picked in (EXPECTED[name] if isinstance(EXPECTED[name], tuple) else (EXPECTED[name],)), \
+        choice.describe()
+    assert ARCHITECTURES[name].hf_architecture in choice.why
+
+
+def test_the_choice_is_vllms_not_kvspecs(monkeypatch):
+    """Change vLLM's own list of MoE models that default to V2, and gpt-oss moves to V2."""
+    from vllm.config import vllm as config_module
+
+    if not _release_has_both_runners():
+        pytest.skip("this release has one runner")
+    gpt_oss = ARCHITECTURES["gpt-oss"]
+    assert vllm_runner_choice(gpt_oss).picked == V1
+    vllm_runner_choice.cache_clear()
+    monkeypatch.setattr(config_module, "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES",
+                        config_module.DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES | {gpt_oss.hf_architecture})
+    assert vllm_runner_choice(gpt_oss).picked == V2
+    # ... and a model vLLM lists there (DeepSeek-V2) is V2 though MoE, one it does not (DeepSeek-V3) V1.
+    vllm_runner_choice.cache_clear()
+    v2 = replace(ARCHITECTURES["deepseek-v3"], name="deepseek-v2", hf_architecture="DeepseekV2ForCausalLM")
+    assert vllm_runner_choice(v2).picked == V2 and "MoE in DEFAULT" in vllm_runner_choice(v2).why
+
+
+def test_vllms_override_is_honoured(monkeypatch):
+    if not _release_has_both_runners():
+        pytest.skip("this release has one runner")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    choice = vllm_runner_choice(ARCHITECTURES["llama-3-8b"])
+    assert choice.picked == V1 and "VLLM_USE_V2_MODEL_RUNNER=0" in choice.why
+
+
+def test_a_manager_layout_has_no_model():
+    assert architecture_of("full+mamba-align") is None
+    assert architecture_of("model:nemotron-h-8b@small") is ARCHITECTURES["nemotron-h-8b"]
+    assert vllm_runner_choice(None).picked is None
+
+
+def test_the_stage_reports_each_layouts_runner(tmp_path, capsys):
+    from kvspec.cli import main
+    from kvspec.models.vllm_worker import vllm_worker_available
+
+    if vllm_worker_available() is not None:
+        pytest.skip(vllm_worker_available())
+    code = main(["kernels", "--target", "vllm", "--model", "llama-3-8b", "--examples", "1", "--seed", "1",
+                 "--report-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    line = next(line for line in out.splitlines() if line.startswith("runner model:llama-3-8b:"))
+    assert "vLLM picks Model Runner" in line and "driven: Model Runner" in line
+    assert "Model runners" in (tmp_path / "report.md").read_text()
+    assert '"runner": "vLLM picks' in (tmp_path / "report.json").read_text()
