@@ -61,12 +61,7 @@ def test_vllm_manager_and_kernels(name):
     """vLLM's manager under random schedules; vLLM's kernels and block tables checked every step.  One layer
     per group: vLLM's interpreted kernels are the cost here; several layers, and vLLM's plan of their tensors,
     are tested by tests/test_vllm_worker_faults.py and the GPU stage's dry run."""
-    examples = EXAMPLES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
-    machine = kernel_machine(model_setup(name, layers=1), vllm_manager, kernels=VLLM_KERNELS, worker="vllm")
-    run_state_machine_as_test(machine, settings=kernel_settings(examples=examples))
-    totals = machine.totals
-    assert totals["kernel vllm"] > 0 and totals["check vllm-block-table"] > 0
-    assert totals["check exact-gather"] > 0
+    _vllm_kernels_checked_every_step(name, worker="vllm")
 
 
 @pytest.mark.parametrize("name", ["llama-3-8b", "mistral-7b", "whisper"])
@@ -77,12 +72,7 @@ def test_vllm_model_runner_v2(name):
 
     if vllm_worker_v2_available() is not None:
         pytest.skip(vllm_worker_v2_available())
-    examples = EXAMPLES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
-    machine = kernel_machine(model_setup(name, layers=1), vllm_manager, kernels=VLLM_KERNELS, worker="vllm-v2")
-    run_state_machine_as_test(machine, settings=kernel_settings(examples=examples))
-    totals = machine.totals
-    assert totals["kernel vllm"] > 0 and totals["check vllm-block-table"] > 0
-    assert totals["check exact-gather"] > 0
+    _vllm_kernels_checked_every_step(name, worker="vllm-v2")
 
 
 @pytest.mark.parametrize("name", ["gpt-oss", "nemotron-h-8b", "deepseek-v3"])
@@ -133,3 +123,14 @@ def test_decode_batches_take_unified_attentions_3d_path_and_a_fault_there_is_cau
         broken = run_stage(model_setup("llama-3-8b"), factory, kernel_settings("quick", examples=6),
                            kernels=VLLM_KERNELS)
     assert not broken.passed and "kernel-output" in str(broken.failure)
+
+
+def _vllm_kernels_checked_every_step(name: str, worker: str) -> None:
+    """One layer a group of model ``name`` under vLLM's manager, through ``worker``'s tables, vLLM's kernels
+    and block tables checked every step."""
+    examples = EXAMPLES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
+    machine = kernel_machine(model_setup(name, layers=1), vllm_manager, kernels=VLLM_KERNELS, worker=worker)
+    run_state_machine_as_test(machine, settings=kernel_settings(examples=examples))
+    totals = machine.totals
+    assert totals["kernel vllm"] > 0 and totals["check vllm-block-table"] > 0
+    assert totals["check exact-gather"] > 0
