@@ -134,3 +134,15 @@ def _vllm_kernels_checked_every_step(name: str, worker: str) -> None:
     totals = machine.totals
     assert totals["kernel vllm"] > 0 and totals["check vllm-block-table"] > 0
     assert totals["check exact-gather"] > 0
+
+
+def test_kvspecs_command_line_imports_neither_vllm_nor_triton():
+    """`kvspec kernels` chooses Triton's interpreter before Triton is imported, so importing the command line
+    must import neither: a module-level known-findings lookup that asked the installed vLLM's release did, and
+    `kvspec kernels --target vllm` stopped with "TRITON_INTERPRET=1 was not set before Triton was imported"."""
+    import subprocess
+    import sys
+
+    probe = "import sys, kvspec.cli; print(sorted(m for m in ('vllm', 'triton') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

@@ -839,11 +839,14 @@ def _recording(scope: str, name: str, config: dict[str, Any], spec_factory: Call
     return make
 
 
-WALKS_AVOID = frozenset(i for t in {f.target for f in FINDINGS} for i in inputs_to_avoid(t)
+WALKS_AVOID = frozenset(i for t in {f.target for f in FINDINGS} for i in inputs_to_avoid(t, release=releases.REFERENCE)
                         if not i.startswith("layout:"))
-"""Inputs the walks do not send: those of known findings, which have their
-own vectors -- so that a target with known findings still learns from
-every walk.  Walks over a finding's layout are tagged with the finding."""
+"""Inputs the walks do not send: those of known findings of the reference
+release, which have their own vectors -- so that a target with known
+findings still learns from every walk.  Walks over a finding's layout are
+tagged with the finding.  (The reference release named: asking the
+installed vLLM's would import vLLM, and Triton with it, whenever kvspec's
+command line is imported.)"""
 
 
 def walk_vectors(scope: str, name: str, examples: int, steps: int,
