@@ -48,6 +48,7 @@ import dataclasses
 import functools
 import importlib.util
 import itertools
+import logging
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -170,6 +171,8 @@ def vllm_runner_choice(arch: Architecture | None) -> RunnerChoice:
     num_experts = ModelArchConfigConvertorBase(experts, experts).get_num_experts()
     model_class = _model_class(ModelConfig)
     probe = model_class(ModelConfig, arch, None, "generate", num_experts)
+    registry_log = logging.getLogger("vllm.model_executor.models.registry")
+    registry_log.disabled = True  # an architecture it cannot inspect: a traceback of ~50 lines, said in a line below
     try:
         info, _ = ModelRegistry.inspect_model_cls([arch.hf_architecture], probe)
         infos, unknown = [info], None
@@ -177,6 +180,8 @@ def vllm_runner_choice(arch: Architecture | None) -> RunnerChoice:
         unknown = _why_not_inspected(ModelRegistry, arch.hf_architecture, error)
         infos = [SimpleNamespace(is_hybrid=h, is_attention_free=a)
                  for h, a in itertools.product((False, True), repeat=2)]
+    finally:
+        registry_log.disabled = False
     answers = {}
     for info in infos:
         generate = unknown is not None or ModelRegistry.is_text_generation_model([arch.hf_architecture], probe)
