@@ -70,8 +70,8 @@ def test_vllm_model_runner_v2(name):
     preparation; vLLM's kernels read V2's gathered tables."""
     from kvspec.models.vllm_worker_v2 import vllm_worker_v2_available
 
-    if vllm_worker_v2_available() is not None:
-        pytest.skip(vllm_worker_v2_available())
+    if (missing := vllm_worker_v2_available()) is not None:
+        pytest.skip(missing)
     _vllm_kernels_checked_every_step(name, worker="vllm-v2")
 
 
