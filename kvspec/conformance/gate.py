@@ -217,8 +217,8 @@ def run_gate(options: GateOptions, listener: Listener | None = None) -> RunRepor
         try:
             _search(dataclasses.replace(options, coverage_dir=measure.get("dir")), target, plan, steered, avoid,
                     deadline, report, found)
-        except (KeyboardInterrupt, Terminated) as stop:
-            if isinstance(stop, KeyboardInterrupt) and type(stop) is not KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
+            if type(stop) not in (KeyboardInterrupt, Terminated):
                 raise  # the budget's or the harness's own stop (machinery.BudgetSpent, HarnessFault), no interrupt
             report.interrupted = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
             _keep_what_was_found(report, plan, found.failures)
@@ -245,9 +245,18 @@ def _import_failure(options: GateOptions, error: TargetImportError, listener: Li
     return report
 
 
-class Terminated(BaseException):  # noqa: N818 (a signal, as KeyboardInterrupt is: no failure of the target)
+class Terminated(KeyboardInterrupt):  # noqa: N818 (a signal, as KeyboardInterrupt is: no failure of the target)
     """SIGTERM arrived (a CI job cancelled, a timeout): the run stops where
-    it is and reports what it found, as for SIGINT."""
+    it is and reports what it found, as for SIGINT.
+
+    A KeyboardInterrupt, as machinery.BudgetSpent is, because Hypothesis
+    lets only those through untouched: any other exception raised part-way
+    through a test case it has run a longer form of before ends that case
+    (``data.freeze()``), and the tree of cases it keeps calls that
+    inconsistent data generation -- ``FlakyStrategyDefinition`` replaces the
+    signal, the layout ends as flaky, and the run goes on searching (seen
+    once in CI on Hypothesis 6.150; reproduced on 6.150 and 6.170 by
+    ``tests/test_gate.py::test_a_signal_part_way_through_a_case_hypothesis_ran_before_still_stops_the_run``)."""
 
 
 @contextlib.contextmanager
