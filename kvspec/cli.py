@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", default="impl",
                      help="impl, spec, vllm, sglang, lmdeploy, or module:factory (default impl)")
     run.add_argument(
-        "--scope", default="all", choices=["pool", "manager", "scheduler", "cache", "all"],
+        "--scope", default="all", choices=["pool", "manager", "scheduler", "cache", "offload", "all"],
         help="pool: the block pool alone; manager: the KVCacheManager driven as a scheduler drives it; "
         "scheduler: vLLM's own scheduler over the target (vllm, or impl through the drop-in; needs vLLM); "
         "cache: any engine's prefix cache and allocator through its content view (spec chapter 10: sglang, "
