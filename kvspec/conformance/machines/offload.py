@@ -62,8 +62,9 @@ OFFLOAD_LAYOUTS: dict[str, OffloadLayout] = {
         OffloadLayout("arc", num_blocks=6, cache_policy="arc", description="6 blocks, adaptive replacement (ARC)"),
         OffloadLayout("store-threshold-2", num_blocks=6, store_threshold=2,
                       description="a key is stored only once looked up twice"),
-        OffloadLayout("threshold-small-tracker", num_blocks=4, cache_policy="arc", store_threshold=2,
-                      max_tracker_size=3, description="store threshold 2 with lookups counted for 3 keys"),
+        OffloadLayout("threshold-small-tracker", num_blocks=1, store_threshold=2, max_tracker_size=2, num_keys=4,
+                      description="store threshold 2 with lookups counted for 2 keys: a held key's count is "
+                      "forgotten"),
         OffloadLayout("tiny-tier", num_blocks=2, max_keys=4, num_keys=6,
                       description="2 blocks, calls of up to 4 keys: every store evicts"),
         OffloadLayout("tiny-tier-arc", num_blocks=2, cache_policy="arc", max_keys=4, num_keys=6,
@@ -125,11 +126,12 @@ class OffloadMachine(CheckingMachine):
         if op == "prepare_store" and self.policy_judged and (result is None) != (spec_result is None):
             problems.append(Violation("tier-policy", f"{where} gave {'up' if result is None else 'blocks'}; "
                                       f"the policy {'gives up' if spec_result is None else 'finds blocks'}"))
-        if problems:
+        tiers.settle(self.ledger, op, args, result)
+        problems += [Violation(rule, p) for rule, p in tiers.check_tier_state(after, self.ledger)]
+        if problems:  # the rules first, then the comparison with the spec
             self.fail(problems)
         if self.lockstep:
             self.compare(where, result, spec_result, after, spec_after)
-        tiers.settle(self.ledger, op, args, result)
         self.cover(op, result, after)
         return result
 
@@ -156,8 +158,11 @@ class OffloadMachine(CheckingMachine):
                          min(len(self.stores), 2)))
 
     def some_keys(self, data: st.DataObject, pool: list[bytes], label: str) -> list[bytes]:
+        """Distinct keys of ``pool``, drawn as their numbers (a trace saves numbers)."""
+        numbers = [self.keys.index(k) for k in pool]
         most = min(self.layout.max_keys, len(pool))
-        return data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=most, unique=True), label=label)
+        drawn = data.draw(st.lists(st.sampled_from(numbers), min_size=1, max_size=most, unique=True), label=label)
+        return [self.keys[i] for i in drawn]
 
     # --- the connector's operations --------------------------------------------------------
 
@@ -165,7 +170,7 @@ class OffloadMachine(CheckingMachine):
     @recorded
     def lookup(self, data: st.DataObject) -> None:
         """The scheduler asks whether a key is in the tier."""
-        key = data.draw(st.sampled_from(self.keys), label="key")
+        key = self.keys[data.draw(st.integers(0, len(self.keys) - 1), label="key")]
         self.apply("lookup", key)
 
     @rule(data=st.data())
@@ -196,6 +201,18 @@ class OffloadMachine(CheckingMachine):
     def prepare_store(self, data: st.DataObject) -> None:
         """A request's computed blocks are to be offloaded."""
         keys = self.some_keys(data, self.keys, "keys")
+        result = self.apply("prepare_store", keys)
+        if result is not None and result[0]:
+            self.stores.append(tuple(result[0]))
+
+    @rule(data=st.data())
+    @recorded
+    def request(self, data: st.DataObject) -> None:
+        """A request's keys are looked up in order (each ask counts toward the
+        store threshold), then its blocks are offloaded."""
+        keys = self.some_keys(data, self.keys, "keys")
+        for key in keys:
+            self.apply("lookup", key)
         result = self.apply("prepare_store", keys)
         if result is not None and result[0]:
             self.stores.append(tuple(result[0]))
