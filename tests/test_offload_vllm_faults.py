@@ -22,6 +22,10 @@ import pytest
 
 pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
 
+# Each search shrinks what it finds on every layout it fails: a fault takes 30 s to 4 minutes here (2 cores), the
+# first failing check within seconds of the search's start (the "caught" times the tests print).
+pytestmark = pytest.mark.slow
+
 from kvspec.cli import main  # noqa: E402
 
 MANAGER = "vllm.v1.kv_offload.cpu.manager:CPUOffloadingManager"

@@ -208,14 +208,17 @@ class OffloadMachine(CheckingMachine):
     @rule(data=st.data())
     @recorded
     def request(self, data: st.DataObject) -> None:
-        """A request's keys are looked up in order (each ask counts toward the
-        store threshold), then its blocks are offloaded."""
+        """A scheduler step for one request: its keys are looked up in order
+        (each ask counts toward the store threshold), its blocks are
+        offloaded, and the connector takes the tier's events (as it does
+        every step)."""
         keys = self.some_keys(data, self.keys, "keys")
         for key in keys:
             self.apply("lookup", key)
         result = self.apply("prepare_store", keys)
         if result is not None and result[0]:
             self.stores.append(tuple(result[0]))
+        self.apply("take_events")
 
     @precondition(lambda self: self.stores)
     @rule(data=st.data())
