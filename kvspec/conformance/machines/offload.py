@@ -62,7 +62,7 @@ OFFLOAD_LAYOUTS: dict[str, OffloadLayout] = {
         OffloadLayout("arc", num_blocks=6, cache_policy="arc", description="6 blocks, adaptive replacement (ARC)"),
         OffloadLayout("store-threshold-2", num_blocks=6, store_threshold=2,
                       description="a key is stored only once looked up twice"),
-        OffloadLayout("threshold-small-tracker", num_blocks=1, store_threshold=2, max_tracker_size=2, num_keys=4,
+        OffloadLayout("threshold-small-tracker", num_blocks=1, store_threshold=2, max_tracker_size=2, num_keys=3,
                       description="store threshold 2 with lookups counted for 2 keys: a held key's count is "
                       "forgotten"),
         OffloadLayout("tiny-tier", num_blocks=2, max_keys=4, num_keys=6,
