@@ -358,12 +358,12 @@ class SpecOffloadingManager:
         new = [k for k in keys if k not in self.blocks]
         if not new:
             return PrepareStoreOutput([], TierBlocks(()), [])
-        short = len(new) - self._num_free()
+        lacking = len(new) - self._num_free()
         evicted: list[bytes] = []
-        if short > 0:
-            if short > self._num_evictable():
+        if lacking > 0:
+            if lacking > self._num_evictable():
                 return None
-            victims = self.policy.victims(short, set(asked), self._evictable)
+            victims = self.policy.victims(lacking, set(asked), self._evictable)
             if victims is None:
                 return None
             self.policy.evicted(victims)
