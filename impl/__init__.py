@@ -4,7 +4,10 @@
 ``from vllm.v1.core.block_pool import BlockPool``, and likewise
 ``KVCacheManager`` (``vllm.v1.core.kv_cache_manager``), the coordinators
 (``vllm.v1.core.kv_cache_coordinator``) and the single-type managers
-(``vllm.v1.core.single_type_kv_cache_manager``).
+(``vllm.v1.core.single_type_kv_cache_manager``).  The offloading tier,
+:mod:`kvspec.impl.offload`'s ``CPUOffloadingManager``, has the API of
+``vllm.v1.kv_offload.cpu.manager``'s (spec chapter 11) and is imported from
+its module.
 """
 
 from kvspec.impl.block_pool import BlockHashToBlockMap, BlockPool

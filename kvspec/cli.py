@@ -337,11 +337,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", default="impl",
                      help="impl, spec, vllm, sglang, lmdeploy, or module:factory (default impl)")
     run.add_argument(
-        "--scope", default="all", choices=["pool", "manager", "scheduler", "cache", "all"],
+        "--scope", default="all", choices=["pool", "manager", "scheduler", "cache", "offload", "all"],
         help="pool: the block pool alone; manager: the KVCacheManager driven as a scheduler drives it; "
         "scheduler: vLLM's own scheduler over the target (vllm, or impl through the drop-in; needs vLLM); "
         "cache: any engine's prefix cache and allocator through its content view (spec chapter 10: sglang, "
-        "lmdeploy, impl, spec); all: each of them the target has (default; sglang and lmdeploy: cache)",
+        "lmdeploy, impl, spec); offload: an offloading tier, vLLM's OffloadingManager API (spec chapter 11: spec, "
+        "impl, vllm, module:factory; asked for by name); all: each of them the target has but offload (default; "
+        "sglang and lmdeploy: cache)",
     )
     run.add_argument(
         "--level", default="L3", choices=sorted(LEVELS),

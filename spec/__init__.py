@@ -7,8 +7,9 @@ full-attention group (:mod:`~kvspec.spec.core`,
 :mod:`~kvspec.spec.request_rules`, :mod:`~kvspec.spec.content`,
 :mod:`~kvspec.spec.oracle`), then windows, several groups, Mamba, EAGLE and
 external tokens as deltas (:mod:`~kvspec.spec.kinds`,
-:mod:`~kvspec.spec.coordinator`, :mod:`~kvspec.spec.manager`).  The rule
-catalogue is :mod:`~kvspec.spec.catalogue`.
+:mod:`~kvspec.spec.coordinator`, :mod:`~kvspec.spec.manager`).  An offloading tier below the pool is chapter 11
+(:mod:`~kvspec.spec.tiers`).  The rule catalogue is
+:mod:`~kvspec.spec.catalogue`.
 """
 
 from kvspec.spec.interface import NULL_BLOCK_ID, Cleared, PoolSnapshot, PoolTarget, Removed, Stored

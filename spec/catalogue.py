@@ -90,3 +90,41 @@ LEVELS: dict[str, frozenset[str]] = {
 L1 and optimal hits.  L3 (equivalence): every rule, and every observation --
 block ids, free order, hit lengths, events -- equal to the spec's; for
 drop-in replacements of vLLM's classes."""
+
+TIER_RULES: dict[str, str] = {
+    "tier-content-soundness": (
+        "A lookup answers HIT only for a key whose store completed successfully and was not evicted since, "
+        "HIT_PENDING only while its store is in flight: a failed or pending store is never served; the tier holds "
+        "each such key in the block its store wrote, one key a block, and a load reads that block."
+    ),
+    "tier-ref-conservation": (
+        "A tier block's reference count equals the number of loads in flight on it; a block whose store is in "
+        "flight is marked not ready."
+    ),
+    "tier-eviction": (
+        "A tier block is evictable exactly when its store completed and its reference count is 0; a store "
+        "evicts only evictable blocks not among the keys it was asked to store, no more than it lacks free "
+        "blocks for, and gives up (changing nothing) only when too few are evictable."
+    ),
+    "tier-events": (
+        "The stored and removed events describe the tier exactly, in order: one stored event per completed "
+        "store naming the keys it made readable, one removed event per eviction naming the keys evicted."
+    ),
+    "tier-policy": (
+        "The keys a store evicts are the ones the tier's policy picks: least recently used first (LRU), or "
+        "ARC's choice between its recent and frequent lists."
+    ),
+}
+"""The rules of an offloading tier (chapter 11, :mod:`kvspec.spec.tiers`):
+they judge a different object -- an ``OffloadingManager``, not a block
+pool -- so they are kept apart from :data:`RULES` and its vectors."""
+
+TIER_LEVELS: dict[str, frozenset[str]] = {
+    "L1": frozenset({"tier-policy"}),
+    "L2": frozenset(),
+    "L3": frozenset(),
+}
+"""The rules each level does not ask for at offload scope: L1 every rule
+but the policy; L2 the policy too (against the spec model's evictions); L3
+every observation -- answers, block ids, the policy's order, events --
+equal to the spec model's."""

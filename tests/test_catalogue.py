@@ -33,13 +33,14 @@ def test_every_layout_table_is_in_the_catalogue():
     tables = _tables()
     missing = [name for name, table in tables.items() if not any(table is t for t in indexed)]
     assert not missing, f"layout tables outside the catalogue: {missing}"
-    assert set(catalogue.CATALOGUE) == set(SCOPES) and len(tables) == 5, sorted(tables)
+    assert set(catalogue.CATALOGUE) == set(SCOPES) and len(tables) == 6, sorted(tables)
 
 
 def test_the_counts_are_the_tables():
     counts = catalogue.counts()
     assert counts["pool"] == len(layout_names("pool"))
     assert counts["cache"] == len(layout_names("cache"))
+    assert counts["offload"] == len(layout_names("offload"))
     assert counts["scheduler"] + counts["scheduler (engine variants)"] == len(layout_names("scheduler"))
     assert counts["manager"] + counts["manager (later releases)"] == \
         len(catalogue.CATALOGUE["manager"]) + len(catalogue.LATER["manager"])

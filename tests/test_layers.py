@@ -226,7 +226,7 @@ def test_the_documents_layer_tables_are_layers(document):
 # ====  ===============================================================================================
 # rank  rooms
 # ====  ===============================================================================================
-#  0    trace, settings, spec_coverage, vllm (floor: compat, installed, scheduler, connector)
+#  0    trace, settings, spec_coverage, vllm (floor: compat, installed, scheduler, connector, offload)
 #  1    targets, engines
 #  2    vllm (adapters: targets, upstream)
 #  3    machines

@@ -91,7 +91,9 @@ from kvspec.conformance.trace import Trace, trace_file_name
 from kvspec.dropin_releases import impl_deltas
 from kvspec.errors import SetupError, TargetImportError
 from kvspec.spec import releases
-from kvspec.spec.catalogue import RULES
+from kvspec.spec.catalogue import RULES, TIER_RULES
+
+KNOWN_RULES = {**RULES, **TIER_RULES}  # every rule a run may break: the block manager's and a tier's
 
 WORKER_GRACE = 5.0  # seconds past the budget before a worker that has not answered is stopped
 FIRST_SLICE = (0.25, 2.0)  # seconds: the bounds of a layout's first slice under a budget
@@ -349,7 +351,8 @@ def _as_found(f: FirstFailure, why: str) -> LayoutResult:
     run that stopped before the failure was shrunk."""
     trace = Trace.load(f.path) if f.path.exists() else None
     return LayoutResult(
-        f.scope, f.layout, f.steps, f.seconds, False, rules=[rule for rule in f.broken.split(", ") if rule in RULES],
+        f.scope, f.layout, f.steps, f.seconds, False,
+        rules=[rule for rule in f.broken.split(", ") if rule in KNOWN_RULES],
         details=[f.broken, f"{why} before this failure was shrunk: the run below is as found"],
         trace=trace, trace_file=str(f.path), shrinking_stopped=True, first_failure_at=round(f.seconds, 3))
 

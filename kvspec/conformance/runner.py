@@ -42,12 +42,14 @@ from kvspec.conformance.machines.machinery import (
     stopped_on,
 )
 from kvspec.conformance.machines.manager import manager_machine
+from kvspec.conformance.machines.offload import OFFLOAD_LAYOUTS, offload_machine
 from kvspec.conformance.machines.pool import LAYOUTS, pool_machine
 from kvspec.conformance.machines.scheduler import SCHEDULER_LAYOUTS, engine_of, scheduler_machine
 from kvspec.conformance.report import LayoutResult
 from kvspec.conformance.settings import example_database, run_machine
 from kvspec.conformance.targets.cache import impl_cache_target, spec_cache_target
 from kvspec.conformance.targets.manager import ImplManagerTarget
+from kvspec.conformance.targets.offload import impl_tier, spec_tier, vllm_tier, wrap
 from kvspec.conformance.targets.pool import ImplPoolTarget, SpecPoolTarget, VllmApiPoolTarget
 from kvspec.conformance.targets.remote import Child as RemoteChild
 from kvspec.conformance.targets.remote import RemoteFactory
@@ -58,15 +60,17 @@ from kvspec.conformance.vllm.targets import VllmManagerTarget, VllmPoolTarget, r
 from kvspec.errors import HarnessError, HarnessFault, SetupError, TargetImportError
 from kvspec.kv_cache_interface import AttentionKind, attention_kind
 from kvspec.spec import releases
-from kvspec.spec.catalogue import LEVELS
+from kvspec.spec.catalogue import LEVELS, TIER_LEVELS, TIER_RULES
 from kvspec.spec.engines import CACHE_RULES, CacheLayout
 from kvspec.spec.layout import Layout
 
-SCOPES = ("pool", "manager", "scheduler", "cache")
+SCOPES = ("pool", "manager", "scheduler", "cache", "offload")
 BLOCK_SCOPES = ("pool", "manager")
 """The scopes every target has (and the conformance vectors cover): the
 block manager called directly.  The scheduler scope drives vLLM's own
-scheduler, over vLLM's block manager or kvspec's (the drop-in)."""
+scheduler, over vLLM's block manager or kvspec's (the drop-in); the offload
+scope an offloading tier (spec chapter 11), asked for by name (``--scope
+offload``), never part of ``all``."""
 SCHEDULER_TARGETS = ("vllm", "impl")
 ENGINE_TARGETS = ("sglang", "lmdeploy")
 """Engines of other designs: judged at cache scope only (spec chapter 10)."""
@@ -115,6 +119,8 @@ def rules_checked(scope: str, level: str) -> list[str]:
 
     if scope == "cache":  # chapter 10's rules; no lockstep (L3 judges what L2 does)
         return sorted(set(CACHE_RULES) - LEVELS[level])
+    if scope == "offload":  # chapter 11's rules; L3 in lockstep with the spec's tier
+        return sorted(set(TIER_RULES) - TIER_LEVELS[level]) + (["spec-equivalence"] if level == "L3" else [])
     if scope == "pool":
         names = set(rules.STATE_RULES) | set(rules.STEP_RULES) | {"content-soundness"}
     elif scope == "manager":
@@ -181,6 +187,7 @@ TARGETS: dict[str, dict[str, Callable[..., Any]]] = {
     "manager": {"spec": SpecManagerTarget, "impl": ImplManagerTarget, "vllm": VllmManagerTarget},
     "cache": {"spec": spec_cache_target, "impl": impl_cache_target,
               **{name: engine_factory(name) for name in ENGINE_TARGETS}},
+    "offload": {"spec": spec_tier, "impl": impl_tier, "vllm": vllm_tier},
 }
 """The built-in targets per scope; anything else is ``module:factory``."""
 
@@ -246,6 +253,8 @@ def resolve_target(name: str, scope: str) -> Callable[..., Any]:
             raise
         if target is None:
             raise SetupError(f"target factory {name} returned None")
+        if scope == "offload":  # an OffloadingManager: vLLM's class read through the seam, any other by its state
+            return wrap(target)
         if scope == "pool" and not hasattr(target, "snapshot"):
             missing = [a for a in BLOCK_POOL_API if not hasattr(target, a)]
             if missing:
@@ -310,7 +319,7 @@ def _spec_refusal(name: str, release: releases.Release = releases.REFERENCE) -> 
 
 def _mamba_modes(scope: str, name: str) -> set[str]:
     """The cache modes of a layout's Mamba groups, where prefix caching is on."""
-    if scope in ("pool", "cache"):
+    if scope in ("pool", "cache", "offload"):
         return set()
     if scope == "scheduler":
         layout = SCHEDULER_LAYOUTS[name]
@@ -327,6 +336,8 @@ REQUIRED_OPERATIONS = {
     "pool": ("get_new_blocks", "touch", "free_blocks", "get_cached_block", "cache_full_blocks", "snapshot"),
     "manager": ("get_computed_blocks", "allocate_slots", "free", "cache_blocks", "snapshot"),
     "cache": ("admit", "append", "cache", "finish", "preempt", "evict", "view"),
+    "offload": ("lookup", "prepare_load", "touch", "complete_load", "prepare_store", "complete_store",
+                "take_events", "reset_cache", "snapshot"),
 }
 
 
@@ -340,6 +351,8 @@ def _build(factory: Callable[..., Any], scope: str) -> Any:
     try:
         if scope == "cache":
             return factory(next(iter(CACHE_LAYOUTS.values())))
+        if scope == "offload":
+            return factory(**next(iter(OFFLOAD_LAYOUTS.values())).options())
         layout = next(iter(LAYOUTS.values())) if scope == "pool" else MANAGER_LAYOUTS["full"]
         return layout.make_target(factory)
     except SetupError:
@@ -377,7 +390,7 @@ def findings_target(name: str, scope: str) -> str:
 def _findings_of(name: str, scope: str, factory: Callable[..., Any] | None) -> str:
     """:func:`findings_target`, of ``factory`` when the target is resolved
     already; once a process for each target and scope (:data:`_WHOSE`)."""
-    if ":" not in name or scope in ("scheduler", "cache"):
+    if ":" not in name or scope in ("scheduler", "cache", "offload"):
         return name
     if (name, scope) not in _WHOSE:
         built = _build(factory or resolve_target(name, scope), scope)
@@ -509,6 +522,10 @@ def describe_layout(scope: str, name: str) -> str:
         sizes = " and ".join(map(str, p.group_block_sizes))
         return (f"{p.num_blocks} blocks, hash blocks of {p.hash_block_size}, groups of {sizes} tokens"
                 + ("" if p.events else ", no events") + ("" if p.enable_caching else ", caching off"))
+    if scope == "offload" and name in OFFLOAD_LAYOUTS:
+        o = OFFLOAD_LAYOUTS[name]
+        return (f"{o.num_blocks} blocks, {o.cache_policy}, store threshold {o.store_threshold}, lookups counted for "
+                f"{o.max_tracker_size} keys, calls of up to {o.max_keys} of {o.num_keys} keys")
     if scope not in ("manager", "scheduler"):
         return name
     layout = SCHEDULER_LAYOUTS[name] if scope == "scheduler" else manager_layout(name)
@@ -591,6 +608,13 @@ def machine_for(
         return machine
     if factory is None:
         factory = resolve_target(target, scope) if isinstance(target, str) else target
+    if scope == "offload":
+        if against:
+            raise SetupError("--against runs in lockstep at pool and manager scope; the offload scope has none")
+        machine = offload_machine(factory, OFFLOAD_LAYOUTS[layout], ignore_rules=TIER_LEVELS[level], avoid=avoid,
+                                  lockstep=lockstep)
+        machine.layout_name = layout
+        return machine
     release = releases.as_release(release) if release is not None else default_release(target, scope)
     if isinstance(target, str) and target in RELEASED_TARGETS:
         factory = functools.partial(factory, release=release)

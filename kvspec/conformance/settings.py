@@ -80,6 +80,17 @@ def manager_settings(name: str | None = None) -> settings:
     return settings(load_profile(name), max_examples=MANAGER_EXAMPLES[name])
 
 
+# The offload machine: a tier of a few blocks and ten keys; an operation costs microseconds, an example of 50 of
+# them reaches a full tier, evictions and loads in flight many times over.
+OFFLOAD_EXAMPLES = {"ci": 60, "long": 1000, "quick": 10}
+
+
+def offload_settings(name: str | None = None) -> settings:
+    """The profile ``name`` sized for the offload machine (spec chapter 11)."""
+    name = name or os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    return settings(load_profile(name), max_examples=OFFLOAD_EXAMPLES[name], stateful_step_count=50)
+
+
 def load_profile(name: str | None = None) -> settings:
     """Load profile ``name`` (default: ``$HYPOTHESIS_PROFILE`` or ``ci``)."""
     name = name or os.environ.get("HYPOTHESIS_PROFILE", "ci")
@@ -96,6 +107,8 @@ def scope_settings(scope: str, name: str | None = None) -> settings:
     Hypothesis then takes ``database`` for a database)."""
     if scope == "pool":
         return load_profile(name)
+    if scope == "offload":
+        return offload_settings(name)
     return manager_settings(name) if scope == "manager" else scheduler_settings(name)
 
 

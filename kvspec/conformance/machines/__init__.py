@@ -6,8 +6,9 @@ traces of each step); ``observe`` reads a target through its interface;
 ``layouts`` names the KV-cache layouts they run on and ``catalogue`` is
 the index of every scope's layouts; ``configurations`` the incoherent
 variants of a layout that a target must refuse to be built with; ``pool``,
-``manager``, ``scheduler``, ``cache`` and ``kernel`` are the machines, one
+``manager``, ``scheduler``, ``cache``, ``offload`` and ``kernel`` are the machines, one
 per scope -- the block pool, the KV-cache manager, vLLM's own scheduler, any engine's
-prefix cache seen through its content view (spec chapter 10), and the
+prefix cache seen through its content view (spec chapter 10), an
+offloading tier of KV blocks (spec chapter 11), and the
 kernel stage that feeds block tables to attention kernels.
 """

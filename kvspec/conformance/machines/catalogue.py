@@ -5,7 +5,7 @@ every layout table of ``machines/`` to be in it).
 The tables themselves stay beside what reads them -- the pool machine's
 in :mod:`~kvspec.conformance.machines.pool`, the manager's in
 :mod:`~kvspec.conformance.machines.layouts`, the scheduler's and the cache
-scope's in their machines' modules -- and the kernel stage runs real
+scope's and the offload scope's in their machines' modules -- and the kernel stage runs real
 architectures (:data:`kvspec.models.architectures.ARCHITECTURES`) and the
 manager layouts.  Counts stated in the documentation are read from
 :func:`counts`.
@@ -17,6 +17,7 @@ from typing import Any
 
 from kvspec.conformance.machines.cache import CACHE_LAYOUTS
 from kvspec.conformance.machines.layouts import LATER_LAYOUTS, MANAGER_LAYOUTS
+from kvspec.conformance.machines.offload import OFFLOAD_LAYOUTS
 from kvspec.conformance.machines.pool import LAYOUTS
 from kvspec.conformance.machines.scheduler import ENGINES, SCHEDULER_LAYOUTS
 from kvspec.models.architectures import ARCHITECTURES
@@ -26,6 +27,7 @@ CATALOGUE: dict[str, dict[str, Any]] = {
     "manager": MANAGER_LAYOUTS,
     "scheduler": SCHEDULER_LAYOUTS,
     "cache": CACHE_LAYOUTS,
+    "offload": OFFLOAD_LAYOUTS,
 }
 """Each scope's built-in layouts, by name (the layouts a scope runs by default, but for :data:`LATER`)."""
 
@@ -47,5 +49,6 @@ def counts() -> dict[str, int]:
         "scheduler": len(SCHEDULER_LAYOUTS) - len(ENGINES),
         "scheduler (engine variants)": len(ENGINES),
         "cache": len(CACHE_LAYOUTS),
+        "offload": len(OFFLOAD_LAYOUTS),
         "models": len(MODELS),
     }

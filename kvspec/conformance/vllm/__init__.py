@@ -7,7 +7,9 @@ scripted KV connector vLLM loads into it; ``scheduler_findings`` holds the
 minimal traces of what that machine found in vLLM; ``version_probe`` replays
 every finding against the installed release (``tools/version_matrix.py``);
 ``compat`` holds the reference release and every switch on the release;
-``installed`` answers whether and which vLLM is here; ``upstream`` is a
+``installed`` answers whether and which vLLM is here; ``offload`` builds
+and reads vLLM's offloading tier (its ``CPUOffloadingManager``, spec
+chapter 11); ``upstream`` is a
 vLLM release beside it, run in a child process (the upstream a fork runs in
 lockstep with: ``kvspec conform --against``).  The seam has two
 more rooms, each at the layer that uses it (``tests/test_layers.py``):
@@ -19,8 +21,8 @@ vLLM is imported lazily, inside these modules' functions, so that kvspec
 installs and runs without it.
 
 One folder, its modules at four heights of conformance's ladder
-(``tests/test_layers.py``): ``compat``, ``installed``, ``scheduler`` and
-``connector`` below targets/ (they import nothing of conformance);
+(``tests/test_layers.py``): ``compat``, ``installed``, ``scheduler``,
+``connector`` and ``offload`` below targets/ (they import nothing of conformance);
 ``targets`` and ``upstream`` above targets/; ``scheduler_findings`` above
 machines/; ``version_probe`` at the top, beside the gate's readers.
 """
