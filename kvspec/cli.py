@@ -311,14 +311,18 @@ def kernels_command(args: argparse.Namespace) -> int:
         print(f"{name:<28} {0:>7} {0:>8} {0:>8.1f}  skipped ({why})")
     results = plan.run(on_result=show)
     print()
-    print("every layout passed every check" if not failures else f"{failures} layout(s) failed")
+    nothing_ran = not plan.searched() and any(why.startswith("runner ") for why in plan.skipped.values())
+    if nothing_ran:  # an environment that cannot run any model's runner: no verdict, no pass
+        print("no layout could run: each model's runner cannot run here (see the skips above)")
+    else:
+        print("every layout passed every check" if not failures else f"{failures} layout(s) failed")
     if options.report_dir:
         from kvspec.conformance.kernel_stage import stage_report
         from kvspec.conformance.report import write_reports
 
         for path in write_reports(stage_report(plan, results), options.report_dir):
             print(f"wrote {path}")
-    return 1 if failures else 0
+    return 1 if failures else 2 if nothing_ran else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -292,18 +292,22 @@ DRIVEN_V2 = "Model Runner V2 (its request states, BlockTables and prepare_inputs
 def model_runners(setups: list[Any]) -> dict[str, Any]:
     """For each setup, vLLM's own choice of model runner for its model on a
     CUDA GPU (:func:`~kvspec.models.vllm_runner_choice.vllm_runner_choice`)
-    and the runner the stage drives: the one vLLM picks, V1 where vLLM's
-    choice is unknown (a manager layout) and this release still has V1."""
+    and the runner the stage drives: the one vLLM picks; where vLLM's
+    choice is unknown (a manager layout), V1 while the release has it, else
+    V2 (0.34.0 removed V1).  A setup whose runner cannot run here is
+    driven by none (``"none: why"``): it is skipped with the reason."""
     from kvspec.models.vllm_runner_choice import V2, architecture_of, vllm_runner_choice
-    from kvspec.models.vllm_worker_v2 import vllm_worker_v2_available
+    from kvspec.models.vllm_worker import vllm_worker_v1_available
+    from kvspec.models.vllm_worker_v2 import vllm_worker_v2_serves
 
     runners = {}
     for s in setups:
         choice = vllm_runner_choice(architecture_of(s.name))
-        if choice.picked == V2:
-            problem = vllm_worker_v2_available()
+        if choice.picked == V2 or (choice.picked is None and vllm_worker_v1_available() is not None):
+            problem = vllm_worker_v2_serves(s.layout)
             driven = DRIVEN_V2 if problem is None else f"none: Model Runner V2 cannot run here ({problem})"
         else:
-            driven = DRIVEN_V1
+            problem = vllm_worker_v1_available()
+            driven = DRIVEN_V1 if problem is None else f"none: Model Runner V1 cannot run here ({problem})"
         runners[s.name] = (choice, driven)
     return runners
