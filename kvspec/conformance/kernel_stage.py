@@ -33,6 +33,14 @@ DTYPES = ("float32", "bfloat16", "float16")
 SPLIT_MODEL = "nemotron-h-8b"  # run at its real block sizes too, last, when vLLM's worker runs every model
 
 
+def default_kernels(target: str) -> list[str]:
+    """The kernels a run uses when none are named: the reference and
+    FlexAttention, and with the target vLLM also vLLM's own Triton kernels
+    (``unified_attention``, the MLA decode kernel) -- the test of vLLM as it
+    runs reads its tables with its kernels."""
+    return ["reference", "flex", "vllm"] if target == "vllm" else ["reference", "flex"]
+
+
 @dataclass
 class KernelOptions:
     """One kernel-stage run; the fields are ``kvspec kernels``' options."""
@@ -41,7 +49,7 @@ class KernelOptions:
     models: list[str] = field(default_factory=lambda: ["all"])  # architectures, "all" or manager layouts
     scale: str = "tiny"
     layers: int = 2  # per group: each with its own K/V or state behind the group's block table
-    kernels: list[str] = field(default_factory=lambda: ["reference", "flex"])
+    kernels: list[str] | None = None  # None: default_kernels(target)
     device: str = "cpu"
     dtype: str = "float32"
     profile: str = "ci"
@@ -52,6 +60,10 @@ class KernelOptions:
     report_dir: str | None = None  # report.json, report.md and junit.xml, as kvspec conform writes them
     known_findings: bool = False  # steer around the target's known findings, as kvspec conform does
     command: str = "kvspec kernels"  # recorded in the report
+
+    def __post_init__(self) -> None:
+        if self.kernels is None:
+            self.kernels = default_kernels(self.target)
 
     def chosen_worker(self) -> str:
         return self.worker or ("vllm" if self.target == "vllm" else "kvspec")
@@ -237,7 +249,8 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
 
     problem = vllm_kernels_available() if "vllm" in o.kernels else None
     if problem is not None:
-        raise SetupError(f"--kernels vllm: {problem} (run kvspec from tools/install_vllm.sh's environment)")
+        raise SetupError(f"--kernels vllm (the default with --target vllm): {problem} (run kvspec from "
+                         "tools/install_vllm.sh's environment)")
     if worker == "vllm":
         from kvspec.models.vllm_worker import vllm_worker_available
 
