@@ -118,3 +118,22 @@ def test_a_release_without_model_runner_v1_runs_v2_for_every_model():
             assert driven.startswith("none: ") and "Mamba" in driven, driven
         else:
             assert driven == DRIVEN_V2, (name, driven)
+
+
+def test_a_model_whose_runner_cannot_run_is_skipped_and_nothing_run_exits_2(capsys):
+    """On 0.34.0 (V2 alone) kvspec does not drive V2's Mamba state: Nemotron-H is skipped with the reason,
+    never a FAILED layout, and a run where nothing could run exits 2."""
+    import importlib.util
+
+    from kvspec.cli import main
+    from kvspec.models.vllm_worker import vllm_worker_available
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None:
+        pytest.skip("this release still has Model Runner V1, which serves Nemotron-H")
+    if vllm_worker_available() is not None:
+        pytest.skip(vllm_worker_available())
+    code = main(["kernels", "--target", "vllm", "--model", "nemotron-h-8b", "--examples", "1", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert "skipped (runner Model Runner V2 cannot run here" in out and "FAILED" not in out, out
+    assert "no layout could run" in out
