@@ -257,7 +257,7 @@ def _skip_if_its_runner_cannot_run(code: int, out: str) -> None:
     """A layout whose model runner cannot run here is skipped, with the reason (exit 2 when none ran)."""
     skipped = [line for line in out.splitlines() if "skipped (runner " in line]
     if code == 2 and skipped:
-        pytest.skip(skipped[0].split("skipped (", 1)[1].rstrip(")"))
+        pytest.skip(skipped[0].split("skipped (", 1)[1].removesuffix(")"))
 
 
 @pytest.mark.parametrize("plant", FAULTS, ids=lambda f: f.__name__)
