@@ -350,9 +350,10 @@ class Engine:
             from kvspec.models.vllm_worker_v2 import VllmWorkerV2
 
             self.worker = VllmWorkerV2(self)  # Model Runner V2's tables; self.tables stays the oracle
-        # The caches: one tensor per layer index as vLLM's worker plans them, or kvspec's model of that plan.
+        # The caches: one tensor per layer index as vLLM's worker plans them, or kvspec's model of that plan
+        # (where the installed vLLM plans them another way: VllmWorker.plans_cache).
         self.cache = PagedCache(self.groups, layout, layout.num_blocks, dtype, device,
-                                plan=self.worker.cache_plan if self.worker else None)
+                                plan=self.worker.cache_plan if self.worker and self.worker.plans_cache else None)
         if self.cache.problems:
             self._fail("cache-layout", "; ".join(self.cache.problems[:3]))
         self.checks_run["cache-layout"] = 1

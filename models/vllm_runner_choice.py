@@ -158,10 +158,13 @@ def vllm_runner_choice(arch: Architecture | None) -> RunnerChoice:
     except Exception as error:
         return RunnerChoice(None, f"vLLM's config does not import ({type(error).__name__}: {error})")
     vllm_config_class = config_module.VllmConfig
+    has_v1 = importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
+    if not has_v1:  # 0.34.0: V1 removed, and with it use_v2_model_runner; gpu_worker builds V2 for every model
+        if importlib.util.find_spec("vllm.v1.worker.gpu.model_runner") is None:
+            return RunnerChoice(None, "this vLLM release has neither Model Runner V1 nor V2")
+        return RunnerChoice(V2, "this vLLM release has no Model Runner V1: its GPU worker builds V2 for every model")
     if not hasattr(vllm_config_class, "use_v2_model_runner"):
         return RunnerChoice(V1, "this vLLM release has no Model Runner V2")
-    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None:
-        return RunnerChoice(V2, "this vLLM release has no Model Runner V1")
     override = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
     from vllm.config import ModelConfig
     from vllm.model_executor.models.registry import ModelRegistry

@@ -68,17 +68,39 @@ if TYPE_CHECKING:
 
 
 def vllm_worker_available() -> str | None:
-    """None when vLLM's worker path can run here, else why not (an
-    environment problem, never the target's failure)."""
+    """None when the part of vLLM's worker path both model runners share
+    can run here (the cache write, the KV-cache tensor plan, the kernel
+    block size), else why not (an environment problem, never the target's
+    failure).  Which runner can run: :func:`vllm_worker_v1_available`, and
+    :func:`~kvspec.models.vllm_worker_v2.vllm_worker_v2_available`."""
     try:
         import triton  # noqa: F401
-        from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder  # noqa: F401
         from vllm.v1.attention.ops.triton_reshape_and_cache_flash import triton_reshape_and_cache_flash  # noqa: F401
-        from vllm.v1.worker import gpu_input_batch, gpu_model_runner, mamba_utils  # noqa: F401
-        from vllm.v1.worker.block_table import MultiGroupBlockTable  # noqa: F401
+        from vllm.v1.kv_cache_interface import KVCacheTensor  # noqa: F401
+        from vllm.v1.worker.utils import select_common_block_size  # noqa: F401
     except Exception as error:  # ImportError (einops, say), or vLLM's Triton probe refusing
         return f"vLLM's worker modules do not import ({type(error).__name__}: {error})"
     return triton_cannot_run()
+
+
+def vllm_worker_v1_available() -> str | None:
+    """None when vLLM's Model Runner V1 can be driven here, else why not:
+    vLLM 0.34.0 removed it (``vllm/v1/worker/gpu_model_runner.py`` and
+    ``gpu_input_batch.py`` are gone)."""
+    problem = vllm_worker_available()
+    if problem is not None:
+        return problem
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None:
+        return "this vLLM release has no Model Runner V1 (vllm/v1/worker/gpu_model_runner.py is gone)"
+    try:
+        from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder  # noqa: F401
+        from vllm.v1.worker import gpu_input_batch, gpu_model_runner, mamba_utils  # noqa: F401
+        from vllm.v1.worker.block_table import MultiGroupBlockTable  # noqa: F401
+    except Exception as error:
+        return f"vLLM's Model Runner V1 modules do not import ({type(error).__name__}: {error})"
+    return None
 
 
 @contextlib.contextmanager
@@ -113,6 +135,23 @@ def _prompt_ids(request: Any) -> list[int]:
     if request.prompt_token_ids is not None:
         return list(request.prompt_token_ids)
     return [0] * request.num_prompt_tokens
+
+
+RELEASE_DROPPED = frozenset({"resumed_req_ids", "all_token_ids", "num_common_prefix_blocks"})
+"""Scheduler-output fields that vLLM 0.34.0 removed: with Model Runner V1
+gone, a resumed request is always sent as new (no ``resumed_req_ids``, no
+``all_token_ids``), and cascade attention's ``num_common_prefix_blocks``
+went with ``get_num_common_prefix_blocks`` (spec/releases/v0_34_0.py)."""
+
+
+def _release_fields(cls: Any, **fields: Any) -> Any:
+    """``cls(**fields)`` leaving out those of :data:`RELEASE_DROPPED` that the
+    installed release's ``cls`` no longer has (any other unknown field is an
+    error, as it was)."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in fields.items() if k in known or k not in RELEASE_DROPPED})
 
 
 class _RunnerState:
@@ -151,7 +190,7 @@ class VllmWorker:
     docstring).  Rows are vLLM's: :meth:`row_of` says where a request is."""
 
     def __init__(self, engine: Engine):
-        problem = vllm_worker_available()
+        problem = vllm_worker_v1_available()
         if problem is not None:
             raise RuntimeError(problem)
         from vllm.v1.worker import gpu_input_batch
@@ -170,6 +209,7 @@ class VllmWorker:
         self.table = self.batch.block_table
         self.finished: set[str] = set()  # since the last step: the scheduler output's finished_req_ids
         self.preempted: set[str] = set()  # ... and preempted_req_ids
+        self.resumed: set[str] = set()  # resumed this step (the scheduler output's resumed_req_ids, to 0.33)
         self.mamba_state_idx: dict[str, int] = {}  # vLLM's model runner's, kept across steps
         self.mamba_copies: dict[str, tuple[int, int]] = {}  # align mode: request -> state copied from, to
         self.mamba_all: dict[tuple[int, str], tuple[int, int]] = {}  # all mode: (block size, request) -> read, last
@@ -190,6 +230,20 @@ class VllmWorker:
 
         backend = type("KernelBackend", (), {"get_supported_kernel_block_sizes": staticmethod(lambda: list(supported))})
         return select_common_block_size(group.block_size, [backend])
+
+    @property
+    def plans_cache(self) -> bool:
+        """Whether :meth:`cache_plan` is vLLM's: releases up to 0.33 plan the
+        KV-cache tensors with ``get_kv_cache_config_from_groups`` in
+        ``kv_cache_utils``, one tensor per layer index ``shared_by`` a layer
+        of every group.  0.34.0 moved it (``kv_cache_planning``) and plans
+        by byte offsets and strides (``KVCacheTensor.layers``,
+        ``layer_stride``, ``block_stride``), which the engine's caches do
+        not lay out yet: there the engine keeps kvspec's model of the plan
+        (the ``cache-layout`` check then judges kvspec's plan, not vLLM's)."""
+        from vllm.v1.core import kv_cache_utils
+
+        return hasattr(kv_cache_utils, "get_kv_cache_config_from_groups")
 
     def cache_plan(self, page_bytes: int) -> list[Any]:
         """vLLM's plan of the KV-cache tensors -- which layers share which
@@ -259,25 +313,28 @@ class VllmWorker:
             rid = w.request.request_id
             if rid not in self.runner.requests:
                 ids = self.engine.target.get_block_ids(rid)
-                new.append(NewRequestData(
+                new.append(NewRequestData(  # prefill_token_ids: V2's (set there); required from 0.34.0
                     req_id=rid, prompt_token_ids=_prompt_ids(w.request), mm_features=[],
                     sampling_params=SamplingParams(max_tokens=self.engine.layout.max_model_len), pooling_params=None,
-                    block_ids=tuple(list(i) for i in ids), num_computed_tokens=w.start, lora_request=None))
+                    block_ids=tuple(list(i) for i in ids), num_computed_tokens=w.start, lora_request=None,
+                    prefill_token_ids=None))
             elif w.joins:  # resumed after a preemption: the whole table replaces the old one
                 cached.append((rid, tuple(list(i) for i in self.engine.target.get_block_ids(rid)), w.start, True))
             else:
                 ids = None if w.new_block_ids is None else tuple(list(i) for i in w.new_block_ids)
                 cached.append((rid, ids, w.start, False))
-        cached_data = CachedRequestData(
-            req_ids=[c[0] for c in cached], resumed_req_ids={c[0] for c in cached if c[3]}, new_token_ids=[],
+        self.resumed = {c[0] for c in cached if c[3]}
+        cached_data = _release_fields(
+            CachedRequestData, req_ids=[c[0] for c in cached], resumed_req_ids=self.resumed, new_token_ids=[],
             all_token_ids={}, new_block_ids=[c[1] for c in cached], num_computed_tokens=[c[2] for c in cached],
             num_output_tokens=[len(self.runner.requests[c[0]].output_token_ids) for c in cached])
         scheduled = {w.request.request_id: w.num_new for w in work}
-        return SchedulerOutput(
-            scheduled_new_reqs=new, scheduled_cached_reqs=cached_data, num_scheduled_tokens=scheduled,
-            total_num_scheduled_tokens=sum(scheduled.values()), scheduled_spec_decode_tokens={},
-            scheduled_encoder_inputs={}, num_common_prefix_blocks=[0] * len(self.engine.groups),
-            finished_req_ids=set(self.finished), free_encoder_mm_hashes=[], preempted_req_ids=set(self.preempted))
+        return _release_fields(
+            SchedulerOutput, scheduled_new_reqs=new, scheduled_cached_reqs=cached_data,
+            num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[0] * len(self.engine.groups), finished_req_ids=set(self.finished),
+            free_encoder_mm_hashes=[], preempted_req_ids=set(self.preempted))
 
     def _mamba_indices(self, output: Any) -> None:
         """Each Mamba group's state positions per request, from vLLM's code:
@@ -327,6 +384,12 @@ class VllmWorker:
                 None, meta, g)
             for i, rid in enumerate(rids):
                 self.mamba_all[(g, rid)] = (int(computed[i]), int(scheduled[i]))
+
+    def nulled_below_window(self, group: Group, work: Work) -> int:
+        """How many leading entries of the request's row the worker holds as
+        the null block because no query of the step can attend them: none
+        here (Model Runner V1 gathers rows whole)."""
+        return 0
 
     def row_of(self, request_id: str) -> int:
         """The request's row in vLLM's persistent batch this step."""
@@ -420,9 +483,11 @@ class VllmWorker:
                 mine, row = ours_tables.row_of(rid), self.row_of(rid)
                 n = ours.num_blocks[mine]
                 held = self.held(g, row)
-                if len(held) != n or not torch.equal(held.to(ours.tensor.device), ours.tensor[mine, :n]):
+                want = ours.tensor[mine, :n].clone()
+                want[: self.nulled_below_window(group, w)] = 0
+                if len(held) != n or not torch.equal(held.to(ours.tensor.device), want):
                     check(f"group {g} request {rid}: vLLM's table row {row} holds {held.tolist()}, kvspec's "
-                          f"{ours.tensor[mine, :n].tolist()}")
+                          f"{want.tolist()}")
                     return
                 if group.kind in ("attention", "mla"):
                     want = ours.slot_mapping([mine], [list(range(w.start, w.end))])

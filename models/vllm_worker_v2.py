@@ -85,6 +85,20 @@ def vllm_worker_v2_available() -> str | None:
     return None
 
 
+def vllm_worker_v2_serves(layout: Any) -> str | None:
+    """None when the stage can drive Model Runner V2 for ``layout``, else
+    why not: V2 cannot run here, or the layout has a Mamba group (V2's
+    Mamba state handling, ``model_states/mamba_hybrid.py``, is not driven by
+    kvspec yet; on 0.25.1 vLLM runs hybrid models on V1 anyway)."""
+    problem = vllm_worker_v2_available()
+    if problem is not None:
+        return problem
+    if any(type(g).__name__ == "MambaSpec" for g in layout.groups):
+        return ("the layout has a Mamba group, and kvspec does not drive Model Runner V2's Mamba state "
+                "(vllm/v1/worker/gpu/model_states/mamba_hybrid.py) yet")
+    return None
+
+
 @contextlib.contextmanager
 def host_buffers(device: torch.device) -> Iterator[None]:
     """V2's UVA buffers as vLLM's CPU backend makes them (see the module
@@ -96,10 +110,15 @@ def host_buffers(device: torch.device) -> Iterator[None]:
     from vllm.v1.worker.cpu import buffer_utils as cpu_buffers
     from vllm.v1.worker.gpu import buffer_utils as gpu_buffers
 
-    with mock.patch.object(gpu_buffers, "UvaBuffer", cpu_buffers.UvaBuffer), \
-            mock.patch.object(cpu_buffers, "is_uva_available", lambda: True), \
-            mock.patch.object(torch_utils, "PIN_MEMORY", False), \
-            mock.patch.object(torch.Tensor, "pin_memory", _unpinned):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(gpu_buffers, "UvaBuffer", cpu_buffers.UvaBuffer))
+        # vLLM's CPU platform answers yes; 0.25.1 asks in the CPU UvaBuffer, 0.34.0 in gpu/buffer_utils.py
+        # (its staged writes and buffer pools choose UVA by it).
+        for module in (cpu_buffers, gpu_buffers):
+            if hasattr(module, "is_uva_available"):
+                stack.enter_context(mock.patch.object(module, "is_uva_available", lambda: True))
+        stack.enter_context(mock.patch.object(torch_utils, "PIN_MEMORY", False))
+        stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", _unpinned))
         yield
 
 
@@ -113,6 +132,39 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def _block_table_args(engine: Engine, kernel_block_sizes: list[int], max_num_batched_tokens: int, max_len: int,
+                      device: torch.device) -> dict[str, Any]:
+    """``BlockTables``' arguments as V2's ``initialize_kv_cache`` passes them,
+    for the installed release: 0.25.1 takes the kernel block sizes (its
+    tables split manager blocks); 0.34.0 takes none (its tables hold manager
+    blocks) but each group's sliding-window reach (``gather_block_tables``
+    masks blocks out of the window: ``SlidingWindowSpec.num_retained_tokens``
+    of vLLM's spec), whether it has a slot mapping, and whether it is
+    DCP-sharded."""
+    import inspect
+
+    from vllm.v1.worker.gpu.block_table import BlockTables
+
+    from kvspec.models.vllm_specs import to_vllm_spec
+
+    groups = engine.groups
+    args: dict[str, Any] = dict(block_sizes=[g.block_size for g in groups], max_num_reqs=engine.max_num_reqs,
+                                max_num_batched_tokens=max_num_batched_tokens,
+                                max_num_blocks_per_group=[-(-max_len // g.block_size) for g in groups], device=device)
+    params = inspect.signature(BlockTables).parameters
+    if "kernel_block_sizes" in params:
+        args["kernel_block_sizes"] = kernel_block_sizes
+    elif kernel_block_sizes != [g.block_size for g in groups]:
+        raise RuntimeError("this release's Model Runner V2 block tables hold manager blocks whole; the layout reads "
+                           f"them as kernel blocks of {kernel_block_sizes} (not driven here)")
+    if "sliding_window_reach" in params:
+        specs = [to_vllm_spec(engine.layout.groups[g.index]) for g in groups]
+        args["sliding_window_reach"] = [int(getattr(s, "num_retained_tokens", 0) or 0)
+                                        if type(s).__name__ == "SlidingWindowSpec" else 0 for s in specs]
+        args["slot_mapping_enabled"] = [bool(getattr(s, "uses_slot_mapping", True)) for s in specs]
+    return args
+
+
 class _RunnerV2:
     """What V2's ``GPUModelRunner`` step methods read, for a runner with no
     model, no pipeline or context parallelism and no speculative decoding;
@@ -124,14 +176,14 @@ class _RunnerV2:
         from vllm.v1.worker.gpu.input_batch import InputBuffers
         from vllm.v1.worker.gpu.states import RequestState
 
-        layout, groups = engine.layout, engine.groups
+        layout = engine.layout
         self.device = device
         self.max_num_reqs = engine.max_num_reqs
         max_len = max(layout.max_model_len, engine.num_encoder_tokens)
         self.req_states = RequestState(self.max_num_reqs, max_len, max_num_batched_tokens, num_speculative_steps=0,
                                        vocab_size=1 << 20, device=device)
-        self.block_tables = BlockTables([g.block_size for g in groups], self.max_num_reqs, max_num_batched_tokens,
-                                        [-(-max_len // g.block_size) for g in groups], device, kernel_block_sizes)
+        self.block_tables = BlockTables(**_block_table_args(engine, kernel_block_sizes, max_num_batched_tokens,
+                                                            max_len, device))
         self.input_buffers = InputBuffers(self.max_num_reqs, max_num_batched_tokens, device)
         self.model_state = SimpleNamespace(remove_request=_nothing, add_request=_nothing, postprocess_state=_nothing,
                                            apply_staged_writes=_nothing, num_new_sampled_tokens_per_step=1)
@@ -142,6 +194,13 @@ class _RunnerV2:
         self.use_dcp = self.use_pp = False
         self.decode_query_len = 1
         self.model_config = SimpleNamespace(rswa_window=None)
+        # 0.34.0 reads these too: no pooling, no speculator or adaptive verification, no prefill context
+        # parallelism, no fast prefill, no drafts to hand over, no LoRA config, no block copies to make.
+        self.pooling_runner = self.speculator = self.adaptive_verification = self.pcp_manager = None
+        self.fast_prefill = self.lora_config = None
+        self.draft_tokens_handler = SimpleNamespace(discard=_nothing, begin_step=_nothing)
+        self.kv_caches: list[Any] = []
+        self.replayssm_block_copy_tensors: list[Any] = []
 
     def _remove_request(self, req_id: str) -> bool:
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner
@@ -169,8 +228,10 @@ class VllmWorkerV2(VllmWorker):
         self.kernel_block_sizes = [self._kernel_block_size(g) for g in engine.groups]
         with host_buffers(self.device):
             self.runner = _RunnerV2(engine, self.kernel_block_sizes, self.max_num_batched_tokens, self.device)
+        self.masks_window = bool(getattr(self.runner.block_tables, "has_sliding_window_groups", False))
         self.finished: set[str] = set()
         self.preempted: set[str] = set()
+        self.resumed: set[str] = set()
         self.positions: dict[str, list[int]] = {}
         self.seq_lens: dict[str, int] = {}
         self.known: set[str] = set()  # requests V2 holds state for (the scheduler sends these as cached)
@@ -196,6 +257,8 @@ class VllmWorkerV2(VllmWorker):
                 GPUModelRunner.postprocess_num_computed_tokens(runner, self._last_batch)
                 self._last_batch = None
             GPUModelRunner.finish_requests(runner, output)
+            if hasattr(GPUModelRunner, "free_states"):  # 0.34.0: the encoder cache's frees (none here)
+                GPUModelRunner.free_states(runner, output)
             GPUModelRunner.add_requests(runner, output)
             GPUModelRunner.update_requests(runner, output)
             runner.block_tables.apply_staged_writes()
@@ -209,7 +272,12 @@ class VllmWorkerV2(VllmWorker):
                                  f"{self.max_num_batched_tokens}")
             desc = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=output.total_num_scheduled_tokens,
                                             num_reqs=None)
-            batch = self._last_batch = GPUModelRunner.prepare_inputs(runner, output, desc)
+            if hasattr(GPUModelRunner, "gather_batch_req_state"):  # 0.34.0: the batch's request state first
+                batch_state, _ = GPUModelRunner.gather_batch_req_state(runner, output, False)
+                batch = GPUModelRunner.prepare_inputs(runner, output, batch_state, desc, 0)
+            else:
+                batch = GPUModelRunner.prepare_inputs(runner, output, desc)
+            self._last_batch = batch
             self._tables, slot_mappings = GPUModelRunner.prepare_attn(runner, batch)
         self._slot_mappings = slot_mappings.to("cpu", torch.int64)
         starts = [int(x) for x in batch.query_start_loc[: batch.num_reqs + 1].tolist()]
@@ -227,7 +295,7 @@ class VllmWorkerV2(VllmWorker):
         sends them to V2).  A
         resumed request is sent as new: vLLM's scheduler does so for V2."""
         output = self._v1_output(work)
-        resumed = set(output.scheduled_cached_reqs.resumed_req_ids)
+        resumed = set(self.resumed)
         if resumed:
             output = self._resumed_as_new(output, work, resumed)
         requests = {w.request.request_id: w.request for w in work}
@@ -256,12 +324,13 @@ class VllmWorkerV2(VllmWorker):
                     req_id=rid, prompt_token_ids=_prompt_ids(w.request), mm_features=[],
                     sampling_params=SamplingParams(max_tokens=self.engine.layout.max_model_len), pooling_params=None,
                     block_ids=tuple(list(i) for i in self.engine.target.get_block_ids(rid)),
-                    num_computed_tokens=w.start, lora_request=None))
+                    num_computed_tokens=w.start, lora_request=None, prefill_token_ids=None))
         cached.req_ids = [cached.req_ids[i] for i in keep]
         cached.new_block_ids = [cached.new_block_ids[i] for i in keep]
         cached.num_computed_tokens = [cached.num_computed_tokens[i] for i in keep]
         cached.num_output_tokens = [cached.num_output_tokens[i] for i in keep]
-        cached.resumed_req_ids = set()
+        if hasattr(cached, "resumed_req_ids"):  # gone in 0.34.0, where resumed requests are always sent as new
+            cached.resumed_req_ids = set()
         return output
 
     def after_step(self, work: Sequence[Work], accepted: dict[str, int]) -> None:
@@ -285,6 +354,18 @@ class VllmWorkerV2(VllmWorker):
             GPUModelRunner.postprocess_sampled(self.runner, batch.idx_mapping, sampled, none, rejected,
                                                batch.query_start_loc)
 
+    def nulled_below_window(self, group: Any, work: Any) -> int:
+        """From 0.34.0 V2's ``gather_block_tables`` puts the null block in
+        every entry of a sliding-window group wholly below the window of
+        the request's first scheduled token (those blocks may already be
+        freed and reused).  kvspec's rule for which entries no query of the
+        step reads: a window of ``W`` tokens lets the query at ``start``
+        read from ``start - W + 1``, so the blocks wholly below that -- and
+        only those -- may be null.  0.25.1 gathers rows whole."""
+        if not self.masks_window or group.window is None or group.kind != "attention":
+            return 0
+        return max(work.start - group.window + 1, 0) // group.block_size
+
     def row_of(self, request_id: str) -> int:
         """The request's batch index in V2's input batch this step."""
         return self._rows[request_id]
@@ -300,8 +381,8 @@ class VllmWorkerV2(VllmWorker):
         return self._tables[group][row, :n].to("cpu")
 
     def row(self, group: int, row: int) -> list[int]:
-        return manager_block_ids(self.held(group, row).tolist(),
-                                 self.runner.block_tables.blocks_per_kv_block[group])
+        per_block = getattr(self.runner.block_tables, "blocks_per_kv_block", None)  # 0.34.0: no split, 1
+        return manager_block_ids(self.held(group, row).tolist(), per_block[group] if per_block else 1)
 
     def slot_mapping(self, group: int, row: int) -> torch.Tensor:
         start, end = self._query_start[row], self._query_start[row + 1]

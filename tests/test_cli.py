@@ -325,6 +325,16 @@ def test_vllms_worker_without_vllm_is_an_environment_error_not_a_failed_layout(c
     assert "--worker vllm: vLLM's worker modules do not import" in err and err.count("\n") == 1
 
 
+def test_the_plain_kernel_stage_on_vllm_runs_vllms_kernels_too():
+    """``kvspec kernels --target vllm`` with no --kernels: vLLM's Triton kernels next to the reference and
+    FlexAttention (vLLM as it runs reads its tables with its own kernels); other targets keep the two."""
+    from kvspec.conformance.kernel_stage import KernelOptions
+
+    assert KernelOptions(target="vllm").kernels == ["reference", "flex", "vllm"]
+    assert KernelOptions(target="impl").kernels == ["reference", "flex"]
+    assert KernelOptions(target="vllm", kernels=["reference"]).kernels == ["reference"]
+
+
 def test_kernels_on_a_sound_manager(capsys):
     code = main(["kernels", "--model", "llama-3-8b", "--model", "full+swa+mamba", "--examples", "3"])
     out = capsys.readouterr().out

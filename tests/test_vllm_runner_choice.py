@@ -94,3 +94,46 @@ def test_the_stage_reports_each_layouts_runner(tmp_path, capsys):
     assert "vLLM picks Model Runner" in line and "driven: Model Runner" in line
     assert "Model runners" in (tmp_path / "report.md").read_text()
     assert '"runner": "vLLM picks' in (tmp_path / "report.json").read_text()
+
+
+def test_a_release_without_model_runner_v1_runs_v2_for_every_model():
+    """vLLM 0.34.0 removed Model Runner V1 (and ``use_v2_model_runner`` with it): its GPU worker builds V2
+    for every model, and the stage drives V2 wherever kvspec can; a hybrid model is skipped with why."""
+    import importlib.util
+
+    from kvspec.conformance.kernel_stage import DRIVEN_V2, model_runners
+    from kvspec.models.architectures import setup
+    from kvspec.models.vllm_worker import vllm_worker_available
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None:
+        pytest.skip("this release still has Model Runner V1")
+    for arch in ARCHITECTURES.values():
+        choice = vllm_runner_choice(arch)
+        assert choice.picked == V2 and "no Model Runner V1" in choice.why, choice.describe()
+    if vllm_worker_available() is not None:
+        pytest.skip(vllm_worker_available())
+    runners = model_runners([setup(name, "tiny") for name in ARCHITECTURES])
+    for name, (_, driven) in runners.items():
+        if name == "model:nemotron-h-8b":
+            assert driven.startswith("none: ") and "Mamba" in driven, driven
+        else:
+            assert driven == DRIVEN_V2, (name, driven)
+
+
+def test_a_model_whose_runner_cannot_run_is_skipped_and_nothing_run_exits_2(capsys):
+    """On 0.34.0 (V2 alone) kvspec does not drive V2's Mamba state: Nemotron-H is skipped with the reason,
+    never a FAILED layout, and a run where nothing could run exits 2."""
+    import importlib.util
+
+    from kvspec.cli import main
+    from kvspec.models.vllm_worker import vllm_worker_available
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None:
+        pytest.skip("this release still has Model Runner V1, which serves Nemotron-H")
+    if vllm_worker_available() is not None:
+        pytest.skip(vllm_worker_available())
+    code = main(["kernels", "--target", "vllm", "--model", "nemotron-h-8b", "--examples", "1", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert "skipped (runner Model Runner V2 cannot run here" in out and "FAILED" not in out, out
+    assert "no layout could run" in out

@@ -33,6 +33,14 @@ DTYPES = ("float32", "bfloat16", "float16")
 SPLIT_MODEL = "nemotron-h-8b"  # run at its real block sizes too, last, when vLLM's worker runs every model
 
 
+def default_kernels(target: str) -> list[str]:
+    """The kernels a run uses when none are named: the reference and
+    FlexAttention, and with the target vLLM also vLLM's own Triton kernels
+    (``unified_attention``, the MLA decode kernel) -- the test of vLLM as it
+    runs reads its tables with its kernels."""
+    return ["reference", "flex", "vllm"] if target == "vllm" else ["reference", "flex"]
+
+
 @dataclass
 class KernelOptions:
     """One kernel-stage run; the fields are ``kvspec kernels``' options."""
@@ -41,7 +49,7 @@ class KernelOptions:
     models: list[str] = field(default_factory=lambda: ["all"])  # architectures, "all" or manager layouts
     scale: str = "tiny"
     layers: int = 2  # per group: each with its own K/V or state behind the group's block table
-    kernels: list[str] = field(default_factory=lambda: ["reference", "flex"])
+    kernels: list[str] | None = None  # None: default_kernels(target)
     device: str = "cpu"
     dtype: str = "float32"
     profile: str = "ci"
@@ -52,6 +60,10 @@ class KernelOptions:
     report_dir: str | None = None  # report.json, report.md and junit.xml, as kvspec conform writes them
     known_findings: bool = False  # steer around the target's known findings, as kvspec conform does
     command: str = "kvspec kernels"  # recorded in the report
+
+    def __post_init__(self) -> None:
+        if self.kernels is None:
+            self.kernels = default_kernels(self.target)
 
     def chosen_worker(self) -> str:
         return self.worker or ("vllm" if self.target == "vllm" else "kvspec")
@@ -237,7 +249,8 @@ def plan_kernel_stage(options: KernelOptions) -> KernelPlan:
 
     problem = vllm_kernels_available() if "vllm" in o.kernels else None
     if problem is not None:
-        raise SetupError(f"--kernels vllm: {problem} (run kvspec from tools/install_vllm.sh's environment)")
+        raise SetupError(f"--kernels vllm (the default with --target vllm): {problem} (run kvspec from "
+                         "tools/install_vllm.sh's environment)")
     if worker == "vllm":
         from kvspec.models.vllm_worker import vllm_worker_available
 
@@ -292,18 +305,22 @@ DRIVEN_V2 = "Model Runner V2 (its request states, BlockTables and prepare_inputs
 def model_runners(setups: list[Any]) -> dict[str, Any]:
     """For each setup, vLLM's own choice of model runner for its model on a
     CUDA GPU (:func:`~kvspec.models.vllm_runner_choice.vllm_runner_choice`)
-    and the runner the stage drives: the one vLLM picks, V1 where vLLM's
-    choice is unknown (a manager layout) and this release still has V1."""
+    and the runner the stage drives: the one vLLM picks; where vLLM's
+    choice is unknown (a manager layout), V1 while the release has it, else
+    V2 (0.34.0 removed V1).  A setup whose runner cannot run here is
+    driven by none (``"none: why"``): it is skipped with the reason."""
     from kvspec.models.vllm_runner_choice import V2, architecture_of, vllm_runner_choice
-    from kvspec.models.vllm_worker_v2 import vllm_worker_v2_available
+    from kvspec.models.vllm_worker import vllm_worker_v1_available
+    from kvspec.models.vllm_worker_v2 import vllm_worker_v2_serves
 
     runners = {}
     for s in setups:
         choice = vllm_runner_choice(architecture_of(s.name))
-        if choice.picked == V2:
-            problem = vllm_worker_v2_available()
+        if choice.picked == V2 or (choice.picked is None and vllm_worker_v1_available() is not None):
+            problem = vllm_worker_v2_serves(s.layout)
             driven = DRIVEN_V2 if problem is None else f"none: Model Runner V2 cannot run here ({problem})"
         else:
-            driven = DRIVEN_V1
+            problem = vllm_worker_v1_available()
+            driven = DRIVEN_V1 if problem is None else f"none: Model Runner V1 cannot run here ({problem})"
         runners[s.name] = (choice, driven)
     return runners
