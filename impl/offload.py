@@ -154,21 +154,27 @@ class _ARC:
         for _ in range(n):
             pick = None
             if t1_size >= int(self.target):
-                for key in self.t1:
-                    if blocks[key][1] == 0 and key not in protected and key not in taken:
-                        pick = key
-                        t1_size -= 1
-                        break
+                pick = self._first_idle(self.t1, protected, taken, blocks)
+                if pick is not None:
+                    t1_size -= 1
             if pick is None:
-                for key in self.t2:
-                    if blocks[key][1] == 0 and key not in protected and key not in taken:
-                        pick = key
-                        break
-                else:
+                pick = self._first_idle(self.t2, protected, taken, blocks)
+            if pick is None:  # T2 has none: T1's, below its target or not (vllm#55461)
+                pick = self._first_idle(self.t1, protected, taken, blocks)
+                if pick is None:
                     return None
+                t1_size -= 1
             chosen.append(pick)
             taken.add(pick)
         return chosen
+
+    @staticmethod
+    def _first_idle(keys: OrderedDict[bytes, None], protected: set[bytes], taken: set[bytes],
+                    blocks: dict[bytes, list[int]]) -> bytes | None:
+        for key in keys:
+            if blocks[key][1] == 0 and key not in protected and key not in taken:
+                return key
+        return None
 
     def evicted(self, keys: list[bytes]) -> None:
         for key in keys:

@@ -112,7 +112,8 @@ TIER_RULES: dict[str, str] = {
     ),
     "tier-policy": (
         "The keys a store evicts are the ones the tier's policy picks: least recently used first (LRU), or "
-        "ARC's choice between its recent and frequent lists."
+        "ARC's choice between its recent and frequent lists (T1's oldest while T1 is at least its target, else "
+        "T2's, else T1's)."
     ),
 }
 """The rules of an offloading tier (chapter 11, :mod:`kvspec.spec.tiers`):

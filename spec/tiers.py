@@ -150,7 +150,10 @@ class ARC:
     B1 and B2 remember keys evicted from each (ghosts, at most ``capacity``
     each); ``target`` -- how big T1 should be -- grows on a touch of a B1
     ghost and shrinks on a touch of a B2 ghost.  Eviction takes T1's oldest
-    evictable key while T1 is at least ``int(target)``, else T2's."""
+    evictable key while T1 is at least ``int(target)``, else T2's -- and
+    T1's when T2 has none: a store never gives up while an evictable key
+    is left (tier-eviction; vLLM 0.25.1 gave up there, finding F18, and
+    added this fallback in vllm#55461)."""
 
     name = "arc"
 
@@ -206,7 +209,10 @@ class ARC:
             if pick is None:
                 pick = next((k for k in self.t2 if evictable(k) and k not in protected and k not in chosen), None)
             if pick is None:
-                return None
+                pick = next((k for k in self.t1 if evictable(k) and k not in protected and k not in chosen), None)
+                if pick is None:
+                    return None
+                t1_size -= 1
             chosen.append(pick)
         return chosen
 

@@ -87,6 +87,7 @@ def in_releases(version: str, releases: tuple[str, str | None]) -> bool:
 COMPONENTS: dict[str, str] = {
     "vllm-block-manager": "vLLM's block manager",
     "vllm-scheduler": "vLLM's scheduler",
+    "vllm-offload-tier": "vLLM's CPU offload tier",
 }
 """The components a finding can live in, and how a report names each.  A
 target replaces some of them with its own code and runs on the others:
@@ -112,8 +113,9 @@ class Finding:
 
     @property
     def scope(self) -> str:
-        """The machine the trace runs on (its file name says: ``F1-pool-...``)."""
-        return "pool" if self.trace.split("-")[1] == "pool" else "manager"
+        """The machine the trace runs on (its file name says: ``F1-pool-...``, ``F17-offload-...``)."""
+        word = self.trace.split("-")[1]
+        return word if word in ("pool", "offload") else "manager"
 
     @property
     def trace_path(self) -> Path:
@@ -223,6 +225,18 @@ FINDINGS: tuple[Finding, ...] = (
         "first hit search), a negative max_num_batched_tokens, a float max_model_len, use_eagle=1",
         ("hash-map-consistency",), ENGINE_CHECKED,  # the trace's (cross attention); the other six break others
         "F16-manager-constructor-trusts-its-configuration.json",
+    ),
+    Finding(
+        "F17", "vllm", "CPUOffloadingManager with store_threshold >= 2: a store evicts a key it is asked to store "
+        "(only the keys past the threshold are protected; a held key whose count the tracker forgot is not)",
+        ("tier-eviction", "tier-policy"), "layout:threshold-small-tracker",
+        "F17-offload-threshold-evicts-a-named-key.json", releases=(BASE, "0.34.0"), component="vllm-offload-tier",
+    ),
+    Finding(
+        "F18", "vllm", "CPUOffloadingManager under ARC refuses a store with a block to evict: below T1's target "
+        "it looks in T2 alone and gives up when T2 has no evictable key (vllm#55461 adds the fallback to T1)",
+        ("tier-eviction",), "layout:tiny-tier-arc",
+        "F18-offload-arc-gives-up-with-a-block-to-evict.json", releases=(BASE, "0.34.0"), component="vllm-offload-tier",
     ),
 )
 

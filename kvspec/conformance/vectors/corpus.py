@@ -939,6 +939,8 @@ def finding_vectors(release: releases.Release = releases.REFERENCE) -> list[Vect
     for finding in FINDINGS:
         if not finding.affects(release.version):  # a corpus holds its own release's findings
             continue
+        if finding.scope not in ("pool", "manager"):  # the vectors are the pool's and the manager's API
+            continue
         trace = Trace.load(finding.trace_path)
         if [s.rule for s in trace.steps] == ["configure"]:  # a construction: its vector is a configuration's
             built = dict(trace.steps[0].draws)["configuration"]

@@ -29,7 +29,7 @@ def _manager_findings() -> dict[str, dict[str, Any]]:
 
     out = {}
     for finding in FINDINGS:
-        if finding.target != "vllm":
+        if finding.target != "vllm" or finding.scope not in ("pool", "manager"):  # the offload tier's API moved
             continue
         if version_key(installed.version()) < version_key(finding.releases[0]):
             out[finding.id] = {"status": "n/a", "detail": f"{finding.id} is a finding of {finding.releases[0]} on"}

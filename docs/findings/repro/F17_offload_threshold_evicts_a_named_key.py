@@ -1,4 +1,4 @@
-"""O1, standalone (offload tier, not yet a registered finding): vLLM 0.25.1's
+"""F17, standalone (the offload tier): vLLM 0.25.1's
 ``CPUOffloadingManager`` with ``store_threshold`` 2 or more lets a store
 evict a key the same store was asked to store.  ``prepare_store`` first
 keeps only the keys whose lookup count passed the threshold, then protects
@@ -14,7 +14,7 @@ blocks once the tracker forgot it) is not yet established.
 
 Against vLLM alone (no kvspec import), on CPU:
 
-    python docs/findings/repro/O1_offload_threshold_evicts_a_named_key.py
+    python docs/findings/repro/F17_offload_threshold_evicts_a_named_key.py
 
 Exit status 1 and "BUG" while the store evicts the key it names, 0 otherwise.
 """
