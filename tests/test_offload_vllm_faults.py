@@ -65,9 +65,6 @@ def plant(monkeypatch, owner: type, name: str, old: str, new: str) -> None:
     monkeypatch.setattr(owner, name, scope[name])
 
 
-FINDING_LAYOUT = "offload/threshold-small-tracker"
-
-
 def broken(out: str) -> dict[str, set[str]]:
     """The run's rule table: each rule and the layouts it broke in."""
     table = out.split("\nrule ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
@@ -92,8 +89,8 @@ def test_a_planted_fault_is_caught(fault, monkeypatch, capsys):
     # other layouts' shrinking (most of the 544 s the six faults took without it) is not the question here.
     code, out, seconds = conform(capsys, "--known-findings", "--fail-fast")
     assert code != 0, out
-    caught = {rule for rule, layouts in broken(out).items() if layouts - {FINDING_LAYOUT}}
-    assert caught & rules, f"{fault} was not caught by {sorted(rules)} on a layout of its own:\n{out}"
+    caught = {rule for rule, layouts in broken(out).items() if layouts}  # the findings' layouts are skipped
+    assert caught & rules, f"{fault} was not caught by {sorted(rules)}:\n{out}"
     print(f"{fault}: caught in {seconds:.1f} s")
 
 
@@ -101,10 +98,3 @@ def test_vllm_unplanted_conforms_with_its_finding_steered_around(capsys):
     code, out, _ = conform(capsys, "--known-findings")
     assert code == 0, out
     assert "threshold-small-tracker" in out and "F17" in out, out  # steered around, and said so
-
-
-def test_vllm_unplanted_breaks_at_most_the_findings_layout(capsys):
-    code, out, _ = conform(capsys)
-    assert code == 0 or {rule for rule, layouts in broken(out).items() if layouts} <= {"tier-eviction",
-                                                                                      "tier-policy"}, out
-    assert all(layouts <= {FINDING_LAYOUT} for layouts in broken(out).values()), out
