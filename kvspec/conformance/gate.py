@@ -258,7 +258,7 @@ class Terminated(KeyboardInterrupt):  # noqa: N818 (a signal, as KeyboardInterru
     inconsistent data generation -- ``FlakyStrategyDefinition`` replaces the
     signal, the layout ends as flaky, and the run goes on searching (seen
     once in CI on Hypothesis 6.150; reproduced on 6.150 and 6.170 by
-    ``tests/test_gate.py::test_a_signal_part_way_through_a_case_hypothesis_ran_before_still_stops_the_run``)."""
+    ``tests/test_gate.py::test_a_signal_part_way_through_a_case_hypothesis_ran_before_reaches_the_gate``)."""
 
 
 @contextlib.contextmanager
