@@ -928,6 +928,14 @@ def _config_vector(name: str, scope: str, variant: Any, release: releases.Releas
                   refused_with=refusal_kind(refusal))
 
 
+def holds_finding(finding: Any, release: releases.Release = releases.REFERENCE) -> bool:
+    """Whether ``release``'s corpus holds a vector of ``finding``: one of its
+    own release's findings, about the pool's or the manager's API (the
+    vectors' API; the scheduler's and the offload tier's findings are judged
+    by their own scopes)."""
+    return finding.affects(release.version) and finding.scope in ("pool", "manager")
+
+
 def finding_vectors(release: releases.Release = releases.REFERENCE) -> list[Vector]:
     """Each known finding's trace replayed on the spec of ``release``: what
     the spec does where the implementation the finding is about went wrong."""
@@ -937,9 +945,7 @@ def finding_vectors(release: releases.Release = releases.REFERENCE) -> list[Vect
 
     out = []
     for finding in FINDINGS:
-        if not finding.affects(release.version):  # a corpus holds its own release's findings
-            continue
-        if finding.scope not in ("pool", "manager"):  # the vectors are the pool's and the manager's API
+        if not holds_finding(finding, release):
             continue
         trace = Trace.load(finding.trace_path)
         if [s.rule for s in trace.steps] == ["configure"]:  # a construction: its vector is a configuration's
