@@ -57,7 +57,6 @@ from kvspec.conformance.vectors.corpus import SIZES, generate
 from kvspec.conformance.vllm.compat import REFERENCE_RELEASE
 from kvspec.errors import SetupError, TargetImportError
 from kvspec.spec import releases
-from kvspec.spec.catalogue import RULES
 
 UsageError = SetupError  # what the command reports in one line, exit 2
 INTERRUPTED_EXIT = 4  # SIGINT or SIGTERM stopped the command before its verdict
@@ -492,8 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     chk = vsub.add_parser("check", help="replay a vectors corpus against a target")
     chk.add_argument("dir", help="a directory of vectors (or one vector file)")
     chk.add_argument("--target", default="impl", help="impl, spec, vllm, or module:factory (default impl)")
-    chk.add_argument("--scope", default="all", choices=["pool", "manager", "all"],
-                     help="the vectors to replay (default all; a module:factory target serves one scope)")
+    chk.add_argument("--scope", default="all", choices=["pool", "manager", "offload", "all"],
+                     help="the vectors to replay (default all: pool, manager and the offload tier's; a "
+                     "module:factory target serves one scope)")
     chk.add_argument("--known-findings", action="store_true",
                      help="a vector exercising one of the target's known findings may diverge")
     chk.add_argument("--verbose", action="store_true", help="one line per vector, not only the failures")
@@ -521,7 +521,7 @@ def vectors_generate(args: argparse.Namespace) -> int:
     operations = sum(f["steps"] for f in corpus.files)
     print(f"{len(corpus.files)} vectors, {operations} operations, written to {out}"
           + (f" (the spec of vLLM {release})" if release else ""))
-    print(f"rules exercised: {len(corpus.rules)} of {len(RULES)}"
+    print(f"rules exercised: {len(corpus.rules)} of {len(corpus.all_rules)}"
           + (f" (none exercise {', '.join(corpus.unexercised)})" if corpus.unexercised else ""))
     unread = corpus.unread_chapters
     print(f"chapters of spec/README.md needed: {len(CHAPTERS) - len(unread)} of {len(CHAPTERS)}"
@@ -539,8 +539,9 @@ def vectors_check(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if not root.exists():
         raise UsageError(f"no such vectors directory or file: {root}")
-    factories = targets_for(args.target, list(BLOCK_SCOPES) if args.scope == "all" else [args.scope])
-    known = frozenset(f.id for f in known_findings(args.target)) if args.known_findings else frozenset()
+    scopes = [*BLOCK_SCOPES, "offload"] if args.scope == "all" else [args.scope]
+    factories = targets_for(args.target, scopes)
+    known = frozenset(f.id for f in known_findings(args.target, scopes)) if args.known_findings else frozenset()
     quiet_loggers()
 
     def show(path: Path, problems: list[str], expected: list[str]) -> None:

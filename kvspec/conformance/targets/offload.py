@@ -100,5 +100,38 @@ def wrap(manager: Any) -> TierTarget:
     from kvspec.conformance.vllm import offload
 
     if offload.is_vllm_manager(manager):
-        return TierTarget(manager, lambda m: _snapshot_from_state(offload.tier_state(m), offload.lru_evictable(m)))
+        return AssertingTierTarget(manager,
+                                   lambda m: _snapshot_from_state(offload.tier_state(m), offload.lru_evictable(m)))
     return TierTarget(manager)
+
+
+class AssertingTierTarget(TierTarget):
+    """vLLM's manager, which refuses a call outside its contract (a load of
+    a key not stored, a completion with no load in flight) by ``assert``:
+    read as the refusal it is, a ``ValueError`` caused by the assertion --
+    as vLLM's constructors' assertions are read (the conformance machines
+    send no such call; the vectors do)."""
+
+    def _refusing(self, op: str, *args: Any) -> Any:
+        try:
+            return getattr(TierTarget, op)(self, *args)
+        except AssertionError as error:
+            raise ValueError(f"vLLM refused {op} by assertion: {error}") from error
+
+    def lookup(self, key: bytes) -> str:
+        return self._refusing("lookup", key)
+
+    def prepare_load(self, keys: list[bytes]) -> list[int]:
+        return self._refusing("prepare_load", keys)
+
+    def touch(self, keys: list[bytes]) -> None:
+        self._refusing("touch", keys)
+
+    def complete_load(self, keys: list[bytes]) -> None:
+        self._refusing("complete_load", keys)
+
+    def prepare_store(self, keys: list[bytes]) -> tuple[list[bytes], list[int], list[bytes]] | None:
+        return self._refusing("prepare_store", keys)
+
+    def complete_store(self, keys: list[bytes], success: bool) -> None:
+        self._refusing("complete_store", keys, success)

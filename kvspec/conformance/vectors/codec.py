@@ -54,6 +54,7 @@ FORMAT_VERSION = 1
 HASH_SEED = "0"
 """Every vector's hash chains are rooted as under ``PYTHONHASHSEED=0``."""
 PROTOCOLS = {"pool": PoolTarget, "manager": ManagerTarget}
+SCOPES = (*PROTOCOLS, "offload")  # offload: an offloading tier (chapter 11; vectors.offload records and replays it)
 QUERIES = {"manager": ManagerQueries}  # optional operations, recorded where the recording target has them
 EVENT_TYPES = {"stored": Stored, "removed": Removed, "cleared": Cleared}
 MANAGER_ANNOTATIONS = ("spec_kind", "sliding_window")  # what a manager says of a Stored event's group; absent: unset
@@ -413,6 +414,10 @@ def exercised(vector: Vector) -> set[str]:
     Every rule is *checked* on every step; this says where it *matters*."""
     if vector.refused is not None:
         return {vector.refused}
+    if vector.scope == "offload":
+        from kvspec.conformance.vectors import offload
+
+        return offload.exercised(vector)
     rules: set[str] = set()
     sizes = {g["block_size"] for g in vector.config.get("groups", [])} | set(vector.config.get("group_block_sizes", []))
     if len(sizes) > 1 or any(s != vector.config["hash_block_size"] for s in sizes):
@@ -459,6 +464,7 @@ def exercised(vector: Vector) -> set[str]:
 CHAPTERS: dict[str, str] = {
     "1": "The pool", "1.1": "Hashing", "2": "One full-attention group", "3": "Windows", "4": "Several groups",
     "5": "Mamba", "6": "EAGLE", "7": "External tokens", "8": "Cross attention", "9": "Releases",
+    "11": "Tiers",
 }
 """spec/README.md's chapters (and the hashing section), by number."""
 
@@ -469,7 +475,10 @@ def chapters(vector: Vector) -> set[str]:
     block is stored under a key (a Stored event carries the key's bytes),
     one per attention kind among its groups, several groups', EAGLE's,
     external tokens' where a step takes connector tokens, and releases'
-    where it judges a release after the base."""
+    where it judges a release after the base; an offloading tier's, chapter
+    11's alone."""
+    if vector.scope == "offload":
+        return {"11"}
     found = {"1"}
     groups = vector.config.get("groups", [])  # a manager's; a pool vector has none
     for group in groups:
@@ -511,7 +520,7 @@ def read(path: Path) -> dict[str, Any]:
     missing = [k for k in ("name", "scope", "config", "initial_state", "requests", "steps") if k not in doc]
     if missing:
         raise VectorError(f"{path}: missing {', '.join(missing)}")
-    if doc["scope"] not in PROTOCOLS:
+    if doc["scope"] not in SCOPES:
         raise VectorError(f"{path}: unknown scope {doc['scope']!r}")
     return doc
 
@@ -570,6 +579,10 @@ def replay_vector(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]
     factory = for_release(factory, release)
     if "refused" in doc:
         return _replay_refusal(scope, config, doc["refused"], doc.get("refused_with"), factory)
+    if scope == "offload":
+        from kvspec.conformance.vectors import offload
+
+        return offload.replay(doc, factory)
     target = target_of(scope, config, factory)
     expected = dict(doc["initial_state"])
     got = state_of(target.snapshot())
@@ -676,7 +689,8 @@ def targets_for(target: str, scopes: list[str]) -> dict[str, Callable[..., Any]]
 
     factories = {scope: check_target(target, scope) for scope in scopes}
     if target in RELEASED_TARGETS:  # built for each vector's release (for_release)
-        factories = {scope: functools.partial(f, release=releases.REFERENCE) for scope, f in factories.items()}
+        factories = {scope: f if scope == "offload" else functools.partial(f, release=releases.REFERENCE)
+                     for scope, f in factories.items()}  # the tier has one model, 0.25.1's
     return factories
 
 

@@ -54,7 +54,7 @@ from kvspec.conformance.vectors.codec import (
 from kvspec.hashing import get_request_block_hasher, rooted_at
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
 from kvspec.spec import releases
-from kvspec.spec.catalogue import RULES
+from kvspec.spec.catalogue import RULES, TIER_RULES
 from kvspec.spec.layout import Layout
 from kvspec.spec.pool import SpecBlockPool
 from kvspec.testing import chunked, full, swa
@@ -930,10 +930,13 @@ def _config_vector(name: str, scope: str, variant: Any, release: releases.Releas
 
 def holds_finding(finding: Any, release: releases.Release = releases.REFERENCE) -> bool:
     """Whether ``release``'s corpus holds a vector of ``finding``: one of its
-    own release's findings, about the pool's or the manager's API (the
-    vectors' API; the scheduler's and the offload tier's findings are judged
-    by their own scopes)."""
-    return finding.affects(release.version) and finding.scope in ("pool", "manager")
+    own release's findings, about an API the vectors cover -- the pool's,
+    the manager's, and in the base release's corpus the offload tier's
+    (chapter 11 models 0.25.1's ``OffloadingManager`` alone); the
+    scheduler's findings are judged by their own scope."""
+    if not finding.affects(release.version):
+        return False
+    return finding.scope in ("pool", "manager") or (finding.scope == "offload" and release.is_base)
 
 
 def finding_vectors(release: releases.Release = releases.REFERENCE) -> list[Vector]:
@@ -942,10 +945,14 @@ def finding_vectors(release: releases.Release = releases.REFERENCE) -> list[Vect
     from kvspec.conformance.runner import manager_layout, replay
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
     from kvspec.conformance.trace import Trace
+    from kvspec.conformance.vectors import offload
 
     out = []
     for finding in FINDINGS:
         if not holds_finding(finding, release):
+            continue
+        if finding.scope == "offload":
+            out.append(offload.finding_vector(finding))
             continue
         trace = Trace.load(finding.trace_path)
         if [s.rule for s in trace.steps] == ["configure"]:  # a construction: its vector is a configuration's
@@ -981,22 +988,30 @@ class Corpus:
     rules: dict[str, list[str]] = field(default_factory=dict)
     chapters: dict[str, list[str]] = field(default_factory=dict)  # spec/README.md's chapter -> vectors
     coverage: dict[str, Any] | None = None
+    tiers: bool = True  # whether the corpus holds the offload tier's vectors (the base release's does)
+
+    @property
+    def all_rules(self) -> list[str]:
+        """The rules the corpus should exercise: chapters 1-9's, and chapter 11's where it holds the tier."""
+        return [*RULES, *(TIER_RULES if self.tiers else ())]
 
     @property
     def unexercised(self) -> list[str]:
-        return [r for r in RULES if not self.rules.get(r)]
+        return [r for r in self.all_rules if not self.rules.get(r)]
 
     @property
     def unread_chapters(self) -> list[str]:
         """Chapters of spec/README.md no vector needs (releases' is met only
-        by a corpus generated with ``--release``)."""
+        by a corpus generated with ``--release``; the tiers' only by the base release's)."""
         return [c for c in CHAPTERS if not self.chapters.get(c)]
 
 
-SIZES = {"cases": (0, 0, 0, 0), "quick": (3, 15, 2, 6), "ci": (8, 25, 8, 12), "long": (30, 50, 15, 15)}
+SIZES = {"cases": (0, 0, 0, 0, 0, 0), "quick": (3, 15, 2, 6, 2, 12), "ci": (8, 25, 8, 12, 6, 20),
+         "long": (30, 50, 15, 15, 15, 30)}
 """Per size: pool walks per layout and their steps, manager walks per layout
-and their steps.  ``cases``: the edge cases and findings alone -- what the
-repository keeps under ``vectors/`` (independent of Hypothesis's version)."""
+and their steps, offload walks per tier layout and their steps.  ``cases``:
+the edge cases and findings alone -- what the repository keeps under
+``vectors/`` (independent of Hypothesis's version)."""
 
 
 def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None = None,
@@ -1017,7 +1032,7 @@ def generate(out: Path, size: str = "ci", on_file: Callable[[str], None] | None 
             vectors = _all_vectors(size, releases.judged(release or releases.BASE))
     finally:
         coverage = _stop_coverage(cov) if cov is not None else None
-    corpus = Corpus(out, coverage=coverage)
+    corpus = Corpus(out, coverage=coverage, tiers=releases.judged(release or releases.BASE).is_base)
     for vector in vectors:
         path = out / f"{vector.name}.json"
         write(vector, path)
@@ -1045,7 +1060,10 @@ def _exists(layout: Layout, release: releases.Release) -> bool:
 
 
 def _all_vectors(size: str, release: releases.Release) -> list[Vector]:
-    pool_examples, pool_steps, manager_examples, manager_steps = SIZES[size]
+    from kvspec.conformance.machines.offload import OFFLOAD_LAYOUTS
+    from kvspec.conformance.vectors import offload
+
+    pool_examples, pool_steps, manager_examples, manager_steps, tier_examples, tier_steps = SIZES[size]
     vectors = [pool_case_vector(case, release) for case in POOL_CASES]
     vectors += [manager_case_vector(c, release) for c in MANAGER_CASES]
     vectors += config_vectors(release)
@@ -1054,6 +1072,10 @@ def _all_vectors(size: str, release: releases.Release) -> list[Vector]:
     for name in MANAGER_LAYOUTS if manager_examples else ():
         if _exists(MANAGER_LAYOUTS[name], release):
             vectors += walk_vectors("manager", name, manager_examples, manager_steps, release)
+    if release.is_base:  # chapter 11 models 0.25.1's tier alone
+        vectors += [offload.case_vector(case) for case in offload.OFFLOAD_CASES]
+        for name in OFFLOAD_LAYOUTS if tier_examples else ():
+            vectors += offload.walk_vectors(name, tier_examples, tier_steps)
     return vectors + finding_vectors(release)
 
 
@@ -1092,7 +1114,7 @@ def _write_index(corpus: Corpus) -> None:
         example = f"`{min(files, key=lambda f: ('/cases/' not in f, f))}`" if files else "-"
         lines.append(f"| {chapter}. {title} | {len(files)} | {example} |")
     lines += ["", "## By rule", ""]
-    for rule in RULES:
+    for rule in corpus.all_rules:
         files = corpus.rules.get(rule, [])
         lines += [f"### {rule}", "", f"{len(files)} vector{'' if len(files) == 1 else 's'}, for example:", ""]
         lines += [f"- `{f}`" for f in sorted(files, key=lambda f: ("/cases/" not in f, "/findings/" not in f, f))[:8]]
