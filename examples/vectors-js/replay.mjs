@@ -1,8 +1,9 @@
 // kvspec's conformance vectors, replayed in JavaScript.
 //
 // This code knows nothing of kvspec's Python code: it reads the vector format (docs/VECTORS.md), the
-// pool (pool.mjs) implements chapter 1 of spec/README.md and the manager (manager.mjs) chapters 2-9,
-// from the prose.  It replays every *.json vector under DIR, pool and manager scopes alike.
+// pool (pool.mjs) implements chapter 1 of spec/README.md, the manager (manager.mjs) chapters 2-9 and
+// the offloading tier (tier.mjs) chapter 11, from the prose.  It replays every *.json vector under DIR,
+// pool, manager and offload scopes alike.
 //
 //   node examples/vectors-js/replay.mjs DIR
 //
@@ -14,6 +15,7 @@ import { existsSync, readFileSync, readdirSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
 import { Pool, Refusal } from "./pool.mjs";
 import { Manager } from "./manager.mjs";
+import { Tier } from "./tier.mjs";
 
 // The manager's optional queries (VECTORS.md): they change nothing, so a target may lack them.
 const OPTIONAL_QUERIES = new Set(["get_usage", "get_block_ids_for_computed_tokens", "find_longest_cache_hit_per_group"]);
@@ -74,6 +76,7 @@ function requestAt(vector, id, progress) {
 }
 
 function build(vector) {
+  if (vector.scope === "offload") return new Tier(vector.config);
   return vector.scope === "pool" ? new Pool(vector.config) : new Manager(vector.config);
 }
 
@@ -92,7 +95,8 @@ function replay(vector) {
     return `construction: built a ${vector.scope}; the configuration breaks ${vector.refused} and must be refused`;
   }
   const target = build(vector);
-  const takeEvents = () => (vector.scope === "pool" ? target.events.splice(0) : target.takeEvents());
+  // A tier's events are an operation's result (take_events), not a side channel: none to compare here.
+  const takeEvents = () => (vector.scope === "pool" ? target.events.splice(0) : vector.scope === "offload" ? [] : target.takeEvents());
   const expected = { ...vector.initial_state };
   const compareState = (where) => {
     const got = target.state();
@@ -210,5 +214,5 @@ for (const dir of [...tally.keys()].sort()) {
 for (const [scope, [passed, total]] of scopes) console.log(`  ${(scope + " (all)").padEnd(48)} ${String(passed).padStart(3)} / ${total}`);
 const total = [...tally.values()].reduce((n, [, t]) => n + t, 0);
 const byScope = (scope) => scopes.get(scope)?.[1] ?? 0;
-console.log(`${total} vectors replayed in JavaScript (${byScope("pool")} pool, ${byScope("manager")} manager): ${failed} differ, ${unreadable} unreadable`);
+console.log(`${total} vectors replayed in JavaScript (${byScope("pool")} pool, ${byScope("manager")} manager, ${byScope("offload")} offload): ${failed} differ, ${unreadable} unreadable`);
 process.exit(failed || unreadable || total === 0 ? 1 : 0);
