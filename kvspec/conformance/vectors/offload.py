@@ -25,6 +25,7 @@ from typing import Any
 
 from kvspec.conformance.machines.offload import OFFLOAD_LAYOUTS, OffloadLayout, key_of
 from kvspec.conformance.targets.offload import TierTarget
+from kvspec.spec import tiers
 from kvspec.spec.tiers import SpecOffloadingManager, TierSnapshot
 
 SCOPE = "offload"
@@ -130,13 +131,19 @@ class OffloadRecorder(TierTarget):
 
 def replay(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]:
     """Replay one offload vector against the tier ``factory(**config)``
-    builds (a :class:`TierTarget`): every difference, one line each."""
+    builds (a :class:`TierTarget`): every difference, one line each.  Each
+    step is also judged by chapter 11's rules, as the offload machine judges
+    it (a ledger kept from the target's own answers; tier-policy against
+    the evictions the vector records): a difference that breaks a rule is
+    reported under the rule's name first."""
     from kvspec.conformance.vectors.codec import VectorError, _outcome_differences, from_json
 
     target = factory(**doc["config"])
     expected = dict(doc["initial_state"])
-    got = tier_state(target.snapshot())
+    snap = target.snapshot()
+    got = tier_state(snap)
     problems = [f"initial state: {c} is {got.get(c)}, expected {v}" for c, v in expected.items() if got.get(c) != v]
+    ledger = tiers.Ledger()
     for i, step in enumerate(doc["steps"], 1):
         where = f"step {i} {step['op']}"
         if step["op"] not in OPERATIONS:
@@ -148,13 +155,39 @@ def replay(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]:
             result, error = None, e
         except Exception as e:  # a crash ends the replay
             return [*problems, f"{where}: crashed with {type(e).__name__}: {e}"]
+        before, snap = snap, target.snapshot()
+        judged = _judged(step, kwargs, ledger, before, snap, result, error)
+        if not doc["config"].get("enable_events", False):  # events off: the tier owes none (tier-events is moot)
+            judged = [(rule, p) for rule, p in judged if rule != "tier-events"]
+        problems += [f"{where}: {rule}: {p}" for rule, p in judged]
         problems += _outcome_differences(where, step, result, error)
         expected.update(step.get("state", {}))
-        got = tier_state(target.snapshot())
+        got = tier_state(snap)
         problems += [f"{where}: {c} is {got.get(c)}, expected {v}" for c, v in expected.items() if got.get(c) != v]
         if problems:
             return problems
     return problems
+
+
+def _judged(step: dict[str, Any], kwargs: dict[str, Any], ledger: tiers.Ledger, before: TierSnapshot,
+            after: TierSnapshot, result: Any, error: BaseException | None) -> list[tuple[str, str]]:
+    """Chapter 11's rules on one replayed step (``ledger`` settled after)."""
+    from kvspec.conformance.vectors.codec import from_json
+
+    op = step["op"]
+    args = tuple(kwargs[name] for name in named_arguments(op, (), kwargs))
+    if error is not None:  # a refusal: nothing may change (the rules of the state, and the state compared)
+        return tiers.check_tier_state(after, ledger)
+    due = None
+    found: list[tuple[str, str]] = []
+    if op == "prepare_store" and "result" in step:
+        due = None if step["result"] is None else [from_json(k) for k in step["result"][2]]
+        if (result is None) != (step["result"] is None):
+            found.append(("tier-policy", f"prepare_store gave {'up' if result is None else 'blocks'}; the policy "
+                                         f"{'gives up' if step['result'] is None else 'finds blocks'}"))
+    found += tiers.check_tier_step(tiers.TierStep(op, args, ledger, before, after, result, None), due)
+    tiers.settle(ledger, op, args, result)
+    return found + tiers.check_tier_state(after, ledger)
 
 
 # --- what a vector exercises ----------------------------------------------------------------------
