@@ -16,7 +16,8 @@ from kvspec.conformance.machines.offload import key_of
 from kvspec.conformance.runner import resolve_target
 from kvspec.conformance.targets.offload import TierTarget
 from kvspec.conformance.vectors.codec import check, read
-from kvspec.conformance.vectors.offload import OFFLOAD_CASES, case_vector
+from kvspec.conformance.vectors.corpus import offload_case_vector
+from kvspec.conformance.vectors.offload import OFFLOAD_CASES
 from kvspec.impl.offload import CPUOffloadingManager
 from kvspec.spec.catalogue import TIER_RULES
 
@@ -61,7 +62,7 @@ def test_the_arc_fallback_vector_takes_the_fallback():
 def test_the_cases_are_recorded_from_the_spec():
     """Each committed case is what the spec's tier does now (no hand-edited expectation)."""
     for case in OFFLOAD_CASES:
-        vector = case_vector(case)
+        vector = offload_case_vector(case)
         assert json.loads((OFFLOAD / "cases" / f"{case.name}.json").read_text())["steps"] == \
             json.loads(json.dumps(vector.to_dict()["steps"])), case.name
 

@@ -824,6 +824,63 @@ def manager_case_vector(case: ManagerCase, release: releases.Release = releases.
     return vector
 
 
+# --- the offload tier (chapter 11) ---------------------------------------------------------------
+
+
+def offload_case_vector(case: Any) -> Vector:
+    """A hand-written tier case (:data:`kvspec.conformance.vectors.offload.OFFLOAD_CASES`) recorded from the spec."""
+    from kvspec.conformance.machines.offload import key_of
+    from kvspec.conformance.vectors import offload
+
+    config = offload.case_config(case)
+    vector = Vector(f"offload/cases/{case.name}", offload.SCOPE, config, case.description, list(case.findings))
+    case.run(offload.recording(vector, **config), key_of)
+    return vector
+
+
+def offload_walk_vectors(name: str, examples: int, steps: int) -> list[Vector]:
+    """The offload machine's derandomized walks over tier layout ``name``, the spec's tier as target."""
+    from kvspec.conformance.machines.offload import OFFLOAD_LAYOUTS, offload_machine
+    from kvspec.conformance.vectors import offload
+
+    layout = OFFLOAD_LAYOUTS[name]
+    vectors: list[Vector] = []
+
+    def make(**options: Any) -> Any:
+        vector = Vector(f"offload/walks/{name}/{len(vectors):03d}", offload.SCOPE, offload.config_of(layout),
+                        f"a walk of the offload machine over the {name} tier ({layout.description})")
+        vectors.append(vector)
+        return offload.recording(vector, **options)
+
+    run_machine(offload_machine(make, layout), settings(
+        derandomize=True, database=None, max_examples=examples, stateful_step_count=steps, deadline=None,
+        phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck)))
+    kept = [v for v in vectors if v.steps]
+    for i, v in enumerate(kept):
+        v.name = f"offload/walks/{name}/{i:03d}"
+        v.findings = [f.id for f in FINDINGS if f.avoid == f"layout:{name}"]
+    return kept
+
+
+def offload_finding_vector(finding: Any) -> Vector:
+    """An offload finding's trace replayed on the spec's tier."""
+    from kvspec.conformance.machines.offload import OFFLOAD_LAYOUTS
+    from kvspec.conformance.runner import replay
+    from kvspec.conformance.trace import Trace
+    from kvspec.conformance.vectors import offload
+
+    trace = Trace.load(finding.trace_path)
+    vector = Vector(f"offload/findings/{finding.id}", offload.SCOPE, offload.config_of(OFFLOAD_LAYOUTS[trace.layout]),
+                    f"{finding.id} ({finding.target}): {finding.title}", findings=[finding.id])
+
+    def make(**options: Any) -> Any:
+        vector.steps.clear()
+        return offload.recording(vector, **options)
+
+    replay(trace, make, "L1")
+    return vector
+
+
 # --- walks and findings ------------------------------------------------------------------------
 
 
@@ -945,14 +1002,12 @@ def finding_vectors(release: releases.Release = releases.REFERENCE) -> list[Vect
     from kvspec.conformance.runner import manager_layout, replay
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
     from kvspec.conformance.trace import Trace
-    from kvspec.conformance.vectors import offload
-
     out = []
     for finding in FINDINGS:
         if not holds_finding(finding, release):
             continue
         if finding.scope == "offload":
-            out.append(offload.finding_vector(finding))
+            out.append(offload_finding_vector(finding))
             continue
         trace = Trace.load(finding.trace_path)
         if [s.rule for s in trace.steps] == ["configure"]:  # a construction: its vector is a configuration's
@@ -1073,9 +1128,9 @@ def _all_vectors(size: str, release: releases.Release) -> list[Vector]:
         if _exists(MANAGER_LAYOUTS[name], release):
             vectors += walk_vectors("manager", name, manager_examples, manager_steps, release)
     if release.is_base:  # chapter 11 models 0.25.1's tier alone
-        vectors += [offload.case_vector(case) for case in offload.OFFLOAD_CASES]
+        vectors += [offload_case_vector(case) for case in offload.OFFLOAD_CASES]
         for name in OFFLOAD_LAYOUTS if tier_examples else ():
-            vectors += offload.walk_vectors(name, tier_examples, tier_steps)
+            vectors += offload_walk_vectors(name, tier_examples, tier_steps)
     return vectors + finding_vectors(release)
 
 

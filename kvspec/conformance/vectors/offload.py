@@ -14,6 +14,11 @@ Three sources, every vector recorded from the spec's tier
 - hand-written cases (:data:`OFFLOAD_CASES`), one or more per tier rule;
 - walks of the offload machine over its layouts (``OFFLOAD_LAYOUTS``);
 - the offload findings' traces (F17, F18) replayed on the spec.
+
+This module knows the format's values it needs itself (keys as ``{"bytes":
+hex}``): ``codec`` dispatches an offload vector here, and ``corpus`` records
+the vectors (:func:`~kvspec.conformance.vectors.corpus.offload_case_vector`
+and its siblings), so that nothing here imports either.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.conformance.machines.offload import OFFLOAD_LAYOUTS, OffloadLayout, key_of
+from kvspec.conformance.machines.offload import OffloadLayout
 from kvspec.conformance.targets.offload import TierTarget
 from kvspec.spec import tiers
 from kvspec.spec.tiers import SpecOffloadingManager, TierSnapshot
@@ -32,6 +37,29 @@ SCOPE = "offload"
 OPERATIONS = ("lookup", "prepare_load", "touch", "complete_load", "prepare_store", "complete_store",
               "reset_cache", "take_events")
 """The tier's operations a vector records, by :class:`TierTarget`'s names and parameters."""
+
+
+def encode(value: Any) -> Any:
+    """A plain-form value as the vectors' JSON (codec's ``to_json`` for the
+    values a tier answers: keys as ``{"bytes": hex}``, tuples as lists)."""
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": bytes(value).hex()}
+    if isinstance(value, (list, tuple)):
+        return [encode(v) for v in value]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    raise ValueError(f"a {type(value).__name__} is not a tier's value: {value!r}")
+
+
+def decode(value: Any) -> Any:
+    """The inverse of :func:`encode`."""
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) != {"bytes"}:
+            raise ValueError(f"unknown tagged value in an offload vector: {value!r}")
+        return bytes.fromhex(value["bytes"])
+    return value
 
 
 def tier_state(snap: TierSnapshot) -> dict[str, Any]:
@@ -59,9 +87,7 @@ def config_of(layout: OffloadLayout) -> dict[str, Any]:
 
 def named_arguments(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     if op not in OPERATIONS:
-        from kvspec.conformance.vectors.codec import VectorError
-
-        raise VectorError(f"{op!r} is not an operation of an offloading tier")
+        raise ValueError(f"{op!r} is not an operation of an offloading tier")
     bound = inspect.signature(getattr(TierTarget, op)).bind(None, *args, **kwargs)
     return {k: v for k, v in bound.arguments.items() if k != "self"}
 
@@ -79,10 +105,8 @@ class OffloadRecorder(TierTarget):
         vector.initial_state = self._state
 
     def _record(self, op: str, *args: Any) -> Any:
-        from kvspec.conformance.vectors.codec import changed, refusal_kind, to_json
-
         named = named_arguments(op, args, {})
-        step: dict[str, Any] = {"op": op, "args": {k: to_json(v) for k, v in named.items()}}
+        step: dict[str, Any] = {"op": op, "args": {k: encode(v) for k, v in named.items()}}
         result, error = None, None
         try:
             result = getattr(TierTarget, op)(self, *args)
@@ -91,9 +115,9 @@ class OffloadRecorder(TierTarget):
         if error is not None:
             step["refused"] = refusal_kind(error)
         else:
-            step["result"] = to_json(result)
+            step["result"] = encode(result)
         after = tier_state(self.snapshot())
-        if delta := changed(self._state, after):
+        if delta := {k: v for k, v in after.items() if self._state.get(k) != v}:
             step["state"] = delta
         self._state = after
         self.vector.steps.append(step)
@@ -136,8 +160,6 @@ def replay(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]:
     it (a ledger kept from the target's own answers; tier-policy against
     the evictions the vector records): a difference that breaks a rule is
     reported under the rule's name first."""
-    from kvspec.conformance.vectors.codec import VectorError, _outcome_differences, from_json
-
     target = factory(**doc["config"])
     expected = dict(doc["initial_state"])
     snap = target.snapshot()
@@ -147,8 +169,8 @@ def replay(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]:
     for i, step in enumerate(doc["steps"], 1):
         where = f"step {i} {step['op']}"
         if step["op"] not in OPERATIONS:
-            raise VectorError(f"{step['op']!r} is not an operation of an offloading tier")
-        kwargs = {k: from_json(v) for k, v in step["args"].items()}
+            raise ValueError(f"{step['op']!r} is not an operation of an offloading tier")
+        kwargs = {k: decode(v) for k, v in step["args"].items()}
         try:
             result, error = getattr(target, step["op"])(**kwargs), None
         except (ValueError, TypeError) as e:
@@ -172,8 +194,6 @@ def replay(doc: dict[str, Any], factory: Callable[..., Any]) -> list[str]:
 def _judged(step: dict[str, Any], kwargs: dict[str, Any], ledger: tiers.Ledger, before: TierSnapshot,
             after: TierSnapshot, result: Any, error: BaseException | None) -> list[tuple[str, str]]:
     """Chapter 11's rules on one replayed step (``ledger`` settled after)."""
-    from kvspec.conformance.vectors.codec import from_json
-
     op = step["op"]
     args = tuple(kwargs[name] for name in named_arguments(op, (), kwargs))
     if error is not None:  # a refusal: nothing may change (the rules of the state, and the state compared)
@@ -181,13 +201,32 @@ def _judged(step: dict[str, Any], kwargs: dict[str, Any], ledger: tiers.Ledger, 
     due = None
     found: list[tuple[str, str]] = []
     if op == "prepare_store" and "result" in step:
-        due = None if step["result"] is None else [from_json(k) for k in step["result"][2]]
+        due = None if step["result"] is None else [decode(k) for k in step["result"][2]]
         if (result is None) != (step["result"] is None):
             found.append(("tier-policy", f"prepare_store gave {'up' if result is None else 'blocks'}; the policy "
                                          f"{'gives up' if step['result'] is None else 'finds blocks'}"))
     found += tiers.check_tier_step(tiers.TierStep(op, args, ledger, before, after, result, None), due)
     tiers.settle(ledger, op, args, result)
     return found + tiers.check_tier_state(after, ledger)
+
+
+def refusal_kind(error: BaseException) -> str:
+    return "TypeError" if isinstance(error, TypeError) else "ValueError"
+
+
+def _outcome_differences(where: str, step: dict[str, Any], result: Any, error: BaseException | None) -> list[str]:
+    """The result or the refusal against the step's (as codec judges a pool's or a manager's)."""
+    if "refused" in step:
+        if error is None:
+            return [f"{where}: accepted (returned {encode(result)}), expected a {step['refused']} refusal"]
+        if refusal_kind(error) != step["refused"]:
+            return [f"{where}: refused with {type(error).__name__}, expected {step['refused']}"]
+        return []
+    if error is not None:
+        return [f"{where}: refused ({type(error).__name__}: {error}), expected {step['result']}"]
+    if encode(result) != step["result"]:
+        return [f"{where}: returned {encode(result)}, expected {step['result']}"]
+    return []
 
 
 # --- what a vector exercises ----------------------------------------------------------------------
@@ -443,68 +482,14 @@ OFFLOAD_CASES: tuple[OffloadCase, ...] = (
 )
 
 
-def _events_off_layout(case: OffloadCase) -> dict[str, Any]:
+def case_config(case: OffloadCase) -> dict[str, Any]:
+    """A case's tier configuration (events on, but for the case about them off)."""
     config = config_of(case.layout)
     if case.name == "events-off":
         config["enable_events"] = False
     return config
 
 
-def case_vector(case: OffloadCase) -> Any:
-    from kvspec.conformance.vectors.codec import Vector
-
-    config = _events_off_layout(case)
-    vector = Vector(f"offload/cases/{case.name}", SCOPE, config, case.description, list(case.findings))
-    case.run(OffloadRecorder(SpecOffloadingManager(**config), vector), key_of)
-    return vector
-
-
-# --- walks and findings ---------------------------------------------------------------------------
-
-
-def walk_vectors(name: str, examples: int, steps: int) -> list[Any]:
-    """The offload machine's derandomized walks over layout ``name``, the spec's tier as target."""
-    from hypothesis import HealthCheck, Phase, settings
-
-    from kvspec.conformance.findings import FINDINGS
-    from kvspec.conformance.machines.offload import offload_machine
-    from kvspec.conformance.settings import run_machine
-    from kvspec.conformance.vectors.codec import Vector
-
-    layout = OFFLOAD_LAYOUTS[name]
-    vectors: list[Any] = []
-
-    def make(**options: Any) -> OffloadRecorder:
-        vector = Vector(f"offload/walks/{name}/{len(vectors):03d}", SCOPE, config_of(layout),
-                        f"a walk of the offload machine over the {name} tier ({layout.description})")
-        vectors.append(vector)
-        return OffloadRecorder(SpecOffloadingManager(**options), vector)
-
-    machine = offload_machine(make, layout)
-    run_machine(machine, settings(
-        derandomize=True, database=None, max_examples=examples, stateful_step_count=steps, deadline=None,
-        phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck)))
-    kept = [v for v in vectors if v.steps]
-    for i, v in enumerate(kept):
-        v.name = f"offload/walks/{name}/{i:03d}"
-        v.findings = [f.id for f in FINDINGS if f.avoid == f"layout:{name}"]
-    return kept
-
-
-def finding_vector(finding: Any) -> Any:
-    """An offload finding's trace replayed on the spec's tier."""
-    from kvspec.conformance.runner import replay
-    from kvspec.conformance.trace import Trace
-    from kvspec.conformance.vectors.codec import Vector
-
-    trace = Trace.load(finding.trace_path)
-    layout = OFFLOAD_LAYOUTS[trace.layout]
-    vector = Vector(f"offload/findings/{finding.id}", SCOPE, config_of(layout),
-                    f"{finding.id} ({finding.target}): {finding.title}", findings=[finding.id])
-
-    def make(**options: Any) -> OffloadRecorder:
-        vector.steps.clear()
-        return OffloadRecorder(SpecOffloadingManager(**options), vector)
-
-    replay(trace, make, "L1")
-    return vector
+def recording(vector: Any, **options: Any) -> OffloadRecorder:
+    """The spec's tier built with ``options``, recording into ``vector``."""
+    return OffloadRecorder(SpecOffloadingManager(**options), vector)
