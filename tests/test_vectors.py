@@ -195,3 +195,34 @@ def test_the_committed_corpus_is_what_the_spec_generates(tmp_path):
                            if p.is_file() and p.name != "coverage.json")
     for name in names:
         assert (committed / name).read_text() == (tmp_path / name).read_text(), f"vectors/{name} is stale"
+
+
+COMMITTED = Path(__file__).resolve().parents[1] / "vectors"
+
+
+def test_freeing_in_one_call_over_every_group_fails_its_vector(monkeypatch):
+    """Chapter 4: free(request) makes one free_blocks call per group, in group-id order, tail first.  A
+    manager that frees every group's blocks in one call (issue 57's other reading) -- planted here in the
+    spec's coordinator -- fails manager/cases/free-group-by-group at the free, and so does one freeing the
+    groups in the other order."""
+    from kvspec.spec import coordinator
+
+    vector = COMMITTED / "manager/cases/free-group-by-group.json"
+    assert check(vector, targets("spec")).ok
+
+    def one_call(self, rid, order=1):
+        blocks = [b for group in self.groups[::order] for b in reversed(group.tables.get(rid, []))]
+        for group in self.groups:
+            group.tables.pop(rid, None)
+            group.num_cached.pop(rid, None)
+        self.pool.free_blocks(blocks)
+
+    def groups_backwards(self, rid):
+        for group in reversed(self.groups):
+            group.free(rid)
+
+    for planted in (one_call, lambda self, rid: one_call(self, rid, -1), groups_backwards):
+        monkeypatch.setattr(coordinator.Coordinator, "free", planted)
+        report = check(vector, targets("spec"))
+        assert list(report.differences) == [vector], report.differences
+        assert "free" in report.differences[vector][0]

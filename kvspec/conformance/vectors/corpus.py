@@ -440,6 +440,14 @@ def _window_release(m, req):
     m.free(a)
 
 
+def _free_group_by_group(m, req):
+    a = req("a", [0, 1, 2, 3, 4])
+    _prefill(m, a)  # each group: two full blocks, cached, and a partial tail without a key
+    m.free(a)  # one free_blocks per group: the window's tail goes to the head after (so before) the full group's
+    b = req("b", [7, 7, 7])
+    _prefill(m, b)  # reuses the head of the queue: the window group's old tail first
+
+
 def _mamba_align_boundary(m, req):
     a = req("a", [1, 1, 0] * 3 + [1])
     _compute(m, a, 8)  # a chunk that ends on a block boundary: the state at 8 is kept
@@ -801,6 +809,10 @@ MANAGER_CASES: tuple[ManagerCase, ...] = (
     ManagerCase("connector-queries", "what a KV connector asks of a hybrid: the blocks it saves of a request "
                 "(a count that is not an int >= 0 refused), each group's own hit, and the pool's fill",
                 "full+swa+mamba", _connector_queries, ("F15",)),
+    ManagerCase("free-group-by-group", "free(request) gives each group's table back in a free_blocks call of its "
+                "own, in group-id order, tail first: the later group's keyless tail lands at the head ahead of the "
+                "earlier group's, the keyed blocks at the tail group by group (one call over every group's blocks "
+                "would order the head the other way)", "full+swa", _free_group_by_group),
 )
 
 
