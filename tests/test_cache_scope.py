@@ -78,3 +78,34 @@ def test_the_content_view_cases_exercise_every_rule_of_chapter_10(tmp_path):
     path.write_text("\n".join(json.dumps(c) for c in cases) + "\n")
     (problem,) = content_view.check(path)
     assert "sound" in problem and "ref-conservation" in problem
+
+
+def test_each_reading_of_a_bad_hit_fails_a_committed_case(monkeypatch):
+    """Chapter 10, "Which rules judge a bad hit" (issue 57): a hit that is not a whole-block length within
+    the cap is judged by hit-soundness alone; an unsound hit of whole blocks is still judged for
+    hit-optimality.  Predicates that plant either other reading fail a committed case."""
+    from pathlib import Path
+
+    from kvspec.conformance.vectors import content_view
+    from kvspec.spec import engines
+
+    committed = Path(__file__).resolve().parents[1] / "vectors" / content_view.FILE
+    assert content_view.check(committed) == []
+    admission = engines.admission
+
+    def unsound_exempt(before, after, request_id, tenant, tokens, hit, *args):
+        found = admission(before, after, request_id, tenant, tokens, hit, *args)
+        unsound = any(v.rule == "hit-soundness" for v in found)
+        return [v for v in found if not (unsound and v.rule == "hit-optimality")]
+
+    def unaligned_judged(before, after, request_id, tenant, tokens, hit, written, engine_cap=None, window=None):
+        found = admission(before, after, request_id, tenant, tokens, hit, written, engine_cap, window)
+        best = engines.servable(before, tenant, tokens, engines.hit_cap(len(tokens), before.block_size, engine_cap))
+        if isinstance(hit, int) and hit < best and not any(v.rule == "hit-optimality" for v in found):
+            found.append(engines.Violation("hit-optimality", f"hit {hit} < {best}"))
+        return found
+
+    for planted, fails in ((unsound_exempt, "hit-unsound-and-short"), (unaligned_judged, "hit-unaligned")):
+        monkeypatch.setattr(engines, "admission", planted)
+        problems = content_view.check(committed)
+        assert [p for p in problems if f"({fails})" in p], problems

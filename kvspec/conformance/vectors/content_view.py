@@ -72,6 +72,13 @@ def _admitted(tokens: list[int], tenant: Any, hit: int, table: tuple, *, holds: 
                           "engine_cap": cap, "window": window}}
 
 
+def _unserved_hit() -> dict[str, Any]:
+    """``Q`` admitted with a hit of one block (2 tokens) in block 4, which holds ``Q``'s first block but
+    which the index does not serve (blocks 1 and 2 serve ``Q``'s first 4 tokens)."""
+    case = _admitted(Q, None, 2, (4, 5, 6), holds={1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1}, free=set())
+    return {**case, "written": {**case["written"], 4: _key(None, Q, 2)}}
+
+
 CASES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     "sound": ("one request, its full blocks cached: nothing is broken", _base),
     "hit-sound": ("a second request hits the two cached blocks and takes a fresh one",
@@ -125,6 +132,10 @@ CASES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                              lambda: _replace({**_base(), "window": 4}, tables={"r0": (None, None, 3)},
                                               holds={3: 1}, free=frozenset({2, 4, 5, 6}),
                                               cached={1: _key(None, P, 2)})),
+    "hit-unsound-and-short": ("a hit of one whole block, within the cap, that the index did not serve (the block "
+                              "holds the right tokens but is not cached) where the index served two: an unsound "
+                              "hit is still judged for optimality (hit-soundness, hit-optimality)",
+                              _unserved_hit),
 }
 
 
