@@ -1036,6 +1036,9 @@ def _context(layout, requests, shadow, pins, ctx) -> RequestContext:
     return RequestContext(layout=layout, requests=requests or {}, shadow=shadow, pins=pins or {})
 
 
+_OWN_REF_CONSERVATION = frozenset({"ref-conservation"})
+
+
 def check_request_state(
     snap: ManagerSnapshot,
     layout: Layout | None = None,
@@ -1048,7 +1051,7 @@ def check_request_state(
     (:mod:`kvspec.spec.rules`, ref counts against the tables) and the
     request-level ones above."""
     ctx = _context(layout, requests, shadow, pins, ctx)
-    out = [v for v in pool_rules.check_state(snap.pool) if v.rule != "ref-conservation"]
+    out = pool_rules.check_state(snap.pool, leave_out=_OWN_REF_CONSERVATION)  # judged below, with the holders
     for name, fns in REQUEST_STATE_RULES.items():
         out += [Violation(name, p) for fn in fns for p in fn(snap, ctx)]
     return out
