@@ -117,3 +117,40 @@ def test_a_rule_left_out_is_only_that_rule():
     assert {v.rule for v in everything} >= {"ref-conservation", "free-queue-consistency"}
     assert check_state(broken, leave_out=frozenset({"ref-conservation"})) == [
         v for v in everything if v.rule != "ref-conservation"]
+
+
+class Calls:
+    def plain(self, request, num_new, hit=0, blocks=None, lookahead=0):
+        pass
+
+    def starred(self, request, *rest, **more):
+        pass
+
+    def keyword_only(self, request, *, flag=False):
+        pass
+
+
+@pytest.mark.parametrize("op", ["plain", "starred", "keyword_only"])
+@pytest.mark.parametrize("args, kwargs", [
+    ((), {}), (("r",), {}), (("r", 4), {}), (("r", 4, 1, [1], 2), {}), (("r", 4, 1, [1], 2, 9), {}),
+    (("r",), {"num_new": 3}), (("r", 4), {"lookahead": 2, "hit": 1}), (("r", 4), {"num_new": 5}),
+    (("r", 4), {"nonsense": 1}), ((), {"request": "r", "num_new": 1}), (("r",), {"flag": True}),
+])
+def test_observe_names_the_arguments_as_signature_bind_does(op, args, kwargs):
+    import inspect
+
+    from kvspec.conformance.machines.observe import _bind
+
+    def by_signature():
+        bound = inspect.signature(getattr(Calls(), op)).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    try:
+        expected = by_signature()
+    except TypeError:
+        with pytest.raises(TypeError):
+            _bind(Calls, op, args, kwargs)
+    else:
+        got = _bind(Calls, op, args, kwargs)
+        assert got == expected and list(got) == list(expected)
