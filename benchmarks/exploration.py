@@ -46,10 +46,14 @@ hands the same to the processes it starts.  It prints each scope's checked
 operations per run for both and their ratio.  ``--mutants`` also runs the
 mutant catalogue (``kvspec mutate --target impl --level L1 --level L3
 --budget M --seed N``) in both trees and prints the mutants killed at each
-level: the fault-finding power the speed must not cost.  Nothing is timed
-but the budgets the gate itself counts::
+level: the fault-finding power the speed must not cost.  ``--examples N``
+sizes every run by examples instead: both trees then make the same search
+(the same examples, so the same operations -- a difference is printed, layout
+by layout, and means the change altered what the gate sends or judges), and
+the rate is operations over the seconds the gate itself counted searching::
 
     python benchmarks/exploration.py --against main --scope manager --scope pool --budget 30 --repeat 2 --mutants
+    python benchmarks/exploration.py --against main --scope manager --scope pool --examples 20
 """
 
 from __future__ import annotations
@@ -174,6 +178,24 @@ def _conform_operations(tree: Path, boot: Path, scope: str, budget: float, seed:
     return sum(r["operations"] for r in results)
 
 
+def _fixed_search(tree: Path, boot: Path, scope: str, examples: int, seed: int, where: Path) -> dict:
+    """A gate run sized by examples (``--examples N --seed S``: the same
+    examples, whatever the speed): each layout's operations, verdict,
+    states reached and failing rules, and the seconds the gate counted
+    searching (its own clock, the process's start left out)."""
+    report = where / "report"
+    done = _kvspec(tree, boot, ["conform", "--target", "impl", "--scope", scope, "--workers", "1", "--examples",
+                                str(examples), "--seed", str(seed), "--no-progress", "--report-dir", str(report)],
+                   3600)
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"{tree}: kvspec conform --scope {scope} --examples {examples} exited {done.returncode}:"
+                         f"\n{done.stdout[-800:]}{done.stderr[-800:]}")
+    results = json.loads((report / "report.json").read_text())["results"]
+    return {"layouts": {r["layout"]: [r["operations"], r["conforms"], r.get("distinct_states"),
+                                      sorted(r.get("rules", []))] for r in results},
+            "operations": sum(r["operations"] for r in results), "seconds": sum(r["seconds"] for r in results)}
+
+
 def _kill_rate(tree: Path, boot: Path, budget: float, seed: int, where: Path) -> dict[str, tuple[int, int]]:
     """``kvspec mutate --target impl`` by the kvspec in ``tree``: (killed, mutants) per level."""
     done = _kvspec(tree, boot, ["mutate", "--target", "impl", "--level", "L1", "--level", "L3", "--budget",
@@ -185,9 +207,10 @@ def _kill_rate(tree: Path, boot: Path, budget: float, seed: int, where: Path) ->
 
 
 def compare(against: str, scopes: list[str], budget: float, seed: int, repeat: int,
-            mutants_budget: float | None) -> dict:
+            mutants_budget: float | None, examples: int | None = None) -> dict:
     """REV against this tree, side by side (see the module's docstring)."""
     rows: dict[str, dict[str, list[int]]] = {scope: {"before": [], "after": []} for scope in scopes}
+    fixed: dict[str, dict[str, dict]] = {scope: {} for scope in scopes}
     kills = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
@@ -199,11 +222,15 @@ def compare(against: str, scopes: list[str], budget: float, seed: int, repeat: i
                        capture_output=True)
         try:
             trees = {"before": old, "after": ROOT}
-            for i in range(repeat):
+            for i in range(repeat if examples is None else 0):
                 for scope in scopes:
                     for name, tree in trees.items():
                         where = tmp_path / f"{name}-{scope}-{i}"
                         rows[scope][name].append(_conform_operations(tree, boot, scope, budget, seed, where))
+            for scope in scopes if examples is not None else []:
+                for name, tree in trees.items():
+                    fixed[scope][name] = _fixed_search(tree, boot, scope, examples, seed,
+                                                       tmp_path / f"fixed-{name}-{scope}")
             if mutants_budget is not None:
                 kills = {name: _kill_rate(tree, boot, mutants_budget, seed, tmp_path / f"mutants-{name}")
                          for name, tree in trees.items()}
@@ -214,10 +241,28 @@ def compare(against: str, scopes: list[str], budget: float, seed: int, repeat: i
     import hypothesis
 
     print(f"{against} (before) against this tree (after, {revision}{', uncommitted changes' if _dirty() else ''}); "
-          f"Hypothesis {hypothesis.__version__}, Python {sys.version.split()[0]}; kvspec conform --target impl "
-          f"--workers 1 --budget {budget:g} --seed {seed}, {repeat} run(s) each, alternating")
-    print(f"{'scope':8} {'before: operations per run':>30} {'after: operations per run':>30} {'after/before':>13}")
-    for scope, both in rows.items():
+          f"Hypothesis {hypothesis.__version__}, Python {sys.version.split()[0]}")
+    if examples is not None:
+        print(f"kvspec conform --target impl --workers 1 --examples {examples} --seed {seed}: the same search in "
+              "both, timed by the gate's own clock")
+        print(f"{'scope':8} {'operations':>11} {'same layouts':>13} {'before s':>9} {'after s':>8} "
+              f"{'before ops/s':>13} {'after ops/s':>12} {'after/before':>13}")
+        for scope, both in fixed.items():
+            b, a = both["before"], both["after"]
+            same = "yes" if a["layouts"] == b["layouts"] else "NO"
+            print(f"{scope:8} {a['operations']:>11,} {same:>13} {b['seconds']:>9.1f} {a['seconds']:>8.1f} "
+                  f"{b['operations'] / b['seconds']:>13,.0f} {a['operations'] / a['seconds']:>12,.0f} "
+                  f"{(a['operations'] / a['seconds']) / (b['operations'] / b['seconds']):>12.2f}x")
+            if same == "NO":
+                for layout in sorted(set(a["layouts"]) | set(b["layouts"])):
+                    if a["layouts"].get(layout) != b["layouts"].get(layout):
+                        print(f"  {layout}: before {b['layouts'].get(layout)}, after {a['layouts'].get(layout)}")
+    else:
+        print(f"kvspec conform --target impl --workers 1 --budget {budget:g} --seed {seed}, {repeat} run(s) each, "
+              "alternating")
+        print(f"{'scope':8} {'before: operations per run':>30} {'after: operations per run':>30} "
+              f"{'after/before':>13}")
+    for scope, both in rows.items() if examples is None else ():
         ratio = statistics.median(both["after"]) / max(1, statistics.median(both["before"]))
         print(f"{scope:8} {', '.join(f'{n:,}' for n in both['before']):>30} "
               f"{', '.join(f'{n:,}' for n in both['after']):>30} {ratio:>12.2f}x")
@@ -227,6 +272,7 @@ def compare(against: str, scopes: list[str], budget: float, seed: int, repeat: i
             (kb, nb), (ka, na) = kills["before"][level], kills["after"].get(level, (0, 0))
             print(f"  {level}: before {kb}/{nb}, after {ka}/{na}")
     return {"against": against, "after": revision, "budget": budget, "seed": seed, "operations": rows,
+            "examples": examples, "same_search": fixed,
             "mutants_killed": {name: {level: list(v) for level, v in k.items()} for name, k in kills.items()}}
 
 
@@ -248,12 +294,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--against", metavar="REV",
                         help="compare the kvspec of git revision REV with this tree, side by side (one worker)")
     parser.add_argument("--repeat", type=int, default=1, help="with --against: runs per scope and tree (default 1)")
+    parser.add_argument("--examples", type=int, metavar="N",
+                        help="with --against: size each gate run by examples instead of --budget (the same search "
+                             "in both trees; prints whether every layout ran the same operations to the same "
+                             "verdict, and each tree's rate by the gate's own clock)")
     parser.add_argument("--mutants", type=float, nargs="?", const=10.0, metavar="BUDGET",
                         help="with --against: the mutant catalogue's kill rate in both trees, each gate run "
                              "--budget BUDGET (default 10)")
     args = parser.parse_args(argv)
     if args.against:
-        out = compare(args.against, args.scope or ["manager"], args.budget, args.seed, args.repeat, args.mutants)
+        out = compare(args.against, args.scope or ["manager"], args.budget, args.seed, args.repeat, args.mutants,
+                      args.examples)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(out, indent=1))
