@@ -196,14 +196,16 @@ def _fixed_search(tree: Path, boot: Path, scope: str, examples: int, seed: int, 
             "operations": sum(r["operations"] for r in results), "seconds": sum(r["seconds"] for r in results)}
 
 
-def _kill_rate(tree: Path, boot: Path, budget: float, seed: int, where: Path) -> dict[str, tuple[int, int]]:
-    """``kvspec mutate --target impl`` by the kvspec in ``tree``: (killed, mutants) per level."""
+def _kill_rate(tree: Path, boot: Path, budget: float, seed: int, where: Path) -> dict[str, tuple[int, int, list]]:
+    """``kvspec mutate --target impl`` by the kvspec in ``tree``: (killed, mutants, survivors) per level."""
     done = _kvspec(tree, boot, ["mutate", "--target", "impl", "--level", "L1", "--level", "L3", "--budget",
                                 f"{budget:g}", "--seed", str(seed), "--report-dir", str(where)], None)
     if done.returncode not in (0, 1):
         raise SystemExit(f"{tree}: kvspec mutate exited {done.returncode}:\n{done.stderr[-800:]}")
-    summary = json.loads((where / "mutation.json").read_text())["summary"]
-    return {s["level"]: (s["killed"], s["mutants"]) for s in summary}
+    report = json.loads((where / "mutation.json").read_text())
+    return {s["level"]: (s["killed"], s["mutants"], sorted(r["mutant"] for r in report["runs"]
+                                                            if r["level"] == s["level"] and not r["killed"]))
+            for s in report["summary"]}
 
 
 def compare(against: str, scopes: list[str], budget: float, seed: int, repeat: int,
@@ -269,8 +271,9 @@ def compare(against: str, scopes: list[str], budget: float, seed: int, repeat: i
     if kills:
         print(f"mutants killed (kvspec mutate --target impl --budget {mutants_budget:g} --seed {seed}):")
         for level in sorted(kills["before"]):
-            (kb, nb), (ka, na) = kills["before"][level], kills["after"].get(level, (0, 0))
-            print(f"  {level}: before {kb}/{nb}, after {ka}/{na}")
+            (kb, nb, sb), (ka, na, sa) = kills["before"][level], kills["after"].get(level, (0, 0, []))
+            print(f"  {level}: before {kb}/{nb}, after {ka}/{na}" + (f"; both leave {', '.join(sb)}" if sb == sa else
+                  f"; before leaves {', '.join(sb) or 'none'}, after {', '.join(sa) or 'none'}"))
     return {"against": against, "after": revision, "budget": budget, "seed": seed, "operations": rows,
             "examples": examples, "same_search": fixed,
             "mutants_killed": {name: {level: list(v) for level, v in k.items()} for name, k in kills.items()}}
