@@ -232,6 +232,14 @@ def maybe_convert_block_hash(block_hash: BlockHash) -> ExternalBlockHash:
     ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` is an integer equal to 0, in which
     case the raw bytes (a non-integer value is an error, as in vLLM).
     """
+    return block_hash_converter()(block_hash)
+
+
+def block_hash_converter() -> Callable[[BlockHash], ExternalBlockHash]:
+    """:func:`maybe_convert_block_hash` with the setting read now, once: for
+    a caller converting many hashes at one moment (the rules convert every
+    key of the hash table after each operation, and reading the environment
+    per hash was a tenth of that rule's time)."""
     setting = os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")
     try:
         use_int = bool(int(setting))
@@ -239,9 +247,15 @@ def maybe_convert_block_hash(block_hash: BlockHash) -> ExternalBlockHash:
         raise ValueError(
             f"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES must be an integer, got {setting!r}"
         ) from None
-    if not use_int:
-        return block_hash
+    return _low_64_bits if use_int else _unconverted
+
+
+def _low_64_bits(block_hash: BlockHash) -> ExternalBlockHash:
     return int.from_bytes(block_hash, "big") & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _unconverted(block_hash: BlockHash) -> ExternalBlockHash:
+    return block_hash
 
 
 # --- extra keys: what besides tokens names a block --------------------------

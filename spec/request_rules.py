@@ -79,6 +79,9 @@ class RequestContext:
     since_stats: list[tuple[Any, ...]] = field(default_factory=list)
     # The release whose rules judge (chapter Releases): which operations the stats count.
     release: Release = releases.REFERENCE
+    # What the rules derive from the requests alone, kept between operations while the requests are unchanged
+    # (content-soundness's names of each request's hashes: _hash_names); never part of a verdict.
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -151,12 +154,23 @@ def step_rule(name: str) -> Callable[[StepRule], StepRule]:
 
 
 def slots(snap: ManagerSnapshot):
-    """Every (request, group, position, block) with a non-null block."""
-    for rid, tables in snap.tables.items():
-        for g, table in enumerate(tables):
-            for i, b in enumerate(table):
-                if b != NULL:
-                    yield rid, g, i, b
+    """Every (request, group, position, block) with a non-null block.
+
+    Five rules walk the same snapshot's slots after each operation: the
+    list is made once per snapshot (the latest one asked about, kept with a
+    copy of its tables, so that a snapshot whose tables were changed since
+    is walked again)."""
+    global _SLOTS
+    tables = snap.tables
+    if _SLOTS is not None and _SLOTS[0] is snap and _SLOTS[1] == tables:
+        return iter(_SLOTS[2])
+    found = [(rid, g, i, b) for rid, groups in tables.items() for g, table in enumerate(groups)
+             for i, b in enumerate(table) if b != NULL]
+    _SLOTS = (snap, dict(tables), found)
+    return iter(found)
+
+
+_SLOTS: tuple[ManagerSnapshot, dict[str, Any], list[tuple[str, int, int, int]]] | None = None
 
 
 def holders(snap: ManagerSnapshot) -> Counter[int]:
@@ -218,17 +232,42 @@ def cached_content_sound(snap: ManagerSnapshot, ctx: RequestContext) -> list[str
     shadow, for hashes named by a known request."""
     if ctx.shadow is None or ctx.layout is None or not ctx.requests:
         return []
-    names: dict[bytes, tuple[Any, int, int]] = {}
-    for request in ctx.requests.values():
-        for g in range(len(ctx.layout.views)):
-            for i, h in enumerate(hashes_for(request, ctx.layout, g)):
-                names.setdefault(make_block_hash_with_group_id(h, g), (request, g, i))
+    names = _hash_names(ctx)
     problems = []
     for b, key in snap.pool.key_of.items():
         if key in names and b not in ctx.unfilled:
             request, g, i = names[key]
             problems += [f"cached block {b} (group {g}, position {i}): {p}" for p in ctx.shadow.holds(g, b, request, i)]
     return problems
+
+
+def _hash_names(ctx: RequestContext) -> dict[bytes, tuple[Any, int, int]]:
+    """Every key a known request's blocks carry once cached, naming the
+    first (request, group, position) it names -- requests in order, then
+    groups, then positions.  Each request's own names are kept in
+    ``ctx.memo`` with the hashes they were made from, and made again only
+    when those hashes (or the layout) changed: a request's hashes change
+    when its tokens do, a few operations in many."""
+    layout = ctx.layout
+    kept = ctx.memo.get("hash-names")
+    if kept is None or kept[0] is not layout:
+        kept = ctx.memo["hash-names"] = (layout, {})
+    per_request = kept[1]
+    mine = []
+    for request in ctx.requests.values():
+        hashes = tuple(request.block_hashes)
+        entry = per_request.get(id(request))
+        if entry is None or entry[0] is not request or entry[1] != hashes:
+            own: dict[bytes, tuple[Any, int, int]] = {}
+            for g in range(len(layout.views)):
+                for i, h in enumerate(hashes_for(request, layout, g)):
+                    own.setdefault(make_block_hash_with_group_id(h, g), (request, g, i))
+            entry = per_request[id(request)] = (request, hashes, own)
+        mine.append(entry[2])
+    names: dict[bytes, tuple[Any, int, int]] = {}
+    for own in reversed(mine):  # the first request naming a key wins
+        names.update(own)
+    return names
 
 
 @state_rule("content-soundness")
@@ -867,11 +906,13 @@ def metrics_follow_the_blocks(step: ManagerStep, ctx: RequestContext) -> list[st
         return []
     heard = [call for call in step.residency if call[1] != NULL]
     due = [call for call in expected_residency(step, ctx.layout) if call[1] != NULL]
-    heard_n, due_n = Counter(heard), Counter(due)
-    problems = [f"{step.op}: the metrics collector missed {call} {b}"
-                for call, b in sorted((due_n - heard_n).elements(), key=str)]
-    problems += [f"{step.op}: the metrics collector heard {call} {b} unduly"
-                 for call, b in sorted((heard_n - due_n).elements(), key=str)]
+    problems = []
+    if heard != due:  # equal lists: nothing missed, nothing unduly (the counts are compared only where they differ)
+        heard_n, due_n = Counter(heard), Counter(due)
+        problems += [f"{step.op}: the metrics collector missed {call} {b}"
+                     for call, b in sorted((due_n - heard_n).elements(), key=str)]
+        problems += [f"{step.op}: the metrics collector heard {call} {b} unduly"
+                     for call, b in sorted((heard_n - due_n).elements(), key=str)]
     for i, (call, b) in enumerate(heard):
         if call == "allocated" and ctx.layout.enable_caching and (i == 0 or heard[i - 1] != ("evicted", b)):
             problems.append(f"{step.op}: block {b} allocated without its previous residency evicted just before")
@@ -995,6 +1036,9 @@ def _context(layout, requests, shadow, pins, ctx) -> RequestContext:
     return RequestContext(layout=layout, requests=requests or {}, shadow=shadow, pins=pins or {})
 
 
+_OWN_REF_CONSERVATION = frozenset({"ref-conservation"})
+
+
 def check_request_state(
     snap: ManagerSnapshot,
     layout: Layout | None = None,
@@ -1007,7 +1051,7 @@ def check_request_state(
     (:mod:`kvspec.spec.rules`, ref counts against the tables) and the
     request-level ones above."""
     ctx = _context(layout, requests, shadow, pins, ctx)
-    out = [v for v in pool_rules.check_state(snap.pool) if v.rule != "ref-conservation"]
+    out = pool_rules.check_state(snap.pool, leave_out=_OWN_REF_CONSERVATION)  # judged below, with the holders
     for name, fns in REQUEST_STATE_RULES.items():
         out += [Violation(name, p) for fn in fns for p in fn(snap, ctx)]
     return out

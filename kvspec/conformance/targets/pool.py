@@ -139,11 +139,15 @@ class VllmApiPoolTarget:
 
     def snapshot(self) -> PoolSnapshot:
         pool = self.pool
+        blocks = pool.blocks
+        ref = tuple([b.ref_cnt for b in blocks])
+        free = self._free_queue()
+        hashed = [(b.block_id, h) for b in blocks if (h := b.block_hash) is not None]  # each block's hash read once
         return PoolSnapshot(
             num_blocks=self.num_blocks,
-            ref=tuple(b.ref_cnt for b in pool.blocks),
-            free=self._free_queue(),
-            key_of={b.block_id: b.block_hash for b in pool.blocks if b.block_hash is not None},
+            ref=ref,
+            free=free,
+            key_of=dict(hashed),
             table=self._table(),
             partial_of={b: frozenset(keys) for b, keys in getattr(pool, "cached_block_hashes_by_block", {}).items()
                         if keys},
