@@ -749,6 +749,27 @@ def run(
     )
 
 
+def shared_report(directory: Path) -> tuple[Report, bool]:
+    """The full report (``run(planted=True)``), computed once for every
+    process that asks in ``directory``: the first to take the directory's
+    lock runs CrossHair (on every core) and saves the report; the others
+    wait for the lock and read it.  Returns the report and whether this
+    call computed it.  (pytest-xdist's workers share it this way, and CI
+    starts it in the background before the suite -- see .ci/run.)"""
+    import fcntl
+    import pickle
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "crosshair-report.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = directory / "crosshair-report.pickle"
+        if saved.exists():
+            return pickle.loads(saved.read_bytes()), False
+        report = run(planted=True)
+        saved.write_bytes(pickle.dumps(report))
+        return report, True
+
+
 def build_parser(prog: str = "python -m kvspec.proofs.run") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
