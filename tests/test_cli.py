@@ -664,7 +664,7 @@ def test_a_failure_whose_shrinking_the_budget_cuts_is_reported_never_conforms(tm
 def test_a_target_stuck_in_its_own_code_fails_within_the_budget(tmp_path, monkeypatch, capsys):
     import time
 
-    target = broken(tmp_path, monkeypatch, "HangsOnThirdAllocation")
+    target = broken(tmp_path, monkeypatch, "HangsOnFirstAllocation")
     start = time.perf_counter()
     assert main(["conform", "--target", target, "--scope", "pool", "--layout", "tiny-pool",
                  "--budget", "5", "--seed", "1"]) == 1
@@ -706,7 +706,7 @@ def test_without_workers_a_target_stuck_beyond_any_alarm_is_stopped_by_the_watch
 def test_a_replay_of_a_hanging_target_ends_at_its_budget(tmp_path, monkeypatch, capsys):
     import time
 
-    target = broken(tmp_path, monkeypatch, "HangsOnThirdAllocation")
+    target = broken(tmp_path, monkeypatch, "HangsOnFirstAllocation")
     assert main(["conform", "--target", target, "--scope", "pool", "--layout", "tiny-pool",
                  "--budget", "20", "--seed", "1", "--trace-dir", str(tmp_path / "traces")]) == 1  # ends at the hang
     (trace,) = (tmp_path / "traces").glob("pool-tiny-pool.json")
