@@ -27,11 +27,12 @@ import functools
 import inspect
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvspec.conformance.vectors.steps import states
 from kvspec.hashing import get_request_block_hasher, rooted_at
 from kvspec.kv_cache_interface import KVCacheSpec
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
@@ -397,15 +398,6 @@ class Recorder:
 # --- what a vector exercises ------------------------------------------------------------------
 
 
-def _states(vector: Vector) -> Iterator[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
-    """(state before, step, state after) for each step."""
-    state = dict(vector.initial_state)
-    for step in vector.steps:
-        after = {**state, **step.get("state", {})}
-        yield state, step, after
-        state = after
-
-
 def exercised(vector: Vector) -> set[str]:
     """The rules a vector puts to the test: those whose predicate can fail
     on one of its steps because the step does what the rule is about (a
@@ -424,7 +416,7 @@ def exercised(vector: Vector) -> set[str]:
         rules.add("block-size-coherence")
     if any(i.get("cache_salt") or i.get("lora") for i in vector.requests.values()):
         rules.add("tenant-isolation")
-    for before, step, after in _states(vector):
+    for before, step, after in states(vector):
         op, args = step["op"], step["args"]
         if "refused" in step or (op == "allocate_slots" and step.get("result") is None):
             rules.add("allocation-accounting")

@@ -51,6 +51,7 @@ from kvspec.conformance.vectors.codec import (
     refusal_kind,
     write,
 )
+from kvspec.conformance.vectors.steps import refused
 from kvspec.hashing import get_request_block_hasher, rooted_at
 from kvspec.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
 from kvspec.spec import releases
@@ -78,26 +79,18 @@ class PoolCase:
     findings: tuple[str, ...] = ()
 
 
-def _refused(fn: Callable[..., Any], *args: Any) -> None:
-    try:
-        fn(*args)
-    except (ValueError, TypeError):
-        return
-    raise AssertionError(f"the spec accepted {fn.__name__}{args}: the case expects a refusal")
-
-
 def _refused_until(release: releases.Release, delta: str, fn: Callable[..., Any], *args: Any) -> None:
     """A call refused in the releases before ``delta`` and accepted from it on (``release``: the case's)."""
     if release.has(delta):
         fn(*args)
     else:
-        _refused(fn, *args)
+        refused(fn, *args)
 
 
 def _empty_pool(p, req):
     p.get_usage()  # no usable block: 0.0
     p.get_new_blocks(0)
-    _refused(p.get_new_blocks, 1)
+    refused(p.get_new_blocks, 1)
     p.free_blocks([0])
     p.touch([0])
     p.reset_prefix_cache()
@@ -105,7 +98,7 @@ def _empty_pool(p, req):
 
 def _exact_fit(p, req):
     blocks = p.get_new_blocks(4)
-    _refused(p.get_new_blocks, 1)
+    refused(p.get_new_blocks, 1)
     p.free_blocks(blocks[::-1])
     p.get_new_blocks(4)
 
@@ -186,7 +179,7 @@ def _evict_by_id(p, req):
     p.cache_full_blocks(r, blocks, 0, 2, 2, 0)
     p.free_blocks([blocks[1]])
     p.evict_blocks({blocks[0], blocks[1]})  # a held block and a free one: both lose their hash, keep their place
-    _refused(p.evict_blocks, {p.num_blocks})
+    refused(p.evict_blocks, {p.num_blocks})
     p.free_blocks([blocks[0]])
 
 
@@ -203,30 +196,30 @@ def _reset(p, req):
 def _bad_input(p, req):
     r = req("a", [0, 1, 0, 1])
     blocks = p.get_new_blocks(2)
-    _refused(p.get_new_blocks, -1)
-    _refused(p.get_new_blocks, True)
-    _refused(p.get_new_blocks, p.get_num_free_blocks() + 1)
-    _refused(p.free_blocks, [blocks[0], blocks[0]])  # held once, freed twice
-    _refused(p.free_blocks, [p.num_blocks])
-    _refused(p.free_blocks, [-1])
-    _refused(p.touch, [p.num_blocks])
-    _refused(p.get_cached_block, "not-bytes", [0])
-    _refused(p.cache_full_blocks, r, blocks, 0, 2, 3, 0)  # block size not a multiple of 2
-    _refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0, [True])  # mask too short
-    _refused(p.cache_full_blocks, r, blocks, 0, 3, 2, 0)  # more full blocks than given
+    refused(p.get_new_blocks, -1)
+    refused(p.get_new_blocks, True)
+    refused(p.get_new_blocks, p.get_num_free_blocks() + 1)
+    refused(p.free_blocks, [blocks[0], blocks[0]])  # held once, freed twice
+    refused(p.free_blocks, [p.num_blocks])
+    refused(p.free_blocks, [-1])
+    refused(p.touch, [p.num_blocks])
+    refused(p.get_cached_block, "not-bytes", [0])
+    refused(p.cache_full_blocks, r, blocks, 0, 2, 3, 0)  # block size not a multiple of 2
+    refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0, [True])  # mask too short
+    refused(p.cache_full_blocks, r, blocks, 0, 3, 2, 0)  # more full blocks than given
     p.cache_full_blocks(r, blocks, 0, 2, 2, 0)
-    _refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0)  # already carry hashes
+    refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0)  # already carry hashes
     p.free_blocks(blocks[::-1])
-    _refused(p.cache_full_blocks, req("b", [1, 1]), [blocks[0]], 0, 1, 2, 0)  # nobody holds it
+    refused(p.cache_full_blocks, req("b", [1, 1]), [blocks[0]], 0, 1, 2, 0)  # nobody holds it
     (block,) = p.get_new_blocks(1)
     # a block of 2 has no boundary inside, and 4 tokens end the block of 4: not partial -- refused until
     # 0.32, whose pool keys an entry at a block boundary too (release delta partial-entries-at-boundaries)
     _refused_until(p.release, "partial-entries-at-boundaries", p.cache_partial_block, r, block, 2, 0, 2)
     _refused_until(p.release, "partial-entries-at-boundaries", p.cache_partial_block, r, block, 4, 0, 4)
-    _refused(p.cache_partial_block, r, block, 3, 0, 4)  # not a whole hash block
-    _refused(p.cache_partial_block, req("c", [1]), block, 2, 0, 4)  # the request has no hash yet
+    refused(p.cache_partial_block, r, block, 3, 0, 4)  # not a whole hash block
+    refused(p.cache_partial_block, req("c", [1]), block, 2, 0, 4)  # the request has no hash yet
     p.free_blocks([block])
-    _refused(p.cache_partial_block, r, block, 2, 0, 4)  # nobody holds it
+    refused(p.cache_partial_block, r, block, 2, 0, 4)  # nobody holds it
 
 
 def _partial_entries(p, req):
@@ -262,8 +255,8 @@ def _caching_off(p, req):
     r = req("a", [0, 1, 0, 1])
     blocks = p.get_new_blocks(2)
     p.get_cached_block(r.block_hashes[0], [0])
-    _refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0)  # a pool that does not cache keys nothing (vLLM: F13)
-    _refused(p.cache_full_blocks, r, blocks, 2, 2, 2, 0)  # refused before the no-op check
+    refused(p.cache_full_blocks, r, blocks, 0, 2, 2, 0)  # a pool that does not cache keys nothing (vLLM: F13)
+    refused(p.cache_full_blocks, r, blocks, 2, 2, 2, 0)  # refused before the no-op check
     p.free_blocks(blocks[::-1])
     p.reset_prefix_cache()
 
@@ -288,10 +281,10 @@ def _every_refusal(p, req):
     where vLLM answers otherwise are the cases of F13 and F14)."""
     r = req("a", [0, 1, 0, 1])
     blocks = p.get_new_blocks(2)
-    _refused(p.touch, ["1"])  # an id not an int
-    _refused(p.evict_blocks, ["1"])
-    _refused(p.evict_blocks, [p.num_blocks])  # an id outside the pool
-    _refused(p.cache_full_blocks, r, blocks, 0, 2, "2", 0)  # a block size not an int
+    refused(p.touch, ["1"])  # an id not an int
+    refused(p.evict_blocks, ["1"])
+    refused(p.evict_blocks, [p.num_blocks])  # an id outside the pool
+    refused(p.cache_full_blocks, r, blocks, 0, 2, "2", 0)  # a block size not an int
     p.free_blocks(blocks[::-1])
 
 
@@ -299,9 +292,9 @@ def _cache_range_refusals(p, req):
     """cache_full_blocks' range, checked (vLLM: F13)."""
     r = req("a", [0, 1, 2, 3])
     blocks = p.get_new_blocks(2)
-    _refused(p.cache_full_blocks, r, blocks[:1], -1, 1, 2, 0)  # a negative num_cached_blocks
-    _refused(p.cache_full_blocks, r, [blocks[0], blocks[0]], 0, 2, 2, 0)  # one block for two positions
-    _refused(p.cache_full_blocks, req("b", [0, 1, 2]), blocks, 0, 2, 2, 0)  # two blocks, one hash
+    refused(p.cache_full_blocks, r, blocks[:1], -1, 1, 2, 0)  # a negative num_cached_blocks
+    refused(p.cache_full_blocks, r, [blocks[0], blocks[0]], 0, 2, 2, 0)  # one block for two positions
+    refused(p.cache_full_blocks, req("b", [0, 1, 2]), blocks, 0, 2, 2, 0)  # two blocks, one hash
     p.cache_full_blocks(r, blocks, 0, 2, 2, 0)  # the right range, accepted
     p.free_blocks(blocks[::-1])
 
@@ -311,8 +304,8 @@ def _group_id_refusals(p, req):
     r = req("a", [0, 1, 0, 1])
     blocks = p.get_new_blocks(2)
     for group in (-1, 2**32, "0"):
-        _refused(p.get_cached_block, r.block_hashes[0], [group])
-        _refused(p.cache_full_blocks, r, blocks, 0, 2, 2, group)
+        refused(p.get_cached_block, r.block_hashes[0], [group])
+        refused(p.cache_full_blocks, r, blocks, 0, 2, 2, group)
     p.cache_full_blocks(r, blocks, 0, 2, 2, 2**32 - 1)  # the largest group id that fits
     p.get_cached_block(r.block_hashes[0], [2**32 - 1])
     p.free_blocks(blocks[::-1])
@@ -544,10 +537,10 @@ def _allocation_refusals(m, req):
     m.free(a)
     b = req("b", [0, 1] * 4 + [1])
     m.get_computed_blocks(b)
-    _refused(m.allocate_slots, b, "2")  # a count not an int (1.5 is F15's from 0.32: case trusted-arguments)
+    refused(m.allocate_slots, b, "2")  # a count not an int (1.5 is F15's from 0.32: case trusted-arguments)
     blocks, hit = m.get_computed_blocks(b)
-    _refused(m.allocate_slots, b, 1, hit, ([*blocks[0][:-1], str(blocks[0][-1])],))  # an id not an int
-    _refused(m.allocate_slots, b, 1, hit, ([*blocks[0][:-1], 24],))  # an id outside the pool (of 24)
+    refused(m.allocate_slots, b, 1, hit, ([*blocks[0][:-1], str(blocks[0][-1])],))  # an id not an int
+    refused(m.allocate_slots, b, 1, hit, ([*blocks[0][:-1], 24],))  # an id outside the pool (of 24)
     _prefill(m, b)
     m.free(b)
 
@@ -559,7 +552,7 @@ def _zero_token_adoption(m, req):
     a = req("a", [0, 1] * 4 + [1])
     _prefill(m, a)
     b = req("b", [0, 1] * 4 + [1])
-    _refused(m.allocate_slots, b, 0)  # nothing to adopt: refused in every release
+    refused(m.allocate_slots, b, 0)  # nothing to adopt: refused in every release
     blocks, hit = m.get_computed_blocks(b)
     try:
         _compute(m, b, 0, hit, blocks)
@@ -575,25 +568,25 @@ def _trusted_arguments(m, req):
     a = req("a", [0, 1] * 4)
     _prefill(m, a)
     b = req("b", [0, 1])
-    _refused(m.allocate_slots, b, m.max_model_len + 1)  # past max_model_len: refused, not capped
-    _refused(m.allocate_slots, b, 2, 0, None, 0, 0, 1)  # delay_cache_blocks=1: a flag is a bool
+    refused(m.allocate_slots, b, m.max_model_len + 1)  # past max_model_len: refused, not capped
+    refused(m.allocate_slots, b, 2, 0, None, 0, 0, 1)  # delay_cache_blocks=1: a flag is a bool
     c = req("c", [0, 1] * 4 + [1])
     blocks, hit = m.get_computed_blocks(c)
-    _refused(m.allocate_slots, a, 1, hit, blocks)  # hits offered to a request that runs
+    refused(m.allocate_slots, a, 1, hit, blocks)  # hits offered to a request that runs
     m.free(a)
     _prefill(m, c)
     m.free(c)
     d = req("d", [0, 1] * 4 + [1, 1])
     blocks, hit = m.get_computed_blocks(d)  # c's four blocks
     m.evict_blocks(set(blocks[0][2:]))  # two of them lose their keys: no longer hits
-    _refused(m.allocate_slots, d, 2, hit, blocks)
+    refused(m.allocate_slots, d, 2, hit, blocks)
     _prefill(m, d)  # looked up again: the two blocks still cached
     m.free(d)
-    _refused(m.allocate_slots, req("e", [0, 1, 1]), 1.5)  # a count not an int: vLLM takes it from 0.32
+    refused(m.allocate_slots, req("e", [0, 1, 1]), 1.5)  # a count not an int: vLLM takes it from 0.32
     f = req("f", [0, 1] * 4 + [1])
     blocks, hit = m.get_computed_blocks(f)
-    _refused(m.allocate_slots, f, 1, hit, (*blocks, []))  # not one hit list per group: vLLM ignores the extra one
-    _refused(m.cache_blocks, req("g", [0, 1] * 2 + [1]), 4)  # caching blocks a request does not hold (vLLM: an
+    refused(m.allocate_slots, f, 1, hit, (*blocks, []))  # not one hit list per group: vLLM ignores the extra one
+    refused(m.cache_blocks, req("g", [0, 1] * 2 + [1]), 4)  # caching blocks a request does not hold (vLLM: an
     # IndexError)
 
 
@@ -603,7 +596,7 @@ def _hits_with_caching_off(m, req):
     _prefill(m, a)
     b = req("b", [0, 1, 1, 0, 1])
     held = m.get_block_ids("a")
-    _refused(m.allocate_slots, b, 1, 2, tuple([table[0]] if g == 0 else [] for g, table in enumerate(held)))
+    refused(m.allocate_slots, b, 1, 2, tuple([table[0]] if g == 0 else [] for g, table in enumerate(held)))
     _prefill(m, b)
     for r in (a, b):
         m.free(r)
@@ -743,9 +736,9 @@ def _connector_queries(m, req):
     # (the common hit is 8: the one every group serves)
     _prefill(m, b)  # the common hit, which every group serves
     m.get_usage()
-    _refused(m.get_block_ids_for_computed_tokens, "b", 2.5)
-    _refused(m.get_block_ids_for_computed_tokens, "b", -1)  # vLLM answers (F15): last, so that a replay on
-    _refused(m.get_block_ids_for_computed_tokens, "b", True)  # vLLM, which stops at the first difference,
+    refused(m.get_block_ids_for_computed_tokens, "b", 2.5)
+    refused(m.get_block_ids_for_computed_tokens, "b", -1)  # vLLM answers (F15): last, so that a replay on
+    refused(m.get_block_ids_for_computed_tokens, "b", True)  # vLLM, which stops at the first difference,
     m.free(b)  # has checked everything before it
     m.get_usage()
 
@@ -864,14 +857,7 @@ def offload_walk_vectors(name: str, examples: int, steps: int) -> list[Vector]:
         vectors.append(vector)
         return offload.recording(vector, **options)
 
-    run_machine(offload_machine(make, layout), settings(
-        derandomize=True, database=None, max_examples=examples, stateful_step_count=steps, deadline=None,
-        phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck)))
-    kept = [v for v in vectors if v.steps]
-    for i, v in enumerate(kept):
-        v.name = f"offload/walks/{name}/{i:03d}"
-        v.findings = [f.id for f in FINDINGS if f.avoid == f"layout:{name}"]
-    return kept
+    return _walks(offload_machine(make, layout), vectors, "offload", name, examples, steps)
 
 
 def offload_finding_vector(finding: Any) -> Vector:
@@ -938,6 +924,13 @@ def walk_vectors(scope: str, name: str, examples: int, steps: int,
         factory = _recording(scope, name, config_of(scope, layout, release=release),
                              functools.partial(SpecManagerTarget, release=release), vectors, description)
         machine = manager_machine(factory, layout, avoid=WALKS_AVOID)
+    return _walks(machine, vectors, scope, name, examples, steps)
+
+
+def _walks(machine: Any, vectors: list[Vector], scope: str, name: str, examples: int, steps: int) -> list[Vector]:
+    """Run ``machine`` derandomized (its factory records into ``vectors``) and
+    keep the walks that took a step, numbered in order, each tagged with the
+    findings that steer around layout ``name``."""
     run_machine(machine, settings(
         derandomize=True, database=None, max_examples=examples, stateful_step_count=steps, deadline=None,
         phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck)))

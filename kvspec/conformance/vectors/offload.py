@@ -24,12 +24,13 @@ and its siblings), so that nothing here imports either.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvspec.conformance.machines.offload import OffloadLayout
 from kvspec.conformance.targets.offload import TierTarget
+from kvspec.conformance.vectors.steps import refused, states
 from kvspec.spec import tiers
 from kvspec.spec.tiers import SpecOffloadingManager, TierSnapshot
 
@@ -232,14 +233,6 @@ def _outcome_differences(where: str, step: dict[str, Any], result: Any, error: B
 # --- what a vector exercises ----------------------------------------------------------------------
 
 
-def _states(vector: Any) -> Iterator[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
-    state = dict(vector.initial_state)
-    for step in vector.steps:
-        after = {**state, **step.get("state", {})}
-        yield state, step, after
-        state = after
-
-
 def exercised(vector: Any) -> set[str]:
     """The tier rules whose predicates a step puts to the test (every rule is
     checked on every step; this says where one matters): a lookup that
@@ -249,7 +242,7 @@ def exercised(vector: Any) -> set[str]:
     busy or idle (tier-eviction); events taken (tier-events); an eviction
     that chose among more evictable keys than it took (tier-policy)."""
     rules: set[str] = set()
-    for before, step, after in _states(vector):
+    for before, step, after in states(vector):
         op, args, result = step["op"], step["args"], step.get("result")
         if "refused" in step:
             rules.add("tier-ref-conservation" if op == "complete_load" else "tier-content-soundness")
@@ -294,14 +287,6 @@ class OffloadCase:
     findings: tuple[str, ...] = ()
 
 
-def _refused(fn: Callable[..., Any], *args: Any) -> None:
-    try:
-        fn(*args)
-    except (ValueError, TypeError):
-        return
-    raise AssertionError(f"the spec accepted {fn.__name__}{args}: the case expects a refusal")
-
-
 def _store(t: Any, keys: list[bytes], success: bool = True) -> Any:
     out = t.prepare_store(keys)
     if out is not None and out[0]:
@@ -337,10 +322,10 @@ def _lru_loads_protect(t, k):
 def _pending_and_failed(t, k):
     t.prepare_store([k(0), k(1)])
     t.lookup(k(0))  # HIT_PENDING
-    _refused(t.prepare_load, [k(0)])  # a pending key cannot be loaded
+    refused(t.prepare_load, [k(0)])  # a pending key cannot be loaded
     t.complete_store([k(0)], False)  # failed: dropped, its block freed
     t.lookup(k(0))  # MISS
-    _refused(t.prepare_load, [k(0)])
+    refused(t.prepare_load, [k(0)])
     t.complete_store([k(1), k(5)], True)  # 5 was never pending: left as it is
     t.complete_store([k(1)], False)  # 1 is not pending any more: left as it is
     t.prepare_store([k(2), k(3)])  # a fresh block, then the one 0 freed
@@ -348,12 +333,12 @@ def _pending_and_failed(t, k):
 
 
 def _refusals(t, k):
-    _refused(t.prepare_load, [k(0)])
+    refused(t.prepare_load, [k(0)])
     _store(t, [k(0)])
-    _refused(t.complete_load, [k(0)])  # no load in flight
+    refused(t.complete_load, [k(0)])  # no load in flight
     t.prepare_load([k(0)])
     t.complete_load([k(0)])
-    _refused(t.complete_load, [k(0)])
+    refused(t.complete_load, [k(0)])
 
 
 def _store_gives_up(t, k):
