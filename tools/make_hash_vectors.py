@@ -141,6 +141,107 @@ def compute_seed_vectors(seed: str) -> dict[str, Any]:
     os.environ["PYTHONHASHSEED"] = seed  # no-op when the child got it already
     os.environ.pop("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", None)
 
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core import kv_cache_utils as kcu
+
+    kcu.init_none_hash(sha256_cbor)
+    root = kcu.NONE_HASH
+    fine = kcu.hash_block_tokens(sha256_cbor, None, [1, 2, 3, 4], None)
+    return {
+        "seed": seed,
+        "seed_given_to_python_at_startup": _python_accepts_hash_seed(seed),
+        "root_hash": root.hex(),
+        "block_vectors": _block_vectors(),
+        "request_vectors": _request_vectors(),
+        "group_id_vectors": _group_id_vectors(fine, root),
+        "view_vectors": _view_vectors(),
+        "event_hash_vectors": _event_hash_vectors(fine, root),
+    }
+
+
+def _block_vectors() -> list[dict[str, Any]]:
+    """Direct ``hash_block_tokens`` calls."""
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core import kv_cache_utils as kcu
+
+    block_vectors: list[dict[str, Any]] = []
+
+    def block_vector(name: str, parent: bytes | None, tokens: list[int], extra: Any):
+        got = kcu.hash_block_tokens(sha256_cbor, parent, tokens, _tupled_extra_keys(extra))
+        block_vectors.append({
+            "name": name,
+            "parent": None if parent is None else parent.hex(),
+            "tokens": tokens,
+            "extra_keys": extra,
+            "expected": got.hex(),
+        })
+        return got
+
+    b0 = block_vector("first block, no parent", None, [1, 2, 3, 4], None)
+    block_vector("empty parent bytes mean no parent", b"", [1, 2, 3, 4], None)
+    block_vector("child of the first block", b0, [5, 6, 7, 8], None)
+    block_vector("same tokens, other parent", kcu.hash_block_tokens(
+        sha256_cbor, None, [9, 9, 9, 9], None), [5, 6, 7, 8], None)
+    block_vector("single token block", None, [7], None)
+    block_vector("CBOR integer-width boundaries", None,
+                 [0, 23, 24, 255, 256, 65535, 65536, 4294967295, 4294967296], None)
+    block_vector("LoRA name", None, [1, 2, 3, 4], ["adapter-a"])
+    block_vector("cache salt", None, [1, 2, 3, 4], ["salt-1"])
+    block_vector("multimodal key", None, [1, 2, 3, 4], [["mm-0", 2]])
+    block_vector("LoRA + two multimodal keys + salt", b0, [5, 6, 7, 8],
+                 ["adapter-a", ["mm-0", -2], ["mm-1", 3], "salt-1"])
+    block_vector("non-ASCII salt", None, [1, 2, 3, 4], ["sälz-\u6f22"])
+    return block_vectors
+
+
+def _request_vectors() -> list[dict[str, Any]]:
+    """Real ``Request`` objects, their block hashes after the prompt and each append."""
+    tokens10 = list(range(100, 110))
+    cases: list[tuple[str, int, list[int], dict[str, Any]]] = [
+        ("plain, hash_block_size 2, partial tail", 2, tokens10, {}),
+        ("plain, hash_block_size 4, partial tail", 4, tokens10, {}),
+        ("plain, shorter than one block", 4, [1, 2, 3], {}),
+        ("plain, exactly three blocks of 4", 4, list(range(12)), {}),
+        ("plain, grown by decode steps", 4, [11, 12, 13, 14, 15, 16],
+         {"appends": [[17], [18], [19, 20, 21], [22], [23, 24, 25, 26, 27]]}),
+        ("LoRA name on every block", 4, tokens10, {"lora_name": "adapter-a"}),
+        ("other LoRA name", 4, tokens10, {"lora_name": "adapter-b"}),
+        ("cache salt on the first block only", 4, tokens10, {"cache_salt": "tenant-1"}),
+        ("other cache salt", 2, tokens10, {"cache_salt": "tenant-2"}),
+        ("LoRA + cache salt, grown by decode steps", 4, tokens10,
+         {"appends": [[1, 2], [3, 4, 5, 6]], "lora_name": "adapter-a", "cache_salt": "tenant-1"}),
+        ("multimodal: one image inside a block, one across blocks", 4, list(range(20)),
+         {"mm": [("img-a", 1, 2), ("img-b", 6, 7)]}),
+        ("multimodal: two images in one block, image at offset 0", 4, list(range(16)),
+         {"mm": [("img-a", 0, 1), ("img-b", 2, 2), ("img-c", 9, 3)]}),
+        ("multimodal: same image id at two positions", 2, list(range(12)),
+         {"mm": [("img-a", 1, 3), ("img-a", 7, 3)]}),
+        ("prompt as float32 embeddings (placeholder ids)", 4, [0] * 10, {"embeds": ("float32", 3, 0.5)}),
+        ("same placeholder ids, other embeddings", 4, [0] * 10, {"embeds": ("float32", 3, 1.5)}),
+        ("bfloat16 embeddings, grown by decode steps past the prompt", 2, [0] * 5,
+         {"appends": [[7], [8, 9], [10, 11, 12]], "embeds": ("bfloat16", 4, -2.0)}),
+        ("embeddings + LoRA + salt", 4, [3, 1, 4, 1, 5, 9, 2, 6],
+         {"lora_name": "adapter-a", "cache_salt": "tenant-1", "embeds": ("float16", 2, 0.25)}),
+        ("multimodal + LoRA + salt, grown by decode steps", 4, list(range(14)),
+         {"appends": [[50, 51], [52, 53, 54, 55]], "lora_name": "adapter-a", "cache_salt": "tenant-1",
+          "mm": [("img-a", 2, 5), ("img-b", 10, 3)]}),
+    ]
+    return [_request_vector(f"vec-{i}", name, size, prompt, **options)
+            for i, (name, size, prompt, options) in enumerate(cases)]
+
+
+def _request_vector(
+    request_id: str,
+    name: str,
+    hash_block_size: int,
+    prompt: list[int],
+    appends: list[list[int]] = (),  # type: ignore[assignment]
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+    mm: list[tuple[str, int, int]] = (),  # type: ignore[assignment]
+    embeds: tuple[str, int, float] | None = None,
+) -> dict[str, Any]:
+    """One request built by vLLM, grown by ``appends``, with its hashes after each step."""
     import torch
     from vllm.lora.request import LoRARequest
     from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
@@ -150,272 +251,128 @@ def compute_seed_vectors(seed: str) -> dict[str, Any]:
     from vllm.v1.request import Request
     from vllm.v1.utils import tensor_data
 
-    kcu.init_none_hash(sha256_cbor)
-    root = kcu.NONE_HASH
+    lora = LoRARequest(lora_name=lora_name, lora_int_id=1, lora_path="/unused") if lora_name is not None else None
+    features = [
+        MultiModalFeatureSpec(data=None, modality="image", identifier=ident,
+                              mm_position=PlaceholderRange(offset=offset, length=length))
+        for ident, offset, length in mm
+    ]
+    prompt_embeds = None
+    if embeds is not None:  # (dtype, width, offset): a fixed, non-trivial tensor
+        dtype, width, offset = embeds
+        values = torch.arange(len(prompt) * width, dtype=torch.float64).reshape(len(prompt), width)
+        prompt_embeds = (values * 0.37 + offset).to(getattr(torch, dtype))
+    req = Request(
+        request_id=request_id,
+        prompt_token_ids=list(prompt),
+        prompt_embeds=prompt_embeds,
+        sampling_params=SamplingParams(max_tokens=64),
+        pooling_params=None,
+        mm_features=features or None,
+        lora_request=lora,
+        cache_salt=cache_salt,
+        block_hasher=kcu.get_request_block_hasher(hash_block_size, sha256_cbor),
+    )
+    snapshots = [[h.hex() for h in req.block_hashes]]
+    for step in appends:
+        req.append_output_token_ids(list(step))
+        snapshots.append([h.hex() for h in req.block_hashes])
+    extra_keys = []
+    for start in range(0, req.num_tokens - hash_block_size + 1, hash_block_size):
+        extra, _ = kcu.generate_block_hash_extra_keys(req, start, start + hash_block_size, 0)
+        extra_keys.append(_jsonable_extra_keys(extra))
+    return {
+        "name": name,
+        "hash_block_size": hash_block_size,
+        "prompt_token_ids": list(prompt),
+        "appended_token_ids": [list(s) for s in appends],
+        "lora_name": lora_name,
+        "cache_salt": cache_salt,
+        "mm_features": [{"identifier": i, "offset": o, "length": n} for i, o, n in mm],
+        "prompt_embeds": None if prompt_embeds is None else {
+            "dtype": embeds[0],
+            "shape": list(prompt_embeds.shape),
+            "hex": bytes(tensor_data(prompt_embeds)).hex(),
+        },
+        "need_extra_keys": kcu.need_extra_keys(req),
+        "expected_block_hashes_after_each_step": snapshots,
+        "expected_extra_keys": extra_keys,
+    }
 
-    # ---- direct hash_block_tokens calls ---------------------------------
-    block_vectors: list[dict[str, Any]] = []
 
-    def block_vector(name: str, parent: bytes | None, tokens: list[int], extra: Any):
-        got = kcu.hash_block_tokens(
-            sha256_cbor, parent, tokens, _tupled_extra_keys(extra)
-        )
-        block_vectors.append(
-            {
-                "name": name,
-                "parent": None if parent is None else parent.hex(),
-                "tokens": tokens,
-                "extra_keys": extra,
-                "expected": got.hex(),
-            }
-        )
-        return got
+def _group_id_vectors(fine: bytes, root: bytes) -> list[dict[str, Any]]:
+    """``make_block_hash_with_group_id`` and the two unpacking functions."""
+    from vllm.v1.core import kv_cache_utils as kcu
 
-    b0 = block_vector("first block, no parent", None, [1, 2, 3, 4], None)
-    block_vector("empty parent bytes mean no parent", b"", [1, 2, 3, 4], None)
-    block_vector("child of the first block", b0, [5, 6, 7, 8], None)
-    block_vector("same tokens, other parent", kcu.hash_block_tokens(
-        sha256_cbor, None, [9, 9, 9, 9], None), [5, 6, 7, 8], None)
-    block_vector("single token block", None, [7], None)
-    block_vector(
-        "CBOR integer-width boundaries",
-        None,
-        [0, 23, 24, 255, 256, 65535, 65536, 4294967295, 4294967296],
-        None,
-    )
-    block_vector("LoRA name", None, [1, 2, 3, 4], ["adapter-a"])
-    block_vector("cache salt", None, [1, 2, 3, 4], ["salt-1"])
-    block_vector("multimodal key", None, [1, 2, 3, 4], [["mm-0", 2]])
-    block_vector(
-        "LoRA + two multimodal keys + salt",
-        b0,
-        [5, 6, 7, 8],
-        ["adapter-a", ["mm-0", -2], ["mm-1", 3], "salt-1"],
-    )
-    block_vector("non-ASCII salt", None, [1, 2, 3, 4], ["sälz-\u6f22"])
-
-    # ---- real requests -----------------------------------------------------
-    request_vectors: list[dict[str, Any]] = []
-
-    def request_vector(
-        name: str,
-        hash_block_size: int,
-        prompt: list[int],
-        appends: list[list[int]] = (),  # type: ignore[assignment]
-        lora_name: str | None = None,
-        cache_salt: str | None = None,
-        mm: list[tuple[str, int, int]] = (),  # type: ignore[assignment]
-        embeds: tuple[str, int, float] | None = None,
-    ) -> None:
-        lora = (
-            LoRARequest(lora_name=lora_name, lora_int_id=1, lora_path="/unused")
-            if lora_name is not None
-            else None
-        )
-        features = [
-            MultiModalFeatureSpec(
-                data=None,
-                modality="image",
-                identifier=ident,
-                mm_position=PlaceholderRange(offset=offset, length=length),
-            )
-            for ident, offset, length in mm
-        ]
-        prompt_embeds = None
-        if embeds is not None:  # (dtype, width, offset): a fixed, non-trivial tensor
-            dtype, width, offset = embeds
-            values = torch.arange(len(prompt) * width, dtype=torch.float64).reshape(len(prompt), width)
-            prompt_embeds = (values * 0.37 + offset).to(getattr(torch, dtype))
-        hasher = kcu.get_request_block_hasher(hash_block_size, sha256_cbor)
-        req = Request(
-            request_id=f"vec-{len(request_vectors)}",
-            prompt_token_ids=list(prompt),
-            prompt_embeds=prompt_embeds,
-            sampling_params=SamplingParams(max_tokens=64),
-            pooling_params=None,
-            mm_features=features or None,
-            lora_request=lora,
-            cache_salt=cache_salt,
-            block_hasher=hasher,
-        )
-        snapshots = [[h.hex() for h in req.block_hashes]]
-        for step in appends:
-            req.append_output_token_ids(list(step))
-            snapshots.append([h.hex() for h in req.block_hashes])
-        extra_keys = []
-        for start in range(0, req.num_tokens - hash_block_size + 1, hash_block_size):
-            extra, _ = kcu.generate_block_hash_extra_keys(
-                req, start, start + hash_block_size, 0
-            )
-            extra_keys.append(_jsonable_extra_keys(extra))
-        request_vectors.append(
-            {
-                "name": name,
-                "hash_block_size": hash_block_size,
-                "prompt_token_ids": list(prompt),
-                "appended_token_ids": [list(s) for s in appends],
-                "lora_name": lora_name,
-                "cache_salt": cache_salt,
-                "mm_features": [
-                    {"identifier": i, "offset": o, "length": n} for i, o, n in mm
-                ],
-                "prompt_embeds": None if prompt_embeds is None else {
-                    "dtype": embeds[0],
-                    "shape": list(prompt_embeds.shape),
-                    "hex": bytes(tensor_data(prompt_embeds)).hex(),
-                },
-                "need_extra_keys": kcu.need_extra_keys(req),
-                "expected_block_hashes_after_each_step": snapshots,
-                "expected_extra_keys": extra_keys,
-            }
-        )
-
-    tokens10 = list(range(100, 110))
-    request_vector("plain, hash_block_size 2, partial tail", 2, tokens10)
-    request_vector("plain, hash_block_size 4, partial tail", 4, tokens10)
-    request_vector("plain, shorter than one block", 4, [1, 2, 3])
-    request_vector("plain, exactly three blocks of 4", 4, list(range(12)))
-    request_vector(
-        "plain, grown by decode steps",
-        4,
-        [11, 12, 13, 14, 15, 16],
-        appends=[[17], [18], [19, 20, 21], [22], [23, 24, 25, 26, 27]],
-    )
-    request_vector("LoRA name on every block", 4, tokens10, lora_name="adapter-a")
-    request_vector("other LoRA name", 4, tokens10, lora_name="adapter-b")
-    request_vector("cache salt on the first block only", 4, tokens10, cache_salt="tenant-1")
-    request_vector("other cache salt", 2, tokens10, cache_salt="tenant-2")
-    request_vector(
-        "LoRA + cache salt, grown by decode steps",
-        4,
-        tokens10,
-        appends=[[1, 2], [3, 4, 5, 6]],
-        lora_name="adapter-a",
-        cache_salt="tenant-1",
-    )
-    request_vector(
-        "multimodal: one image inside a block, one across blocks",
-        4,
-        list(range(20)),
-        mm=[("img-a", 1, 2), ("img-b", 6, 7)],
-    )
-    request_vector(
-        "multimodal: two images in one block, image at offset 0",
-        4,
-        list(range(16)),
-        mm=[("img-a", 0, 1), ("img-b", 2, 2), ("img-c", 9, 3)],
-    )
-    request_vector(
-        "multimodal: same image id at two positions",
-        2,
-        list(range(12)),
-        mm=[("img-a", 1, 3), ("img-a", 7, 3)],
-    )
-    request_vector("prompt as float32 embeddings (placeholder ids)", 4, [0] * 10, embeds=("float32", 3, 0.5))
-    request_vector("same placeholder ids, other embeddings", 4, [0] * 10, embeds=("float32", 3, 1.5))
-    request_vector(
-        "bfloat16 embeddings, grown by decode steps past the prompt",
-        2,
-        [0] * 5,
-        appends=[[7], [8, 9], [10, 11, 12]],
-        embeds=("bfloat16", 4, -2.0),
-    )
-    request_vector(
-        "embeddings + LoRA + salt",
-        4,
-        [3, 1, 4, 1, 5, 9, 2, 6],
-        lora_name="adapter-a",
-        cache_salt="tenant-1",
-        embeds=("float16", 2, 0.25),
-    )
-    request_vector(
-        "multimodal + LoRA + salt, grown by decode steps",
-        4,
-        list(range(14)),
-        appends=[[50, 51], [52, 53, 54, 55]],
-        lora_name="adapter-a",
-        cache_salt="tenant-1",
-        mm=[("img-a", 2, 5), ("img-b", 10, 3)],
-    )
-
-    # ---- group-id packing --------------------------------------------------
-    group_id_vectors: list[dict[str, Any]] = []
-    fine = kcu.hash_block_tokens(sha256_cbor, None, [1, 2, 3, 4], None)
+    vectors = []
     for group_id in (0, 1, 7, 255, 256, 2**32 - 1):
         for block_hash in (fine, root):
             key = kcu.make_block_hash_with_group_id(block_hash, group_id)
-            group_id_vectors.append(
-                {
-                    "block_hash": block_hash.hex(),
-                    "group_id": group_id,
-                    "expected": key.hex(),
-                    "expected_block_hash": kcu.get_block_hash(key).hex(),
-                    "expected_group_id": kcu.get_group_id(key),
-                }
-            )
+            vectors.append({
+                "block_hash": block_hash.hex(),
+                "group_id": group_id,
+                "expected": key.hex(),
+                "expected_block_hash": kcu.get_block_hash(key).hex(),
+                "expected_group_id": kcu.get_group_id(key),
+            })
+    return vectors
 
-    # ---- BlockHashListWithBlockSize ------------------------------------------
-    view_vectors: list[dict[str, Any]] = []
 
-    def view_vector(num_fine: int, hash_block_size: int, target_block_size: int):
-        chain = kcu.get_request_block_hasher(hash_block_size, sha256_cbor)
-        req = Request(
-            request_id="view",
-            prompt_token_ids=list(range(num_fine * hash_block_size)),
-            sampling_params=SamplingParams(max_tokens=1),
-            pooling_params=None,
-            block_hasher=chain,
-        )
-        fine_hashes = list(req.block_hashes)
-        view = kcu.BlockHashListWithBlockSize(
-            fine_hashes, hash_block_size, target_block_size
-        )
-        n = len(view)
-        indices = {}
-        for i in range(-n - 2, n + 2):
-            try:
-                indices[str(i)] = view[i].hex()
-            except IndexError:
-                indices[str(i)] = "IndexError"
-        slices = []
-        for start, stop, step in (
-            (None, None, None),
-            (1, None, None),
-            (None, -1, None),
-            (0, 100, 2),
-            (-2, None, None),
-            (None, None, -1),
-            (3, 1, None),
-        ):
-            slices.append(
-                {
-                    "start": start,
-                    "stop": stop,
-                    "step": step,
-                    "expected": [h.hex() for h in view[slice(start, stop, step)]],
-                }
-            )
-        view_vectors.append(
-            {
-                "fine_hashes": [h.hex() for h in fine_hashes],
-                "hash_block_size": hash_block_size,
-                "target_block_size": target_block_size,
-                "expected_len": n,
-                "expected_list": [h.hex() for h in view],
-                "expected_index": indices,
-                "expected_slices": slices,
-            }
-        )
+# (start, stop, step) of the slices every view vector takes.
+VIEW_SLICES = ((None, None, None), (1, None, None), (None, -1, None), (0, 100, 2), (-2, None, None),
+               (None, None, -1), (3, 1, None))
 
-    view_vector(8, 2, 2)
-    view_vector(8, 2, 4)
-    view_vector(9, 2, 4)
-    view_vector(9, 2, 6)
-    view_vector(7, 2, 8)
-    view_vector(3, 4, 16)  # shorter than one target block: empty view
 
-    # ---- KV-event form of a hash ---------------------------------------------
-    event_hash_vectors: list[dict[str, Any]] = []
+def _view_vectors() -> list[dict[str, Any]]:
+    """``BlockHashListWithBlockSize`` over fine hashes: length, list, indices, slices."""
+    sizes = [(8, 2, 2), (8, 2, 4), (9, 2, 4), (9, 2, 6), (7, 2, 8),
+             (3, 4, 16)]  # the last: shorter than one target block, an empty view
+    return [_view_vector(*size) for size in sizes]
+
+
+def _view_vector(num_fine: int, hash_block_size: int, target_block_size: int) -> dict[str, Any]:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core import kv_cache_utils as kcu
+    from vllm.v1.request import Request
+
+    req = Request(
+        request_id="view",
+        prompt_token_ids=list(range(num_fine * hash_block_size)),
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        block_hasher=kcu.get_request_block_hasher(hash_block_size, sha256_cbor),
+    )
+    fine_hashes = list(req.block_hashes)
+    view = kcu.BlockHashListWithBlockSize(fine_hashes, hash_block_size, target_block_size)
+    n = len(view)
+    indices = {}
+    for i in range(-n - 2, n + 2):
+        try:
+            indices[str(i)] = view[i].hex()
+        except IndexError:
+            indices[str(i)] = "IndexError"
+    slices = [
+        {"start": start, "stop": stop, "step": step,
+         "expected": [h.hex() for h in view[slice(start, stop, step)]]}
+        for start, stop, step in VIEW_SLICES
+    ]
+    return {
+        "fine_hashes": [h.hex() for h in fine_hashes],
+        "hash_block_size": hash_block_size,
+        "target_block_size": target_block_size,
+        "expected_len": n,
+        "expected_list": [h.hex() for h in view],
+        "expected_index": indices,
+        "expected_slices": slices,
+    }
+
+
+def _event_hash_vectors(fine: bytes, root: bytes) -> list[dict[str, Any]]:
+    """``maybe_convert_block_hash`` under each ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` value."""
+    from vllm.v1.core import kv_cache_utils as kcu
+
+    vectors = []
     for env_value in (None, "1", "0", "00"):
         if env_value is None:
             os.environ.pop("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", None)
@@ -423,27 +380,13 @@ def compute_seed_vectors(seed: str) -> dict[str, Any]:
             os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = env_value
         for block_hash in (fine, root):
             out = kcu.maybe_convert_block_hash(block_hash)
-            event_hash_vectors.append(
-                {
-                    "env": env_value,
-                    "block_hash": block_hash.hex(),
-                    "expected": (
-                        {"bytes": out.hex()} if isinstance(out, bytes) else str(out)
-                    ),
-                }
-            )
+            vectors.append({
+                "env": env_value,
+                "block_hash": block_hash.hex(),
+                "expected": {"bytes": out.hex()} if isinstance(out, bytes) else str(out),
+            })
     os.environ.pop("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", None)
-
-    return {
-        "seed": seed,
-        "seed_given_to_python_at_startup": _python_accepts_hash_seed(seed),
-        "root_hash": root.hex(),
-        "block_vectors": block_vectors,
-        "request_vectors": request_vectors,
-        "group_id_vectors": group_id_vectors,
-        "view_vectors": view_vectors,
-        "event_hash_vectors": event_hash_vectors,
-    }
+    return vectors
 
 
 # --- parent: one child per seed, then write -----------------------------------
