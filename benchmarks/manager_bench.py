@@ -34,6 +34,10 @@ block size 16, caching on, events off):
     vLLM's ``Request`` for that prompt built with each side's block hasher,
     as the engine builds one: the request object and its copy of the prompt
     timed too (the same on both sides).
+``own request 32k``
+    Each side's own request for that prompt with its own hasher: kvspec's
+    ``kvspec.request.Request`` (which checks every token id's type) against
+    vLLM's ``Request``, as a program using kvspec without vLLM builds one.
 
 Both managers see the same ``vllm.v1.request.Request`` objects' twins (one
 copy each, hashed by each side's own hasher), the same decisions and the
@@ -291,11 +295,12 @@ def bench_serving(groups: str, *, running: int, chunks: int, chunk_steps: int, o
     }
 
 
-def bench_hashing(*, tokens: int, repeats: int, whole_request: bool = False) -> dict:
+def bench_hashing(*, tokens: int, repeats: int, whole_request: bool = False, own_request: bool = False) -> dict:
     """The block hashes of a prompt of ``tokens`` tokens, from scratch: the
     hasher alone on a bare request, or (``whole_request``) a vLLM ``Request``
     built with the hasher, as the engine builds one (its own bookkeeping and
-    the prompt's copy timed too, the same on both sides)."""
+    the prompt's copy timed too, the same on both sides), or
+    (``own_request``) each side's own ``Request`` class with its hasher."""
     from types import SimpleNamespace
 
     from vllm import SamplingParams
@@ -304,6 +309,7 @@ def bench_hashing(*, tokens: int, repeats: int, whole_request: bool = False) -> 
     from vllm.v1.request import Request
 
     from kvspec import hashing
+    from kvspec.request import Request as KvspecRequest
 
     kv_cache_utils.init_none_hash(sha256_cbor)
     hashing.init_none_hash()
@@ -320,6 +326,9 @@ def bench_hashing(*, tokens: int, repeats: int, whole_request: bool = False) -> 
                                _prompt_embeds_per_block_hashes={})
 
     def hashes(name: str) -> list:
+        if own_request:
+            built = KvspecRequest if name == "kvspec" else Request
+            return built("r", prompt, params, None, block_hasher=hashers[name]).block_hashes
         if whole_request:
             return Request("r", prompt, params, None, block_hasher=hashers[name]).block_hashes
         return hashers[name](bare())
@@ -385,13 +394,14 @@ def main(argv: list[str] | None = None) -> dict:
     overhead = timer_overhead()
     results["timer_overhead_ns"] = 1e9 * overhead
     print(f"timer overhead {1e9 * overhead:.0f} ns per timed call (subtracted from both sides)", flush=True)
-    names = ["serve full", "serve full+swa", "serve full+mamba", "serve eagle", "hash 32k", "request 32k"]
+    names = ["serve full", "serve full+swa", "serve full+mamba", "serve eagle", "hash 32k", "request 32k",
+             "own request 32k"]
     for name in names:
         if args.only and name not in args.only:
             continue
         if name.endswith("32k"):
             r = bench_hashing(tokens=2048 if args.quick else 32768, repeats=5 if args.quick else 21,
-                              whole_request=name.startswith("request"))
+                              whole_request=name.startswith("request"), own_request=name.startswith("own"))
         else:
             r = bench_serving(name.split()[1], running=running, chunks=chunks, chunk_steps=chunk_steps,
                               overhead=overhead, release=release)

@@ -4,6 +4,8 @@ included) -- for the spec and for impl alike."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvspec.conformance.targets.pool import SpecPoolTarget, VllmApiPoolTarget
@@ -230,3 +232,17 @@ def test_computing_past_max_model_len_is_refused_with_nothing_changed(name, layo
         with pytest.raises(RuleError, match="past max_model_len"):
             manager.allocate_slots(request, n)
         assert manager.snapshot() == before
+
+
+@pytest.mark.parametrize("bad", [1.0, True, "7", None])
+def test_a_request_refuses_a_token_id_that_is_not_an_int_naming_it(bad):
+    with pytest.raises(TypeError, match=rf"prompt_token_ids must be ints, got {re.escape(repr(bad))} "):
+        Request("r", [1, 2, bad, 3])
+
+
+def test_a_request_keeps_its_own_copy_of_the_prompt():
+    prompt = [1, 2, 3]
+    request = Request("r", prompt)
+    prompt.append(4)
+    request.append_output_token_ids(9)
+    assert request.prompt_token_ids == [1, 2, 3] and request.all_token_ids == [1, 2, 3, 9]
