@@ -18,7 +18,7 @@ catalogue (:mod:`kvspec.spec.catalogue`); reports and exceptions use the same na
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -107,16 +107,22 @@ def ref_conservation(snap: PoolSnapshot, holders: Mapping[int, int] | None = Non
     return problems
 
 
+def repeated(items: Sequence[Any]) -> dict[Any, int]:
+    """The items listed more than once, each with how often (in order of
+    first listing).  Most lists repeat nothing: then no counting at all."""
+    if len(set(items)) == len(items):
+        return {}
+    return {item: n for item, n in Counter(items).items() if n > 1}
+
+
 @state_rule("free-queue-consistency")
 def free_queue_consistency(snap: PoolSnapshot) -> list[str]:
     """A block is in the free queue exactly when its ref count is 0 and it is
     not the null block, and at most once."""
-    distinct = set(snap.free)
-    problems = ([f"block {b} is queued {n} times" for b, n in Counter(snap.free).items() if n > 1]
-                if len(distinct) < len(snap.free) else [])  # a Counter only where some block repeats
+    problems = [f"block {b} is queued {n} times" for b, n in repeated(snap.free).items()]
     ref = snap.ref
     unheld = {b for b in range(1, snap.num_blocks) if ref[b] == 0}
-    queued = distinct - {NULL_BLOCK_ID}
+    queued = set(snap.free) - {NULL_BLOCK_ID}
     problems += [f"block {b} has ref_cnt 0 but is not queued" for b in sorted(unheld - queued)]
     problems += [
         f"block {b} is queued with ref_cnt {snap.ref[b]}"
@@ -151,11 +157,8 @@ def hash_map_consistency(snap: PoolSnapshot) -> list[str]:
     for key, blocks in snap.table.items():
         if not blocks:
             problems.append(f"key {key.hex()[:12]} maps to no block")
-        # each distinct block once, in order of first listing (a Counter only where some block repeats)
-        counts = Counter(blocks) if len(blocks) > 1 and len(set(blocks)) < len(blocks) else dict.fromkeys(blocks, 1)
-        for b, n in counts.items():
-            if n > 1:
-                problems.append(f"block {b} is listed {n} times under one key")
+        problems += [f"block {b} is listed {n} times under one key" for b, n in repeated(blocks).items()]
+        for b in dict.fromkeys(blocks):  # each block once, in the order listed
             if key_of.get(b) != key and key not in partial_of.get(b, ()):
                 problems.append(f"block {b} is listed under a key it does not carry")
     for b, key in snap.key_of.items():
@@ -321,7 +324,8 @@ def describes(event: Stored, request: Any, hash_block_size: int, release: Releas
     if not event.token_ids or size <= 0 or len(event.token_ids) % size or size % hash_block_size:
         return False
     hashes = block_hashes_for_size(request.block_hashes, hash_block_size, size)
-    names = list(map(block_hash_converter(), hashes)) if len(hashes) else []  # the setting read once per event
+    convert = block_hash_converter()
+    names = [convert(h) for h in hashes]
     first = 0
     if event.parent_block_hash is not None:
         if event.parent_block_hash not in names:
@@ -386,10 +390,9 @@ class EventMirror:
     @staticmethod
     def table_view(snap: PoolSnapshot) -> Counter[tuple[int, Any]]:
         view: Counter[tuple[int, Any]] = Counter()
-        if snap.table:
-            convert = block_hash_converter()  # the setting read once per snapshot, not once per key
-            for key, blocks in snap.table.items():
-                view[(get_group_id(key), convert(get_block_hash(key)))] += len(blocks)
+        convert = block_hash_converter()
+        for key, blocks in snap.table.items():
+            view[(get_group_id(key), convert(get_block_hash(key)))] += len(blocks)
         return view
 
 
