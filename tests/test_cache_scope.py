@@ -82,8 +82,9 @@ def test_the_content_view_cases_exercise_every_rule_of_chapter_10(tmp_path):
 
 def test_each_reading_of_a_bad_hit_fails_a_committed_case(monkeypatch):
     """Chapter 10, "Which rules judge a bad hit" (issue 57): a hit that is not a whole-block length within
-    the cap is judged by hit-soundness alone; an unsound hit of whole blocks is still judged for
-    hit-optimality.  Predicates that plant either other reading fail a committed case."""
+    the cap is judged by hit-soundness alone (not hit-optimality, not allocation-accounting); too few slots
+    is allocation-accounting alone (not no-eviction-in-use); an unsound hit of whole blocks is still judged
+    for hit-optimality.  Predicates that plant any other reading fail a committed case."""
     from pathlib import Path
 
     from kvspec.conformance.vectors import content_view
@@ -105,7 +106,24 @@ def test_each_reading_of_a_bad_hit_fails_a_committed_case(monkeypatch):
             found.append(engines.Violation("hit-optimality", f"hit {hit} < {best}"))
         return found
 
-    for planted, fails in ((unsound_exempt, "hit-unsound-and-short"), (unaligned_judged, "hit-unaligned")):
+    def slots_judged_after_a_bad_length(before, after, request_id, tenant, tokens, hit, *args):
+        found = admission(before, after, request_id, tenant, tokens, hit, *args)
+        short = isinstance(hit, int) and len(after.tables.get(request_id, ())) * before.block_size < len(tokens)
+        if short and not any(v.rule == "allocation-accounting" for v in found):
+            found.append(engines.Violation("allocation-accounting", "too few slots"))
+        return found
+
+    def fresh_judged_with_few_slots(before, after, request_id, tenant, tokens, hit, *args):
+        found = admission(before, after, request_id, tenant, tokens, hit, *args)
+        held = before.held()
+        if any(b in held for b in after.tables.get(request_id, ())[(hit or 0) // before.block_size:]) and \
+                not any(v.rule == "no-eviction-in-use" for v in found):
+            found.append(engines.Violation("no-eviction-in-use", "a fresh block in use"))
+        return found
+
+    for planted, fails in ((unsound_exempt, "hit-unsound-and-short"), (unaligned_judged, "hit-unaligned"),
+                           (slots_judged_after_a_bad_length, "hit-unaligned-few-slots"),
+                           (fresh_judged_with_few_slots, "few-slots-one-in-use")):
         monkeypatch.setattr(engines, "admission", planted)
         problems = content_view.check(committed)
         assert [p for p in problems if f"({fails})" in p], problems

@@ -136,6 +136,14 @@ CASES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                               "holds the right tokens but is not cached) where the index served two: an unsound "
                               "hit is still judged for optimality (hit-soundness, hit-optimality)",
                               _unserved_hit),
+    "hit-unaligned-few-slots": ("a hit that ends inside a block, admitted with slots for 4 of its 5 tokens: a hit "
+                                "that is not a length is hit-soundness alone of the admission, not "
+                                "allocation-accounting (the view's own rules judge the token with no slot)",
+                                lambda: _admitted(Q, None, 3, (1, 2), holds={1: 2, 2: 2, 3: 1}, free={4, 5, 6})),
+    "few-slots-one-in-use": ("no hit, slots for 2 of 3 tokens, one of them a block r0 holds: too few slots is "
+                             "allocation-accounting and nothing else of the admission, not no-eviction-in-use "
+                             "(the view's own rules still judge the shared block)",
+                             lambda: _admitted([7, 8, 9], None, 0, (3,), holds={1: 1, 2: 1, 3: 2}, free={4, 5, 6})),
 }
 
 
