@@ -346,8 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
         "scheduler: vLLM's own scheduler over the target (vllm, or impl through the drop-in; needs vLLM); "
         "cache: any engine's prefix cache and allocator through its content view (spec chapter 10: sglang, "
         "lmdeploy, impl, spec); offload: an offloading tier, vLLM's OffloadingManager API (spec chapter 11: spec, "
-        "impl, vllm, module:factory; asked for by name); all: each of them the target has but offload (default; "
-        "sglang and lmdeploy: cache)",
+        "impl, vllm, module:factory); all: each of them the target has (default; offload for impl and spec, "
+        "by name for vllm; sglang and lmdeploy: cache)",
     )
     run.add_argument(
         "--level", default="L3", choices=sorted(LEVELS),

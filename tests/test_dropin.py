@@ -169,7 +169,7 @@ def test_a_release_impl_does_not_implement_is_refused_with_nothing_replaced(monk
     assert main(["conform", "--target", "impl", "--scope", "scheduler", "--layout", "full", "--examples", "2"]) == 2
     from kvspec.conformance.runner import scopes_for
 
-    assert scopes_for("impl") == ["pool", "manager"]  # the README's main job still runs: no scheduler scope
+    assert scopes_for("impl") == ["pool", "manager", "offload"]  # the README's main job still runs: no scheduler scope
     monkeypatch.setattr(vllm, "__version__", "0.25.1+cpu")  # a local build of the release: the same
     dropin.check_release(vllm.__version__)
 

@@ -235,8 +235,9 @@ def _gate(tmp_path, **options):
 
 def test_scope_all_includes_the_scheduler_where_the_target_runs_under_one():
     assert scopes_for("vllm") == ["pool", "manager", "scheduler"]
-    assert scopes_for("impl") == ["pool", "manager", "scheduler"]  # vLLM is installed: the drop-in
-    assert scopes_for("spec") == ["pool", "manager"]
+    assert scopes_for("impl") == ["pool", "manager", "scheduler", "offload"]  # vLLM is installed: the drop-in
+    assert scopes_for("spec") == ["pool", "manager", "offload"]
+    assert scopes_for("mypkg.pool:make") == ["pool", "manager"]
 
 
 def test_the_gate_steers_around_the_schedulers_known_findings_and_vllm_conforms(tmp_path):

@@ -461,9 +461,13 @@ def plan_run(options: GateOptions) -> tuple[GateOptions, Target, list[tuple[str,
     if options.against and not set(scopes) & set(BLOCK_SCOPES):
         raise SetupError("--against runs the target in lockstep with its upstream at pool and manager scope; the "
                          "scheduler scope has no lockstep: use --scope pool, manager or all")
+    asked = {scope: _asked(scope, options.layouts) for scope in scopes} if options.layouts else None
+    if asked is not None:  # only the scopes of the layouts asked for (if none: the error below names them all)
+        scopes = [scope for scope in scopes if asked[scope]] or scopes
     target = resolve(options.target, scopes)  # an unusable target stops the run before it starts
     release = judge_by(options)  # before the layouts: a later release has layouts of its own
-    plan = [(scope, name) for scope in scopes for name in _layouts(scope, options.layouts, release)]
+    plan = [(scope, name) for scope in scopes
+            for name in (asked[scope] if asked is not None else layout_names(scope, release))]
     unknown = [name for name in options.layouts or [] if name != "models" and all(n != name for _, n in plan)]
     if unknown or not plan:
         known = "; ".join(f"{scope}: {', '.join(layout_names(scope))}" for scope in scopes)
@@ -578,11 +582,10 @@ def versions(target: str, scopes: list[str] = (),
     return found
 
 
-def _layouts(scope: str, wanted: list[str] | None, release: releases.Release) -> list[str]:
-    """The layouts of ``scope`` asked for: all built-in ones ``release``
-    has by default; ``models`` stands for every ``model:<name>`` layout."""
-    if not wanted:
-        return layout_names(scope, release)
+def _asked(scope: str, wanted: list[str]) -> list[str]:
+    """The layouts of ``scope`` among those asked for (``--layout``, in any
+    release: one the release judged lacks is skipped with the reason);
+    ``models`` stands for every ``model:<name>`` layout."""
     names = [m for name in wanted for m in (model_layout_names() if name == "models" else [name])]
     return [name for name in dict.fromkeys(names) if is_layout(scope, name)]
 

@@ -69,8 +69,8 @@ BLOCK_SCOPES = ("pool", "manager")
 """The scopes every target has (and the conformance vectors cover): the
 block manager called directly.  The scheduler scope drives vLLM's own
 scheduler, over vLLM's block manager or kvspec's (the drop-in); the offload
-scope an offloading tier (spec chapter 11), asked for by name (``--scope
-offload``), never part of ``all``."""
+scope an offloading tier (spec chapter 11), part of ``all`` for kvspec's
+own targets (:func:`scopes_for`)."""
 SCHEDULER_TARGETS = ("vllm", "impl")
 ENGINE_TARGETS = ("sglang", "lmdeploy")
 """Engines of other designs: judged at cache scope only (spec chapter 10)."""
@@ -78,15 +78,22 @@ ENGINE_TARGETS = ("sglang", "lmdeploy")
 
 def scopes_for(target: str) -> list[str]:
     """The scopes ``--scope all`` runs for ``target``: the block-manager
-    scopes, and the scheduler scope where the target runs under a scheduler
-    -- vLLM, or kvspec's implementation where a vLLM it can go into is
-    installed (the drop-in: :data:`kvspec.dropin_releases.API`).  An engine
-    of another design (SGLang, LMDeploy) has the cache scope alone."""
+    scopes; the scheduler scope where the target runs under a scheduler --
+    vLLM, or kvspec's implementation where a vLLM it can go into is
+    installed (the drop-in: :data:`kvspec.dropin_releases.API`); and the
+    offload tier (chapter 11) for kvspec's own targets.  vLLM's tier is
+    asked for by name (``--scope offload``): its API moved between the
+    releases the drop-in knows, and chapter 11 models 0.25.1's.  An engine
+    of another design (SGLang, LMDeploy) has the cache scope alone; a
+    ``module:factory`` target, the scopes its factory builds (a pool's)."""
     if target in ENGINE_TARGETS:
         return ["cache"]
+    scopes = list(BLOCK_SCOPES)
     if target == "vllm" or (target == "impl" and vllm_importable() and dropin_refusal() is None):
-        return [*BLOCK_SCOPES, "scheduler"]
-    return list(BLOCK_SCOPES)
+        scopes.append("scheduler")
+    if target in ("impl", "spec"):
+        scopes.append("offload")
+    return scopes
 
 
 def dropin_refusal() -> str | None:
