@@ -86,6 +86,75 @@ class CacheView:
         return Counter(b for table in self.tables.values() for b in table if b is not None)
 
 
+@dataclass(frozen=True)
+class GroupedView:
+    """The content view of an engine that keeps several groups of blocks per
+    request -- a hybrid model's full-attention pool beside its sliding-window
+    (or recurrent-state) pool, each token with a slot in each (chapter 10,
+    "Several groups per request").  ``groups`` names each group's own
+    :class:`CacheView` -- its blocks, free blocks, a request's row in that
+    group (``None`` where the group does not hold the position: a window
+    released it), its hold counts and its index -- and ``windows`` the
+    window a group's reads are limited to (``None``: every position is
+    read).  Block ids are distinct across groups (an adapter names them
+    ``(group, id)``): the model runner's record is one map.
+
+    Every state rule holds in every group, judged with the group's window.
+    A hit is one length for every group: it is sound when every group's
+    blocks the next token reads are the request's own, and optimal when no
+    longer length is served by every group at once.  The properties below
+    are the groups together, for what reads a view whole (coverage, a
+    request's slots): ``tables`` is the first group's, whose rows have a
+    block at every position."""
+
+    groups: Mapping[str, CacheView] = field(hash=False)
+    windows: Mapping[str, int | None] = field(hash=False)
+
+    @property
+    def block_size(self) -> int:
+        return self._first.block_size
+
+    @property
+    def _first(self) -> CacheView:
+        return next(iter(self.groups.values()))
+
+    @property
+    def blocks(self) -> frozenset[Any]:
+        return frozenset().union(*(g.blocks for g in self.groups.values()))
+
+    @property
+    def free(self) -> frozenset[Any]:
+        return frozenset().union(*(g.free for g in self.groups.values()))
+
+    @property
+    def tables(self) -> Mapping[str, tuple[Any, ...]]:
+        return self._first.tables
+
+    @property
+    def holds(self) -> Mapping[Any, int]:
+        return {b: n for g in self.groups.values() for b, n in g.holds.items()}
+
+    @property
+    def cached(self) -> Mapping[Any, Key]:
+        return {b: k for g in self.groups.values() for b, k in g.cached.items()}
+
+    def held(self) -> Counter[Any]:
+        return sum((g.held() for g in self.groups.values()), Counter())
+
+    def each(self) -> list[tuple[str, CacheView, int | None]]:
+        """Each group: its name, its view and its window."""
+        return [(name, view, self.windows.get(name)) for name, view in self.groups.items()]
+
+
+def groups_of(view: CacheView | GroupedView, window: int | None = None) -> list[tuple[str, CacheView, int | None]]:
+    """A view's groups, each with its window: one (``window``) for a plain view."""
+    return view.each() if isinstance(view, GroupedView) else [("", view, window)]
+
+
+def _in_group(name: str, found: list[Violation]) -> list[Violation]:
+    return [Violation(v.rule, f"[{name}] {v.message}") if name else v for v in found]
+
+
 @runtime_checkable
 class CacheTarget(Protocol):
     """An engine's prefix cache and allocator, driven as its scheduler
@@ -141,7 +210,10 @@ class CacheLayout:
     adapter); ``window`` a sliding window in tokens (blocks wholly before
     it are no longer read, so their content is not judged); ``max_hit`` an
     engine's own cap on a hit, in tokens (``None``: the rule's own,
-    ``len(tokens) - 1``)."""
+    ``len(tokens) - 1``); ``groups`` the groups each request has a row in
+    when it has several (a hybrid model's ``("full", "swa")``: the window
+    is the ``swa`` group's; the view is then a :class:`GroupedView`), empty
+    for one."""
 
     name: str
     block_size: int
@@ -149,6 +221,7 @@ class CacheLayout:
     tenants: tuple[Any, ...] = (None,)
     window: int | None = None
     max_hit: int | None = None
+    groups: tuple[str, ...] = ()
     description: str = ""
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
@@ -254,9 +327,11 @@ def first_read(num_tokens: int, block_size: int, window: int | None) -> int:
     return 0 if window is None else max(0, num_tokens - window + 1) // block_size
 
 
-def check_view(view: CacheView, requests: Mapping[str, tuple[Any, Sequence[int]]], written: Written,
+def check_view(view: CacheView | GroupedView, requests: Mapping[str, tuple[Any, Sequence[int]]], written: Written,
                window: int | None = None) -> list[Violation]:
-    """Every state rule of this chapter, on one view."""
+    """Every state rule of this chapter, on one view (on each group of a grouped one, with its window)."""
+    if isinstance(view, GroupedView):
+        return [v for name, group, w in view.each() for v in _in_group(name, check_view(group, requests, written, w))]
     out = [Violation("ref-conservation", p) for p in ref_conservation(view)]
     out += [Violation("free-queue-consistency", p) for p in free_consistency(view)]
     out += [Violation("hash-map-consistency", p) for p in index_holds_what_it_names(view, written)]
@@ -279,6 +354,23 @@ def servable(view: CacheView, tenant: Any, tokens: Sequence[int], cap: int) -> i
     return n
 
 
+def servable_groups(view: GroupedView, tenant: Any, tokens: Sequence[int], cap: int) -> int:
+    """The longest prefix, in tokens, every group of ``view`` serves at once:
+    whole blocks up to ``cap``, each group holding, cached under the
+    sequence's own keys, every block the next token would read (from its
+    window's first on).  Not monotone -- a window's group may serve a long
+    prefix and not a shorter one, whose window falls where it holds
+    nothing -- so each length is tried."""
+    B = view.block_size  # noqa: N806
+    keys = {name: set(group.cached.values()) for name, group in view.groups.items()}
+    best = 0
+    for n in range(B, cap + 1, B):
+        if all(content_key(tenant, tokens, (i + 1) * B) in keys[name]
+               for name, _, w in view.each() for i in range(first_read(n, B, w), n // B)):
+            best = n
+    return best
+
+
 def hit_cap(num_tokens: int, block_size: int, engine_cap: int | None = None) -> int:
     """The most a hit may cover: at most ``num_tokens - 1`` (one token is
     always computed, to sample from), whole blocks, and the engine's cap."""
@@ -286,8 +378,8 @@ def hit_cap(num_tokens: int, block_size: int, engine_cap: int | None = None) -> 
     return cap if engine_cap is None else min(cap, engine_cap // block_size * block_size)
 
 
-def admission(before: CacheView, after: CacheView, request_id: str, tenant: Any, tokens: Sequence[int],
-              hit: int | None, written: Written, engine_cap: int | None = None,
+def admission(before: CacheView | GroupedView, after: CacheView | GroupedView, request_id: str, tenant: Any,
+              tokens: Sequence[int], hit: int | None, written: Written, engine_cap: int | None = None,
               window: int | None = None) -> list[Violation]:
     """The rules of one admission.
 
@@ -303,7 +395,21 @@ def admission(before: CacheView, after: CacheView, request_id: str, tenant: Any,
       position (an engine may merge identical blocks when it indexes them,
       and the request then recomputes what the block holds).
     - hit-optimality: the hit is the longest the index served before.
+
+    A grouped view: each group judged so, with its window, but for
+    hit-optimality, judged once -- the longest length every group served
+    at once (:func:`servable_groups`).
     """
+    if isinstance(before, GroupedView):
+        out = []
+        for name, group, w in before.each():
+            found = admission(group, after.groups[name], request_id, tenant, tokens, hit, written, engine_cap, w)
+            out += _in_group(name, [v for v in found if v.rule != "hit-optimality"])
+        if isinstance(hit, int) and not out:
+            best = servable_groups(before, tenant, tokens, hit_cap(len(tokens), before.block_size, engine_cap))
+            if hit < best:
+                out.append(Violation("hit-optimality", f"{request_id} hit {hit} tokens; every group served {best}"))
+        return out
     if hit is None:  # not admitted: it holds nothing (an engine may have evicted unheld blocks trying)
         return [Violation("allocation-accounting", f"{request_id} was refused but holds {after.tables[request_id]}")] \
             if after.tables.get(request_id) else []
@@ -341,7 +447,11 @@ def admission(before: CacheView, after: CacheView, request_id: str, tenant: Any,
 
 def unchanged_holders(before: CacheView, after: CacheView, op: str, running: Sequence[str]) -> list[Violation]:
     """no-eviction-in-use: an eviction (or another request's operation)
-    leaves every other running request's blocks where they were."""
+    leaves every other running request's blocks where they were (in every
+    group of a grouped view)."""
+    if isinstance(before, GroupedView):
+        return [v for name, group, _ in before.each()
+                for v in _in_group(name, unchanged_holders(group, after.groups[name], op, running))]
     return [Violation("no-eviction-in-use", f"{op} changed {r}'s blocks: {before.tables[r]} -> "
                       f"{after.tables.get(r)}")
             for r in running if after.tables.get(r) != before.tables.get(r)]

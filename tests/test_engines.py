@@ -113,3 +113,32 @@ def test_sg1_standalone_reproduction_imports_sglang_alone_and_still_shows_the_bu
     assert "kvspec" not in imported and "sglang" in imported, imported
     out = subprocess.run([sys.executable, str(SG1_SCRIPT)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 1 and out.stdout.count("BUG:") == 3, out.stdout + out.stderr[-2000:]
+
+
+@SGLANG
+def test_the_hybrid_model_runs_sglangs_unified_radix_cache_as_two_groups():
+    """full+swa is SGLang's UnifiedRadixCache with components FULL and SWA:
+    the window frees a decoding request's SWA slots (its swa row released
+    there, its full row whole), the finished request leaves an SWA tombstone
+    where the window had passed, and a later request's hit reaches past it
+    -- its window's SWA pages served, nothing in swa before them."""
+    from kvspec.conformance.engines import sglang
+    from kvspec.spec.engines import GroupedView
+
+    target = sglang.target(CACHE_LAYOUTS["full+swa"])
+    assert type(target.tree).__name__ == "UnifiedRadixCache"
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
+    assert target.admit("r0", prompt, None) == 0
+    for _ in range(6):
+        assert target.append("r0", [1])
+    view = target.view()
+    assert isinstance(view, GroupedView) and set(view.groups) == {"full", "swa"}
+    assert None not in view.groups["full"].tables["r0"]
+    assert view.groups["swa"].tables["r0"][0] is None  # behind the window: released
+    target.finish("r0")
+    view = target.view()
+    assert len(view.groups["full"].cached) == 4 and len(view.groups["swa"].cached) == 3  # block 0's SWA: a tombstone
+    assert target.admit("r1", prompt + [1, 1, 1, 1, 2], None) == 12
+    view = target.view()
+    assert view.groups["swa"].tables["r1"][0] is None and None not in view.groups["swa"].tables["r1"][1:]
+    assert all(view.groups["full"].holds[b] == 1 for b in view.groups["full"].tables["r1"])

@@ -294,7 +294,8 @@ def layout_unsupported(target: str, scope: str, name: str, release: releases.Rel
         return why
     if scope == "cache":
         factory = factory or resolve_target(target, scope)
-        unsupported = getattr(getattr(factory, "__wrapped__", None), "unsupported", None) or _engine_unsupported(target)
+        unsupported = (getattr(getattr(factory, "__wrapped__", None), "unsupported", None)
+                       or _engine_unsupported(target) or getattr(factory, "unsupported", None))
         return unsupported(CACHE_LAYOUTS[name]) if unsupported is not None else None
     if scope != "manager" or target in TARGETS[scope]:
         return None

@@ -92,6 +92,9 @@ _LIFE = "lmdeploy.pytorch.paging.block_trie.kv_lifecycle"
 _BM = "lmdeploy.pytorch.paging.block_manager.default_block_manager"
 _RC = "sglang.srt.mem_cache.radix_cache"
 _REQ = "sglang.srt.managers.schedule_batch"
+_CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core"  # UnifiedRadixCache's Python TreeCore
+_SWA = "sglang.srt.mem_cache.unified_cache.components.swa"
+_FULL = "sglang.srt.mem_cache.unified_cache.components.full"
 
 FAULTS: dict[str, list[Fault]] = {
     "lmdeploy": [
@@ -165,6 +168,37 @@ FAULTS: dict[str, list[Fault]] = {
                   "evict_sliding_windows", "sliding_window_size=self.swa_retain_window,",
                   "sliding_window_size=self.swa_retain_window // 2,"),),
               frozenset({"content-soundness"}), layout="window-1"),
+        # UnifiedRadixCache (a hybrid full+SWA model), in its Python TreeCore and its components
+        Fault("unified-swa-lock-not-released", "releasing a request's lock leaves the SWA lock counts of its "
+              "window's nodes as they were", _SWA, "SWAComponent", (Edit(
+                  "release_component_lock", "comp.lock_ref = ref - 1", "comp.lock_ref = ref"),),
+              frozenset({"ref-conservation"}), layout="full+swa"),
+        Fault("unified-full-lock-not-released", "releasing a request's lock leaves the full-attention lock counts "
+              "of its path as they were", _FULL, "FullComponent", (Edit(
+                  "release_component_lock", "cd.lock_ref -= 1", "cd.lock_ref -= 0"),),
+              frozenset({"ref-conservation"}), layout="full+swa"),
+        Fault("unified-swa-evicted-while-locked", "the SWA eviction walk does not skip locked nodes: a window a "
+              "running request reads is tombstoned and its SWA pages freed",
+              _CORE, "UnifiedLRUList", (Edit(
+                  "get_prev_no_lock", "while x.component_data[ct].lock_ref > 0:",
+                  "while x.component_data[ct].lock_ref > 0 and ct != ComponentType.SWA:"),),
+              frozenset({"free-queue-consistency", "ref-conservation", "content-soundness", "no-eviction-in-use",
+                         "hit-soundness"}), layout="full+swa"),
+        Fault("unified-tombstone-not-set", "evicting a node's SWA frees its pages but leaves the node's SWA value: "
+              "no tombstone, the freed pages still served", _SWA, "SWAComponent", (Edit(
+                  "evict_component", "cd.value = None", "pass"),),
+              frozenset({"free-queue-consistency", "hash-map-consistency", "hit-soundness"}), layout="full+swa"),
+        Fault("unified-tombstone-matched", "a match walks through SWA tombstones as if their window were there: "
+              "the hit's window reads SWA pages the tree no longer has", _SWA, "SWAComponent", (Edit(
+                  "create_match_validator", "if cd.value is None and (match_device_only or cd.host_value is None):",
+                  "if False:"),),
+              frozenset({"hit-soundness", "content-soundness"}), layout="full+swa"),
+        Fault("unified-window-frees-inside", "a hybrid model's decode step frees the request's SWA slots up to half "
+              "a window behind it, inside the window its next token reads",
+              "sglang.srt.mem_cache.base_prefix_cache", "BasePrefixCache", (Edit(
+                  "evict_sliding_windows", "sliding_window_size=self.swa_retain_window,",
+                  "sliding_window_size=self.swa_retain_window // 2,"),),
+              frozenset({"content-soundness"}), layout="full+swa"),
     ],
 }
 """The planted faults, by engine."""

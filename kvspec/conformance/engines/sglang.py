@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvspec.conformance.engines import TickingClock
-from kvspec.spec.engines import CacheLayout, CacheView
+from kvspec.spec.engines import CacheLayout, CacheView, GroupedView
 
 MAX_CONTEXT = 512
 MAX_REQUESTS = 64
@@ -128,14 +128,18 @@ def problem() -> str | None:
 
 
 def unsupported(layout: CacheLayout) -> str | None:
+    if layout.groups:
+        if layout.groups != ("full", "swa"):
+            return f"groups {layout.groups}: SGLang's UnifiedRadixCache is driven with full+SWA only (Mamba: not yet)"
+        return None
     if layout.window is not None and layout.block_size != 1:
         return ("SGLang's all-SWA cache (PureSWARadixCache over PureSWATokenToKVPoolAllocator) takes pages of one "
-                "token only; windows over larger pages are hybrid SWA, UnifiedRadixCache's, not driven yet")
+                "token only; its windows over larger pages are a hybrid model's (the full+swa layout)")
     return None
 
 
 def target(layout: CacheLayout) -> SglangCacheTarget:
-    return SglangCacheTarget(layout)
+    return SglangUnifiedTarget(layout) if layout.groups else SglangCacheTarget(layout)
 
 
 class SglangCacheTarget:
@@ -161,9 +165,12 @@ class SglangCacheTarget:
         self.pool = ReqToTokenPool(size=MAX_REQUESTS, max_context_len=MAX_CONTEXT, device="cpu",
                                    enable_memory_saver=False)
         self.released: dict[str, set[int]] = {}  # row positions whose slots the window freed, per request
-        build = _radix if self.window is None else _all_swa
-        self.allocator, self.tree = build(layout, self.pool)
+        self.allocator, self.tree = self._build(layout)
         self.running: dict[str, Any] = {}
+
+    def _build(self, layout: CacheLayout) -> tuple[Any, Any]:
+        """SGLang's allocator and tree cache for ``layout``."""
+        return (_radix if self.window is None else _all_swa)(layout, self.pool)
 
     # --- capacity, as SGLang's admission budget and decode check see it --------------------
 
@@ -323,6 +330,159 @@ class SglangCacheTarget:
                          for p in pages.tolist())
         return CacheView(blocks=frozenset(range(1, self.num_blocks + 1)), block_size=B, free=free, tables=tables,
                          holds=holds, cached=cached)
+
+
+class SglangUnifiedTarget(SglangCacheTarget):
+    """SGLang's ``UnifiedRadixCache`` for a hybrid model of full-attention
+    and sliding-window layers -- the cache SGLang's factory builds for it
+    (``registry.default_radix_cache_factory`` → ``create_unified_radix_cache``
+    with components FULL and SWA; docs/engines.md says when) -- over its
+    ``SWATokenToKVPoolAllocator`` (a full pool and an SWA pool, a token's
+    SWA slot found through ``full_to_swa_index_mapping``), with its Python
+    TreeCore (``tree_core_backend="python"``: the Rust core's nodes are not
+    readable from Python; see docs/engines.md).
+
+    The scheduler's calls are :class:`SglangCacheTarget`'s -- SGLang's
+    ``Req``, ``alloc_*`` and ``common`` functions are the same for every
+    tree cache -- but for the admission budget, the lesser of the two
+    pools' free-plus-evictable (``prefill_budget``), and the window's
+    slide inside the allocator's free group, as ``maybe_evict_swa`` does.
+
+    The view is a :class:`GroupedView` of two groups, ``full`` and ``swa``,
+    block ids ``("full", page)`` and ``("swa", page)``: each group's free
+    pages, its tree values (an SWA tombstone caches nothing in ``swa``),
+    its per-component lock counts.  A request's ``swa`` row is its slots'
+    SWA pages where it holds them: the tree's pages inside its lock's
+    window segment (from its lock's node up to the node carrying the
+    receipt's SWA uuid, as ``release_component_lock`` walks it), its own
+    pages past the tree, ``None`` elsewhere (behind the window)."""
+
+    def __init__(self, layout: CacheLayout):
+        super().__init__(layout, prefill_aware=False)  # no hybrid model declares is_prefill_aware_swa
+
+    def _build(self, layout: CacheLayout) -> tuple[Any, Any]:
+        return _unified_swa(layout, self.pool)
+
+    def _fits(self, num_tokens: int) -> bool:
+        full = self.allocator.full_available_size() + self.tree.full_evictable_size()
+        swa = self.allocator.swa_available_size() + self.tree.swa_evictable_size()
+        return num_tokens <= min(full, swa)
+
+    def _slide(self, request_id: str, req: Any) -> None:
+        self.allocator.free_group_begin()
+        try:
+            super()._slide(request_id, req)
+        finally:
+            self.allocator.free_group_end()
+
+    def evict(self, num_blocks: int) -> int:
+        """Both pools asked for ``num_blocks`` pages, as an allocation of that
+        many tokens asks (``SWATokenToKVPoolAllocator.evict_to_free_tokens``):
+        whole leaves go, and internal nodes' SWA alone (tombstones)."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        n = num_blocks * self.block_size
+        result = self.tree.evict(EvictParams(num_tokens=n, swa_num_tokens=n))
+        return max(result.num_tokens_evicted, result.swa_num_tokens_evicted) // self.block_size
+
+    def view(self) -> GroupedView:
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        B = self.block_size  # noqa: N806
+        full_t, swa_t = ComponentType.FULL, ComponentType.SWA
+        cached: dict[str, dict[Any, Any]] = {"full": {}, "swa": {}}
+        locks: dict[str, dict[Any, int]] = {"full": {}, "swa": {}}
+        core = self.tree.tree_core
+
+        def pages(value: Any) -> list[int]:
+            return [int(v) // B for v in value.tolist()[::B]]
+
+        def walk(node: Any, path: tuple[int, ...]) -> None:
+            for child in node.children.values():
+                tokens = path + tuple(int(t) for t in child.key.raw_token_ids())
+                for group, ct in (("full", full_t), ("swa", swa_t)):
+                    data = child.component_data[ct]
+                    if data.value is None:
+                        continue  # a tombstone (SWA) or an evicted node (full): nothing of this group cached
+                    for i, page in enumerate(pages(data.value)):
+                        cached[group][(group, page)] = (child.key.extra_key or None,
+                                                        tokens[:len(path) + (i + 1) * B])
+                        locks[group][(group, page)] = data.lock_ref
+                walk(child, tokens)
+
+        walk(core.root_node, ())
+        holds = {g: {b: n for b, n in locks[g].items() if n} for g in locks}
+        tables: dict[str, dict[str, tuple[Any, ...]]] = {"full": {}, "swa": {}}
+        mapping = self.allocator.full_to_swa_index_mapping
+        for request_id, req in self.running.items():
+            row = self.pool.req_to_token[req.kv.req_pool_idx, :req.kv.kv_committed_len]
+            full_row = [int(s) // B for s in row.tolist()[::B]]
+            swa_row = [int(mapping[int(s)]) // B for s in row.tolist()[::B]]
+            segment = self._swa_segment(req)
+            released = self.released.get(request_id, ())
+            tables["full"][request_id] = tuple(("full", p) for p in full_row)
+            tables["swa"][request_id] = tuple(
+                None if i * B in released or p == 0 or (("swa", p) in cached["swa"] and ("swa", p) not in segment)
+                else ("swa", p) for i, p in enumerate(swa_row))
+            for group in ("full", "swa"):
+                for block in tables[group][request_id]:
+                    if block is not None and block not in cached[group]:
+                        holds[group][block] = holds[group].get(block, 0) + 1  # past the tree: its request's alone
+        groups = {}
+        for group, allocator in (("full", self.allocator.full_attn_allocator),
+                                 ("swa", self.allocator.swa_attn_allocator)):
+            free = frozenset((group, int(p)) for ps in (allocator.free_pages, allocator.release_pages)
+                             if ps is not None for p in ps.tolist())
+            groups[group] = CacheView(blocks=frozenset((group, p) for p in range(1, self.num_blocks + 1)),
+                                      block_size=B, free=free, tables=tables[group], holds=holds[group],
+                                      cached=cached[group])
+        return GroupedView(groups=groups, windows={"full": None, "swa": self.window})
+
+    def _swa_segment(self, req: Any) -> set[Any]:
+        """The SWA pages the request's tree lock holds: the nodes from its
+        lock's node up to the one stamped with the receipt's SWA uuid (or
+        the root), as ``SWAComponent.release_component_lock`` will walk them."""
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        lock = getattr(req, "lock", None)
+        if lock is None or lock.swa_released:
+            return set()
+        core = self.tree.tree_core
+        uuid = lock.receipt.get_lock_uuid(ComponentType.SWA)
+        node, held = core.node_by_id(lock.node) if not hasattr(lock.node, "children") else lock.node, set()
+        while node is not None and node is not core.root_node:
+            data = node.component_data[ComponentType.SWA]
+            if data.value is not None:
+                held |= {("swa", int(v) // self.block_size) for v in data.value.tolist()[::self.block_size]}
+            if uuid and data.metadata.get("uuid") == uuid:
+                break
+            node = node.parent
+        return held
+
+
+def _unified_swa(layout: CacheLayout, pool: Any) -> tuple[Any, Any]:
+    """SGLang's cache for a hybrid full+SWA model: an ``SWAKVPool`` (one
+    full-attention layer and one SWA layer, one head of one dimension:
+    nothing here reads KV), its ``SWATokenToKVPoolAllocator`` with pools of
+    the same size, and a ``UnifiedRadixCache`` with components FULL and SWA
+    (``create_unified_radix_cache``'s, for ``is_hybrid_swa``)."""
+    import torch
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    B, size = layout.block_size, layout.num_blocks * layout.block_size  # noqa: N806
+    kv = SWAKVPool(size=size, size_swa=size, page_size=B, dtype=torch.float16, head_num=1, head_dim=1,
+                   swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu")
+    allocator = SWATokenToKVPoolAllocator(size=size, size_swa=size, page_size=B, dtype=torch.float16, device="cpu",
+                                          kvcache=kv, need_sort=False)
+    tree = UnifiedRadixCache(CacheInitParams(
+        disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=B,
+        sliding_window_size=layout.window, tree_components=(ComponentType.FULL, ComponentType.SWA),
+        tree_core_backend="python"))
+    return allocator, tree
 
 
 def _radix(layout: CacheLayout, pool: Any) -> tuple[Any, Any]:

@@ -47,6 +47,9 @@ CACHE_LAYOUTS: dict[str, CacheLayout] = {
                     description="a sliding window of 8 tokens: blocks wholly before it are no longer read"),
         CacheLayout("window-1", block_size=1, num_blocks=24, window=8,
                     description="a sliding window of 8 tokens over blocks of one token: SGLang's all-SWA cache"),
+        CacheLayout("full+swa", block_size=4, num_blocks=12, window=8, groups=("full", "swa"),
+                    description="a hybrid model: full-attention layers and sliding-window layers of 8 tokens, "
+                    "each token with a slot in both pools (SGLang's UnifiedRadixCache)"),
     )
 }
 """The cache scope's layouts.  A target without a layout's feature says
@@ -106,10 +109,11 @@ def cache_machine(target_factory: Callable[..., CacheTarget], layout: CacheLayou
         def write(self, request_id: str, start: int) -> None:
             """The model runner writes tokens ``start ..`` of the request into its blocks."""
             tenant, tokens = self.requests[request_id]
-            table = self.last.tables.get(request_id, ())
-            for i in range(start // B, -(-len(tokens) // B)):
-                if i < len(table):
-                    self.written[table[i]] = content_key(tenant, tokens, min((i + 1) * B, len(tokens)))
+            for _, group, _ in engines.groups_of(self.last):  # a hybrid model writes every group's slots
+                table = group.tables.get(request_id, ())
+                for i in range(start // B, -(-len(tokens) // B)):
+                    if i < len(table):
+                        self.written[table[i]] = content_key(tenant, tokens, min((i + 1) * B, len(tokens)))
 
         def judge(self, problems: list[Violation]) -> None:  # type: ignore[override]
             if problems:

@@ -124,3 +124,15 @@ def spec_cache_target(layout: CacheLayout, release: Any = None) -> ManagerCacheT
     from kvspec.conformance.targets.spec_manager import SpecManagerTarget
 
     return ManagerCacheTarget(layout, functools.partial(SpecManagerTarget, release=release), release)
+
+
+def unsupported(layout: CacheLayout) -> str | None:
+    """Why kvspec's manager is not seen through a layout (``None``: it is)."""
+    if layout.groups:
+        return ("several groups per request: vLLM's design keeps every group's blocks in one pool, which the "
+                "grouped view's groups (a pool each) do not model yet")
+    return None
+
+
+impl_cache_target.unsupported = spec_cache_target.unsupported = unsupported  # type: ignore[attr-defined]
+
