@@ -27,6 +27,7 @@ from pathlib import Path
 
 from kvspec.errors import SetupError
 
+INTERRUPTED = 4  # as the other commands exit when interrupted (kvspec.cli.INTERRUPTED_EXIT)
 INSTALL_HINT = "pip install 'kvspec[fuzz]'"
 DEFAULT_DATABASE = ".kvspec-fuzz/examples"
 TEST_MODULE = '''"""kvspec's machines for HypoFuzz: the target and layouts come from --kvspec-*."""
@@ -122,7 +123,7 @@ def run_campaign(target: str, scope: str = "all", layouts: list[str] | None = No
                  out=None) -> int:
     """Run a campaign until ``seconds`` pass (None: until stopped, or until
     every layout has failed, when HypoFuzz stops by itself).  Returns 0 when
-    the time ran out, else HypoFuzz's exit status."""
+    the time ran out, 4 when interrupted, else HypoFuzz's exit status."""
     out = out or sys.stdout
     if (why := hypofuzz_missing()) is not None:
         raise SetupError(why)
@@ -140,6 +141,8 @@ def run_campaign(target: str, scope: str = "all", layouts: list[str] | None = No
             code = process.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
             code = 0
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM: the campaign ends, and says what it saved
+            code = INTERRUPTED
         finally:
             _stop(process)
             signal.signal(signal.SIGTERM, previous)
