@@ -265,7 +265,7 @@ def _fuzz_test(cls_name: str, name: str | None, scope: str, layout: str, level: 
 
     runTest.is_hypothesis_test = True  # type: ignore[attr-defined]
     runTest._hypothesis_state_machine_class = make  # type: ignore[attr-defined]
-    cls = type(cls_name, (unittest.TestCase,), {"settings": run_settings, "runTest": runTest,
-                                                "kvspec_scope": scope, "kvspec_layout": layout})
+    cls = type(cls_name, (unittest.TestCase,), {"settings": run_settings, "runTest": runTest, "kvspec_scope": scope,
+                                                "kvspec_layout": layout, "kvspec_machine": machine})
     cls = pytest.mark.kvspec(scope=scope, layout=layout)(cls)
     return pytest.mark.skip(reason=why)(cls) if why is not None else cls

