@@ -634,8 +634,8 @@ def mutate_command(args: argparse.Namespace) -> int:
 
 
 def fuzz(args: argparse.Namespace) -> int:
-    """``kvspec fuzz``: a HypoFuzz campaign over the machines (kvspec.conformance.fuzz)."""
-    from kvspec.conformance import fuzz as campaign
+    """``kvspec fuzz``: a HypoFuzz campaign over the machines (kvspec.fuzz)."""
+    from kvspec import fuzz as campaign
     from kvspec.conformance.runner import check_layout, is_layout, resolve, scopes_for
     from kvspec.conformance.settings import DatabaseError, example_database
 

@@ -194,17 +194,17 @@ def fuzz_targets(target: str | None = None, *, scope: str | None = None, level: 
     Arguments left out come from the command line (``--kvspec-*``), then the
     defaults, as for :func:`conformance_suite`.  Each test keys the example
     database as the gate does for its layout: a failure a campaign saves in
-    ``database`` (``--kvspec-database``: a directory or ``redis://...``) is
-    replayed by ``kvspec conform --target T --database SAME``.  Its steps
+    ``database`` (``--kvspec-database``: a directory or ``redis://...``;
+    default ``.kvspec-fuzz/examples``) is replayed by ``kvspec conform --target T --database SAME``.  Its steps
     are the ``ci`` profile's (or ``profile``'s), so that the gate's replay
     runs as long a run as the campaign did; the search is HypoFuzz's own.
     Layouts the target lacks, or that are one of its known findings with
     ``--kvspec-known-findings``, come as skipped tests, naming why."""
     from hypothesis import settings as hypothesis_settings
 
-    from kvspec.conformance.fuzz import hypofuzz_compat
     from kvspec.conformance.runner import hypothesis_factory
     from kvspec.conformance.settings import example_database
+    from kvspec.fuzz import DEFAULT_DATABASE, hypofuzz_compat
 
     hypofuzz_compat()
     quiet_loggers()
@@ -213,12 +213,12 @@ def fuzz_targets(target: str | None = None, *, scope: str | None = None, level: 
     chosen_scope, chosen_level = _option(config, "scope", scope), _option(config, "level", level)
     chosen_profile = _option(config, "profile", profile)
     exact = layouts or _option(config, "layout", None)
-    where = _option(config, "database", database)
+    where = _option(config, "database", database) or DEFAULT_DATABASE  # HypoFuzz needs one
     scopes = [s for s in (SCOPES if chosen_scope == "all" else (chosen_scope,))
               if not name or chosen_scope != "all" or s in scopes_for(name)]
     cases = [(s, n) for s in scopes for n in (exact or layout_names(s)) if n in layout_names(s)]
     sized = {s: scope_settings(s, chosen_profile) for s in scopes}  # loads the profile: the database comes after
-    db = example_database(where) if where else None
+    db = example_database(where)
     if db is not None:  # HypoFuzz fuzzes only tests whose database is the default one
         hypothesis_settings.register_profile("kvspec-fuzz", hypothesis_settings(hypothesis_settings.default,
                                                                                 database=db, derandomize=False))

@@ -1,4 +1,4 @@
-"""``kvspec fuzz``: long campaigns on HypoFuzz (kvspec.conformance.fuzz), the
+"""``kvspec fuzz``: long campaigns on HypoFuzz (kvspec.fuzz), the
 machines as the tests it fuzzes (kvspec.pytest_plugin.fuzz_targets), and the
 gate replaying what a campaign saved.
 
@@ -24,6 +24,20 @@ from kvspec.cli import main
 TESTS = Path(__file__).resolve().parent
 HYPOFUZZ = importlib.util.find_spec("hypofuzz") is not None
 needs_hypofuzz = pytest.mark.skipif(not HYPOFUZZ, reason="HypoFuzz is not installed (pip install 'kvspec[fuzz]')")
+
+
+@pytest.fixture(autouse=True)
+def profile_restored(tmp_path, monkeypatch):
+    """fuzz_targets() loads a Hypothesis profile with its database as the
+    default (HypoFuzz fuzzes only tests of the default database): the
+    default comes back after each test, and the database is in tmp_path."""
+    from hypothesis import settings
+
+    before = settings.get_current_profile_name() if hasattr(settings, "get_current_profile_name") \
+        else settings._current_profile
+    monkeypatch.chdir(tmp_path)
+    yield
+    settings.load_profile(before)
 
 
 def gate_key(target: str, scope: str, layout: str) -> bytes:
@@ -53,12 +67,12 @@ def fuzz_key(test_case: type) -> bytes:
 def test_the_fuzzed_tests_key_the_database_as_the_gate_does():
     from kvspec.pytest_plugin import fuzz_targets
 
-    tests = fuzz_targets("impl", scope="pool", layouts=["two-groups", "tiny-pool"])
+    tests = fuzz_targets("impl", scope="pool", layouts=["two-groups", "tiny-pool"], database="db")
     assert sorted(tests) == ["TestFuzz_pool_tiny_pool", "TestFuzz_pool_two_groups"]
     for name, layout in (("TestFuzz_pool_two_groups", "two-groups"), ("TestFuzz_pool_tiny_pool", "tiny-pool")):
         assert fuzz_key(tests[name]) == gate_key("impl", "pool", layout)
     assert fuzz_key(tests["TestFuzz_pool_two_groups"]) != fuzz_key(tests["TestFuzz_pool_tiny_pool"])
-    manager = fuzz_targets("impl", scope="manager", layouts=["full"])["TestFuzz_manager_full"]
+    manager = fuzz_targets("impl", scope="manager", layouts=["full"], database="db")["TestFuzz_manager_full"]
     assert fuzz_key(manager) == gate_key("impl", "manager", "full")
     assert manager.settings.stateful_step_count == 100 and not manager.settings.derandomize  # the ci profile's steps
 
@@ -66,7 +80,7 @@ def test_the_fuzzed_tests_key_the_database_as_the_gate_does():
 def test_a_layout_the_target_cannot_run_is_a_skipped_test_saying_why():
     from kvspec.pytest_plugin import fuzz_targets
 
-    (test,) = fuzz_targets(None, scope="pool", layouts=["tiny-pool"]).values()
+    (test,) = fuzz_targets(None, scope="pool", layouts=["tiny-pool"], database="db").values()
     assert "no target" in test.pytestmark[-1].kwargs["reason"]
 
 

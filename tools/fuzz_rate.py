@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvspec.conformance import fuzz as campaign
+from kvspec import fuzz as campaign
 
 
 def hypofuzz_rate(target: str, scope: str, layout: str, seconds: float, database: str) -> tuple[int, int, float]:

@@ -35,7 +35,7 @@ from kvspec.pytest_plugin import fuzz_targets
 
 globals().update(fuzz_targets())
 '''
-LAUNCH = "import sys; from kvspec.conformance.fuzz import launch; sys.exit(launch())"
+LAUNCH = "import sys; from kvspec.fuzz import launch; sys.exit(launch())"
 
 
 def launch() -> object:
