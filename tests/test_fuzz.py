@@ -75,6 +75,19 @@ def test_the_fuzzed_tests_key_the_database_as_the_gate_does():
     manager = fuzz_targets("impl", scope="manager", layouts=["full"], database="db")["TestFuzz_manager_full"]
     assert fuzz_key(manager) == gate_key("impl", "manager", "full")
     assert manager.settings.stateful_step_count == 100 and not manager.settings.derandomize  # the ci profile's steps
+    for scope, layout in (("cache", "page-1"), ("offload", "lru")):  # every scope, asked for by name
+        (test,) = fuzz_targets("impl", scope=scope, layouts=[layout], database="db").values()
+        assert fuzz_key(test) == gate_key("impl", scope, layout)
+
+
+def test_the_scheduler_scope_without_vllm_is_a_skipped_test_saying_why():
+    from kvspec.conformance.runner import vllm_importable
+    from kvspec.pytest_plugin import fuzz_targets
+
+    if vllm_importable():
+        pytest.skip("vLLM is installed here: the scheduler scope is fuzzed (checked where it is not)")
+    (test,) = fuzz_targets("impl", scope="scheduler", layouts=["full"], database="db").values()
+    assert "needs vLLM" in test.pytestmark[-1].kwargs["reason"]
 
 
 def test_a_layout_the_target_cannot_run_is_a_skipped_test_saying_why():
