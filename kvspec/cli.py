@@ -415,6 +415,26 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a progress bar on stderr (default: when stderr is a terminal)")
     run.set_defaults(func=conform)
 
+    fz = sub.add_parser("fuzz", help="a long campaign on HypoFuzz: every core, a dashboard, a shared database")
+    fz.add_argument("--target", default="impl", help="impl, spec, vllm, or module:factory (default impl)")
+    fz.add_argument("--scope", default="all", choices=["pool", "manager", "scheduler", "cache", "offload", "all"],
+                    help="as for conform (default all: the scopes the target has but offload)")
+    fz.add_argument("--layout", action="append", help="only this layout (repeatable; default: every layout)")
+    fz.add_argument("--level", default="L3", choices=sorted(LEVELS), help="L1, L2 or L3 (default L3)")
+    fz.add_argument("--workers", "-n", type=_workers, default=2, metavar="N",
+                    help="HypoFuzz's processes ('auto': one per core; default 2)")
+    fz.add_argument("--database", metavar="DIR|URL", default=".kvspec-fuzz/examples",
+                    help="the example database the campaign saves its failures in, and `kvspec conform "
+                    "--database` replays them from: a directory (default .kvspec-fuzz/examples), or "
+                    "redis://HOST:PORT/N shared by every machine of the campaign")
+    fz.add_argument("--seconds", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
+    fz.add_argument("--known-findings", action="store_true",
+                    help="steer around the target's known findings (docs/findings.md), as conform does")
+    fz.add_argument("--dashboard", action=argparse.BooleanOptionalAction, default=True,
+                    help="serve HypoFuzz's live dashboard (default: yes)")
+    fz.add_argument("--port", type=int, default=9999, help="the dashboard's port (default 9999)")
+    fz.set_defaults(func=fuzz)
+
     rep = sub.add_parser("replay", help="replay a saved trace and show where a target diverges")
     rep.add_argument("trace", help="a trace file saved by kvspec conform")
     rep.add_argument("--target", help="impl, spec, vllm, or module:factory (default: the trace's target)")
@@ -611,6 +631,31 @@ def mutate_command(args: argparse.Namespace) -> int:
     if args.report_dir:
         print(f"wrote {' and '.join(map(str, report.write(args.report_dir)))}")
     return 0 if all(r.error is None for r in report.runs) else 1
+
+
+def fuzz(args: argparse.Namespace) -> int:
+    """``kvspec fuzz``: a HypoFuzz campaign over the machines (kvspec.fuzz)."""
+    from kvspec import fuzz as campaign
+    from kvspec.conformance.runner import check_layout, is_layout, resolve, scopes_for
+    from kvspec.conformance.settings import DatabaseError, example_database
+
+    if (why := campaign.hypofuzz_missing()) is not None:
+        raise UsageError(why)
+    if args.seconds is not None and args.seconds <= 0:
+        raise UsageError(f"--seconds must be positive, got {args.seconds:g}")
+    scopes = scopes_for(args.target) if args.scope == "all" else [args.scope]
+    for layout in args.layout or []:
+        if not any(is_layout(s, layout) for s in scopes):
+            check_layout(scopes[0], layout)  # names the scope's layouts
+    resolve(args.target, scopes)  # an unusable target stops the campaign before it starts, in one line
+    try:
+        example_database(args.database)  # a Redis server that cannot be reached: here, not in every worker
+    except DatabaseError as error:
+        raise UsageError(str(error)) from None
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    return campaign.run_campaign(args.target, args.scope, args.layout, args.level, args.workers, args.database,
+                                 args.seconds, args.dashboard, args.port, args.known_findings)
 
 
 def prove_command(argv: list[str]) -> int:

@@ -63,7 +63,8 @@ from kvspec.conformance.trace import trace_file_name
 from kvspec.spec.catalogue import LEVELS
 
 OPTIONS = {"target": None, "scope": "all", "level": "L3", "profile": "ci", "trace_dir": "kvspec-traces",
-           "known_findings": False, "budget": None, "layout": None}
+           "known_findings": False, "budget": None, "layout": None, "database": None}
+_CONFIG: Any = None  # the running pytest's config: fuzz_targets() reads --kvspec-* from it at collection
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -80,9 +81,13 @@ def pytest_addoption(parser: Any) -> None:
                     help="search each layout for SECONDS instead of a number of examples")
     group.addoption("--kvspec-layout", action="append", metavar="NAME",
                     help="run only the layout NAME (exact; repeatable) -- -k matches substrings")
+    group.addoption("--kvspec-database", metavar="DIR|URL",
+                    help="the example database fuzz_targets() share (a directory, or redis://HOST:PORT/N)")
 
 
 def pytest_configure(config: Any) -> None:
+    global _CONFIG
+    _CONFIG = config
     config.addinivalue_line("markers", "kvspec(scope, layout): a kvspec conformance test of one layout")
     unknown = _unknown_layouts(config.getoption("kvspec_layout", None) or [])
     if unknown:  # a typo must not pass as a run in which every layout was skipped
@@ -174,3 +179,93 @@ def conformance_suite(target: str | None = None, *, scope: str | None = None, le
             pytest.fail(f"{name} on {kvspec_scope}/{kvspec_layout}: not searched -- {why}", pytrace=False)
 
     return test_conformance
+
+
+def fuzz_targets(target: str | None = None, *, scope: str | None = None, level: str | None = None,
+                 layouts: list[str] | None = None, profile: str | None = None,
+                 database: str | None = None) -> dict[str, type]:
+    """The machines as tests that HypoFuzz (``hypothesis fuzz``, ``kvspec
+    fuzz``) fuzzes: one ``unittest.TestCase`` per layout of ``scope`` (or
+    ``layouts``), each a Hypothesis state machine test checking ``target`` at
+    ``level``.  A test module takes them into its namespace::
+
+        globals().update(fuzz_targets())      # hypothesis fuzz -- --kvspec-target mypkg.kvcache:make_pool
+
+    Arguments left out come from the command line (``--kvspec-*``), then the
+    defaults, as for :func:`conformance_suite`.  Each test keys the example
+    database as the gate does for its layout: a failure a campaign saves in
+    ``database`` (``--kvspec-database``: a directory or ``redis://...``;
+    default ``.kvspec-fuzz/examples``) is replayed by ``kvspec conform --target T --database SAME``.  Its steps
+    are the ``ci`` profile's (or ``profile``'s), so that the gate's replay
+    runs as long a run as the campaign did; the search is HypoFuzz's own.
+    Layouts the target lacks, or that are one of its known findings with
+    ``--kvspec-known-findings``, come as skipped tests, naming why."""
+    from hypothesis import settings as hypothesis_settings
+
+    from kvspec.conformance.runner import hypothesis_factory
+    from kvspec.conformance.settings import example_database
+    from kvspec.fuzz import DEFAULT_DATABASE, hypofuzz_compat
+
+    hypofuzz_compat()
+    quiet_loggers()
+    config = _CONFIG
+    name = _option(config, "target", target)
+    chosen_scope, chosen_level = _option(config, "scope", scope), _option(config, "level", level)
+    chosen_profile = _option(config, "profile", profile)
+    exact = layouts or _option(config, "layout", None)
+    where = _option(config, "database", database) or DEFAULT_DATABASE  # HypoFuzz needs one
+    scopes = [s for s in (SCOPES if chosen_scope == "all" else (chosen_scope,))
+              if not name or chosen_scope != "all" or s in scopes_for(name)]
+    cases = [(s, n) for s in scopes for n in (exact or layout_names(s)) if n in layout_names(s)]
+    sized = {s: scope_settings(s, chosen_profile) for s in scopes}  # loads the profile: the database comes after
+    db = example_database(where)
+    if db is not None:  # HypoFuzz fuzzes only tests whose database is the default one
+        hypothesis_settings.register_profile("kvspec-fuzz", hypothesis_settings(hypothesis_settings.default,
+                                                                                database=db, derandomize=False))
+        hypothesis_settings.load_profile("kvspec-fuzz")
+    db = hypothesis_settings.default.database
+    tests: dict[str, type] = {}
+    for s, layout in cases:
+        cls_name = "TestFuzz_" + f"{s}_{layout}".replace("-", "_").replace("+", "_").replace(":", "_")
+        tests[cls_name] = _fuzz_test(cls_name, name, s, layout, chosen_level,
+                                     hypothesis_settings(sized[s], database=db, derandomize=False),
+                                     _option(config, "known_findings", None), hypothesis_factory)
+    return tests
+
+
+def _fuzz_test(cls_name: str, name: str | None, scope: str, layout: str, level: str, run_settings: Any,
+               known: bool, factory: Any) -> type:
+    """One layout's machine as a ``unittest.TestCase`` in HypoFuzz's form
+    (``runTest._hypothesis_state_machine_class``), or a skipped one, why."""
+    import unittest
+
+    from hypothesis.stateful import get_state_machine_test
+
+    why, machine = None, None
+    if not name:
+        why = "no target: give fuzz_targets(target) or --kvspec-target module:factory"
+    else:
+        whose = findings_target(name, scope)
+        avoid = inputs_to_avoid(whose, (scope,)) if known else frozenset()
+        avoid |= {f.avoid for f in inherited_findings(name, (scope,))}
+        if f"layout:{layout}" in avoid:
+            why = "steered around known finding " + ", ".join(
+                f.id for f in known_findings(whose, (scope,)) if f.avoid == f"layout:{layout}")
+        else:
+            try:
+                machine = machine_for(scope, layout, name, level, avoid,
+                                      release=default_release(whose, scope) if whose != name else None)
+            except SetupError as error:
+                why = f"kvspec: {error}"
+    make = factory(machine) if machine is not None else None
+
+    def runTest(self: Any) -> None:
+        quiet_loggers()
+        get_state_machine_test(make, settings=self.settings)()
+
+    runTest.is_hypothesis_test = True  # type: ignore[attr-defined]
+    runTest._hypothesis_state_machine_class = make  # type: ignore[attr-defined]
+    cls = type(cls_name, (unittest.TestCase,), {"settings": run_settings, "runTest": runTest, "kvspec_scope": scope,
+                                                "kvspec_layout": layout, "kvspec_machine": machine})
+    cls = pytest.mark.kvspec(scope=scope, layout=layout)(cls)
+    return pytest.mark.skip(reason=why)(cls) if why is not None else cls

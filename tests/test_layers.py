@@ -40,7 +40,7 @@ LAYERS = (
     ("models", 3, ("kvspec.models",)),
     ("conformance", 4, ("kvspec.conformance",)),
     ("proofs", 5, ("kvspec.proofs",)),
-    ("roof", 6, ("kvspec.cli", "kvspec.pytest_plugin")),
+    ("roof", 6, ("kvspec.cli", "kvspec.pytest_plugin", "kvspec.fuzz")),
 )
 
 

@@ -687,6 +687,14 @@ def _factory(machine: type[CheckingMachine], seed: int | None) -> Callable[[], C
     return make
 
 
+def hypothesis_factory(machine: type[CheckingMachine]) -> Callable[[], CheckingMachine]:
+    """``machine`` as the factory the gate's search hands Hypothesis: whatever
+    runs a state machine test of it (HypoFuzz's campaigns, ``kvspec fuzz``)
+    keys the example database as the gate does for its layout, so that
+    ``kvspec conform --database`` replays what they saved."""
+    return _factory(machine, None)
+
+
 def run_layout(machine: type[CheckingMachine], search: Search, progress: Progress | None = None) -> LayoutResult:
     """Search one layout for a failure; on one, keep the broken rules, the
     divergence and the minimal failing trace."""
