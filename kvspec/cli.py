@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from kvspec import __version__
 from kvspec.conformance.findings import AVOIDABLE, COMPONENTS, Finding, known_findings
@@ -331,12 +332,30 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check a KV-cache block manager against the executable specification of vLLM v1's block "
         f"manager (reference: vLLM {REFERENCE_RELEASE}).",
         epilog="Exit codes: 0 conforms, 1 a rule broke or the target diverged from the spec, 2 usage or "
-        "environment error, 3 (conform) nothing broke but some layout was not searched.  The specification: "
+        "environment error, 3 (conform) nothing broke but some layout was not searched, 4 interrupted (SIGINT or "
+        "SIGTERM; what was found so far is reported).  The specification: "
         "spec/README.md; the vectors' format: docs/VECTORS.md.",
     )
     parser.add_argument("--version", action="version",
                         version=f"kvspec {__version__} (reference: vLLM {REFERENCE_RELEASE})")
     sub = parser.add_subparsers(dest="command", required=True)
+    _conform_command_line(sub)
+    _fuzz_command_line(sub)
+    _replay_command_line(sub)
+    _show_command_line(sub)
+    _kernels_command_line(sub)
+    _mutate_command_line(sub)
+    _vectors_command_line(sub)
+    # Listed for `kvspec --help` only: main() hands `prove` its arguments before parsing.
+    sub.add_parser(
+        "prove", add_help=False,
+        help="prove the CrossHair obligations over the pool model and impl's own code (kvspec prove --help)",
+    )
+    return parser
+
+
+def _conform_command_line(sub: Any) -> None:
+    """``kvspec conform``'s arguments."""
     run = sub.add_parser("conform", help="check a target against the specification")
     run.add_argument("--target", default="impl",
                      help="impl, spec, vllm, sglang, lmdeploy, or module:factory (default impl)")
@@ -415,10 +434,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a progress bar on stderr (default: when stderr is a terminal)")
     run.set_defaults(func=conform)
 
+
+def _fuzz_command_line(sub: Any) -> None:
+    """``kvspec fuzz``'s arguments."""
     fz = sub.add_parser("fuzz", help="a long campaign on HypoFuzz: every core, a dashboard, a shared database")
     fz.add_argument("--target", default="impl", help="impl, spec, vllm, or module:factory (default impl)")
     fz.add_argument("--scope", default="all", choices=["pool", "manager", "scheduler", "cache", "offload", "all"],
-                    help="as for conform (default all: the scopes the target has but offload)")
+                    help="as for conform (default all: every scope the target has)")
     fz.add_argument("--layout", action="append", help="only this layout (repeatable; default: every layout)")
     fz.add_argument("--level", default="L3", choices=sorted(LEVELS), help="L1, L2 or L3 (default L3)")
     fz.add_argument("--workers", "-n", type=_workers, default=2, metavar="N",
@@ -435,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--port", type=int, default=9999, help="the dashboard's port (default 9999)")
     fz.set_defaults(func=fuzz)
 
+
+def _replay_command_line(sub: Any) -> None:
+    """``kvspec replay``'s arguments."""
     rep = sub.add_parser("replay", help="replay a saved trace and show where a target diverges")
     rep.add_argument("trace", help="a trace file saved by kvspec conform")
     rep.add_argument("--target", help="impl, spec, vllm, or module:factory (default: the trace's target)")
@@ -447,6 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop a target that has not finished the replay by then: it hangs (default 300)")
     rep.set_defaults(func=replay_command)
 
+
+def _show_command_line(sub: Any) -> None:
+    """``kvspec show``'s arguments."""
     show = sub.add_parser("show", help="draw the pool after every step of a trace (text, and SVG with --svg)")
     show.add_argument("trace", help="a trace file saved by kvspec conform")
     show.add_argument("--target", help="impl, spec, vllm, or module:factory (default: the trace's target)")
@@ -454,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--svg", metavar="FILE", help="also write the picture as SVG")
     show.set_defaults(func=show_command)
 
+
+def _kernels_command_line(sub: Any) -> None:
+    """``kvspec kernels``'s arguments."""
     ker = sub.add_parser("kernels", help="run block tables through attention and Mamba kernels (the kernel stage)")
     ker.add_argument("--target", default="impl", help="impl, vllm, or module:factory (a manager target; default impl)")
     ker.add_argument("--model", action="append",
@@ -486,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "the default with --target vllm) or kvspec (its model of vLLM's worker; the default otherwise)")
     ker.set_defaults(func=kernels_command)
 
+
+def _mutate_command_line(sub: Any) -> None:
+    """``kvspec mutate``'s arguments."""
     mut = sub.add_parser("mutate", help="measure the gate: run it against named mutants of impl or vLLM")
     mut.add_argument("--target", default="impl", choices=["impl", "vllm"], help="whose classes to mutate")
     mut.add_argument("--level", action="append", choices=sorted(LEVELS), help="repeatable (default L1 and L3)")
@@ -497,6 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
     mut.add_argument("--list", action="store_true", help="list the catalogue and exit")
     mut.set_defaults(func=mutate_command)
 
+
+def _vectors_command_line(sub: Any) -> None:
+    """``kvspec vectors``'s arguments."""
     vec = sub.add_parser("vectors", help="language-neutral conformance vectors: generate them, check a target")
     vsub = vec.add_subparsers(dest="vectors_command", required=True)
     gen = vsub.add_parser("generate", help="derive the vectors corpus from the spec")
@@ -518,13 +555,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a vector exercising one of the target's known findings may diverge")
     chk.add_argument("--verbose", action="store_true", help="one line per vector, not only the failures")
     chk.set_defaults(func=vectors_check)
-
-    # Listed for `kvspec --help` only: main() hands `prove` its arguments before parsing.
-    sub.add_parser(
-        "prove", add_help=False,
-        help="prove the CrossHair obligations over the pool model and impl's own code (kvspec prove --help)",
-    )
-    return parser
 
 
 def vectors_generate(args: argparse.Namespace) -> int:
