@@ -98,10 +98,7 @@ def cache_machine(target_factory: Callable[..., CacheTarget], layout: CacheLayou
             fill = "empty" if free == 0 else "low" if free <= 2 else "high" if 2 * free >= len(view.blocks) else "mid"
             self.aim("blocks in use", len(view.blocks) - free)
             self.aim("cached blocks waiting", cached)
-            cls = type(self)
-            if "reached" not in vars(cls):
-                cls.reached = set()
-            cls.reached.add((op, "none" if result is None or result is False else "ok", fill, min(cached, 3)))
+            self.log.reached.add((op, "none" if result is None or result is False else "ok", fill, min(cached, 3)))
 
         def write(self, request_id: str, start: int) -> None:
             """The model runner writes tokens ``start ..`` of the request into its blocks."""

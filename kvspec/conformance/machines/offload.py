@@ -151,11 +151,8 @@ class OffloadMachine(CheckingMachine):
         fill = "empty" if used == 0 else "full" if used == snap.num_blocks else "some"
         self.aim("blocks in use", used)
         self.aim("loads in flight", len(self.loads))
-        cls = type(self)
-        if "reached" not in vars(cls):
-            cls.reached = set()
-        cls.reached.add((op, "none" if result is None else "ok", fill, min(len(snap.evictable), 3),
-                         min(len(self.stores), 2)))
+        self.log.reached.add((op, "none" if result is None else "ok", fill, min(len(snap.evictable), 3),
+                              min(len(self.stores), 2)))
 
     def some_keys(self, data: st.DataObject, pool: list[bytes], label: str) -> list[bytes]:
         """Distinct keys of ``pool``, drawn as their numbers (a trace saves numbers)."""

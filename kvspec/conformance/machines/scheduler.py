@@ -499,7 +499,7 @@ def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple
             finally:
                 if self.harness is not None:
                     for line in self.harness.trace[self.shown:]:
-                        type(self).steps_run += 1
+                        self.log.steps_run += 1
                         self.trace.operation(line)
                     self.shown = len(self.harness.trace)
             return result
@@ -588,5 +588,5 @@ def search(layout: Layout, load_modes: tuple[str, ...], examples: int, *, target
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False))
     except Exception as failure:
         head = str(failure) if isinstance(failure, AssertionError) else f"vLLM's scheduler raised {failure!r}"
-        return head + "\ntrace:\n  " + "\n  ".join(machine.last_trace.readable())
+        return head + "\ntrace:\n  " + "\n  ".join(machine.log.last_trace.readable())
     return None
