@@ -37,6 +37,7 @@ from kvspec.conformance.machines.machinery import (
     BudgetSpent,
     CheckingMachine,
     ConformanceError,
+    Machines,
     in_final_replay,
     missing_dependency,
     stopped_on,
@@ -578,8 +579,8 @@ def machine_for(
     scope: str, layout: str, target: str | Callable[..., Any], level: str, avoid: frozenset[str] = frozenset(),
     against: str | None = None, release: releases.Release | str | None = None, *, checked: bool = False,
     factory: Callable[..., Any] | None = None,
-) -> type[CheckingMachine]:
-    """The machine class checking ``target`` (a name for
+) -> Machines:
+    """The machines checking ``target`` (a name for
     :func:`resolve_target`, or a factory) over one layout at ``level``, not
     sending the inputs named in ``avoid`` -- and, with ``against`` (an
     upstream vLLM, :func:`upstream`), in lockstep with that upstream instead
@@ -661,7 +662,7 @@ class Search:
     # Hypothesis's targeting leans toward deep states (CheckingMachine.steer)
 
 
-def _factory(machine: type[CheckingMachine], seed: int | None) -> Callable[[], CheckingMachine]:
+def _factory(machine: Machines, seed: int | None) -> Callable[[], CheckingMachine]:
     """``machine`` as the factory Hypothesis runs: a function, not the class.
     Hypothesis digests its factory's source on every call (the database key,
     the derandomized seed), and a class's source means parsing its whole
@@ -679,7 +680,7 @@ def _factory(machine: type[CheckingMachine], seed: int | None) -> Callable[[], C
     return make
 
 
-def run_layout(machine: type[CheckingMachine], search: Search, progress: Progress | None = None) -> LayoutResult:
+def run_layout(machine: Machines, search: Search, progress: Progress | None = None) -> LayoutResult:
     """Search one layout for a failure; on one, keep the broken rules, the
     divergence and the minimal failing trace."""
     start = time.perf_counter()
@@ -884,7 +885,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def begin(self, machine: type[CheckingMachine], search: Search) -> None:
+    def begin(self, machine: Machines, search: Search) -> None:
         self.machine, self.search, self.start = machine, search, time.perf_counter()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, daemon=True)

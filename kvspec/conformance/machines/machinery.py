@@ -298,6 +298,12 @@ class MachineFactory:
         return self.log.states_reached()
 
 
+Machines = MachineFactory | type["CheckingMachine"]
+"""What a search runs: a :class:`MachineFactory`, or a machine class still
+built per target and layout (the scheduler's), configured by its class
+attributes -- either is called to make a machine, and has a ``log``."""
+
+
 class PerMachine(SearchStrategy):  # type: ignore[type-arg]
     """A rule's argument strategy that depends on the machine's setup (a
     block id below the layout's pool size): ``build(machine)`` gives it,

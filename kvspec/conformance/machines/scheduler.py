@@ -567,7 +567,7 @@ def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple
             if self.harness is not None:
                 self.harness.close()
 
-    SchedulerMachine.__name__ = "SchedulerMachine"
+    SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = "SchedulerMachine"
     return SchedulerMachine
 
 
