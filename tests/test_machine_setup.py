@@ -12,6 +12,7 @@ from kvspec.conformance.machines.layouts import MANAGER_LAYOUTS
 from kvspec.conformance.machines.machinery import SearchLog
 from kvspec.conformance.machines.manager import ManagerMachine, ManagerSetup
 from kvspec.conformance.machines.pool import LAYOUTS, PoolMachine, PoolSetup, pool_machine
+from kvspec.conformance.runner import Search, run_layout
 from kvspec.conformance.settings import load_profile
 from kvspec.conformance.targets.manager import ImplManagerTarget
 from kvspec.conformance.targets.pool import ImplPoolTarget
@@ -41,6 +42,15 @@ def test_two_searches_of_one_layout_share_nothing():
                                                                                        LAYOUTS["two-groups"])
     run_state_machine_as_test(first, settings=FEW)
     assert first.steps_run > 0 and second.steps_run == 0 and second.states_reached() == 0
+
+
+def test_a_budgeted_swarm_search_runs_on_a_factory():
+    """Under a budget the runner tells the log each batch's swarm (the
+    inputs it leaves out, from the factory's options) and the deadlines."""
+    factory = pool_machine(ImplPoolTarget, LAYOUTS["tiny-pool"], layout_name="tiny-pool")
+    result = run_layout(factory, Search(FEW, seconds=1.0, seed=1, swarm=True, batch=2))
+    assert result.conforms, result.details
+    assert factory.log.examples_run > 2 and factory.log.steering and factory.log.search_deadline is None
 
 
 def test_a_factory_is_digested_by_its_name_and_signature_not_the_machines_source():

@@ -283,6 +283,10 @@ class MachineFactory:
         self.setup = dataclasses.replace(self.setup, layout_name=name)
 
     @property
+    def swarm_options(self) -> tuple[str, ...]:
+        return self.machine.swarm_options
+
+    @property
     def TestCase(self) -> Any:  # noqa: N802 (Hypothesis's name: the settings a run without its own reads)
         return self.machine.TestCase
 
