@@ -303,9 +303,10 @@ class MachineFactory:
 
 
 Machines = MachineFactory | type["CheckingMachine"]
-"""What a search runs: a :class:`MachineFactory`, or a machine class still
-built per target and layout (the scheduler's), configured by its class
-attributes -- either is called to make a machine, and has a ``log``."""
+"""What a search runs: a :class:`MachineFactory` (every scope's), or a
+machine class configured by its class attributes (a third party's, made
+the way the machines once were) -- either is called to make a machine,
+and has a ``log``."""
 
 
 class PerMachine(SearchStrategy):  # type: ignore[type-arg]
@@ -344,9 +345,9 @@ class CheckingMachine(RuleBasedStateMachine):
     counted there.  Once a failure is raised, ``failed`` keeps teardown
     from masking it.
 
-    A machine class still built per target and layout (a scope not yet made
-    a module-level class) is made without a setup, configured by its class
-    attributes, and reports to the log its class is given (``log``).
+    A machine made without a setup -- a subclass configured by its class
+    attributes, as the machines once were built per target and layout --
+    reports to the log its class is given (``log``).
     """
 
     ignore_rules: frozenset[str] = frozenset()
