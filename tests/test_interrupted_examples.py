@@ -42,4 +42,4 @@ def test_a_step_cut_short_is_not_judged_by_the_teardown():
         machine.schedule(data=InterruptedData(last.draws, "the interrupted step"))
     assert machine.interrupted and not machine.failed
     machine.teardown()  # judges nothing: no ConformanceError
-    assert machine.first_failure_at is None
+    assert machine.log.first_failure_at is None

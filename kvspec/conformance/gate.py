@@ -795,7 +795,7 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
             scope, name = key
             machine = machines[key]
             seconds = min(first_slice * 2 ** round_no * weight[key], deadline - now)
-            reached = machine.states_reached()
+            reached = machine.log.states_reached()
             search = Search(profiles[scope], seconds=seconds, seed=base + 1000 * slice_no, swarm=True,
                             batch=25 if scope == "pool" else 10, database=o.database,
                             deadline=min(deadline, now + seconds + run.shrink_seconds(SHRINK_SECONDS)),
@@ -806,7 +806,7 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
             r = run_layout(machine, search, progress)
             began.setdefault(key, r.began)
             spent[key] += r.seconds
-            weight[key] = 1.0 if machine.states_reached() > reached else QUIET_WEIGHT
+            weight[key] = 1.0 if machine.log.states_reached() > reached else QUIET_WEIGHT
             if not r.conforms:
                 run.shrunk(time.perf_counter() - (now + seconds))  # past its slice: shrinking
                 r.seconds, r.began, r.seed = spent[key], began[key], base
@@ -818,13 +818,14 @@ def _search_in_rounds(run: _Run, todo: list[tuple[str, str]], progress: Progress
         if key in open_layouts:
             machine = machines[key]
             scope, name = key
-            if key not in began or machine.steps_run == 0 or run.stopped:
+            if key not in began or machine.log.steps_run == 0 or run.stopped:
                 # its turn never came, ended before one operation, or --fail-fast cut its search short
                 run.finish(LayoutResult(scope, name, 0, 0.0, True,
                                         skipped=FAIL_FAST if run.stopped else BUDGET_SPENT))
                 continue
-            run.finish(LayoutResult(scope, name, machine.steps_run, spent[key], True, examples=machine.examples_run,
-                                    seed=base, began=began.get(key), distinct_states=machine.states_reached()))
+            log = machine.log
+            run.finish(LayoutResult(scope, name, log.steps_run, spent[key], True, examples=log.examples_run,
+                                    seed=base, began=began.get(key), distinct_states=log.states_reached()))
 
 
 def _search_in_parallel(run: _Run, todo: list[tuple[str, str]]) -> None:

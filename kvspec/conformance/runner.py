@@ -37,6 +37,7 @@ from kvspec.conformance.machines.machinery import (
     BudgetSpent,
     CheckingMachine,
     ConformanceError,
+    Machines,
     in_final_replay,
     missing_dependency,
     stopped_on,
@@ -586,8 +587,8 @@ def machine_for(
     scope: str, layout: str, target: str | Callable[..., Any], level: str, avoid: frozenset[str] = frozenset(),
     against: str | None = None, release: releases.Release | str | None = None, *, checked: bool = False,
     factory: Callable[..., Any] | None = None,
-) -> type[CheckingMachine]:
-    """The machine class checking ``target`` (a name for
+) -> Machines:
+    """The machines checking ``target`` (a name for
     :func:`resolve_target`, or a factory) over one layout at ``level``, not
     sending the inputs named in ``avoid`` -- and, with ``against`` (an
     upstream vLLM, :func:`upstream`), in lockstep with that upstream instead
@@ -669,7 +670,7 @@ class Search:
     # Hypothesis's targeting leans toward deep states (CheckingMachine.steer)
 
 
-def _factory(machine: type[CheckingMachine], seed: int | None) -> Callable[[], CheckingMachine]:
+def _factory(machine: Machines, seed: int | None) -> Callable[[], CheckingMachine]:
     """``machine`` as the factory Hypothesis runs: a function, not the class.
     Hypothesis digests its factory's source on every call (the database key,
     the derandomized seed), and a class's source means parsing its whole
@@ -687,7 +688,7 @@ def _factory(machine: type[CheckingMachine], seed: int | None) -> Callable[[], C
     return make
 
 
-def hypothesis_factory(machine: type[CheckingMachine]) -> Callable[[], CheckingMachine]:
+def hypothesis_factory(machine: Machines) -> Callable[[], CheckingMachine]:
     """``machine`` as the factory the gate's search hands Hypothesis: whatever
     runs a state machine test of it (HypoFuzz's campaigns, ``kvspec fuzz``)
     keys the example database as the gate does for its layout, so that
@@ -695,7 +696,7 @@ def hypothesis_factory(machine: type[CheckingMachine]) -> Callable[[], CheckingM
     return _factory(machine, None)
 
 
-def run_layout(machine: type[CheckingMachine], search: Search, progress: Progress | None = None) -> LayoutResult:
+def run_layout(machine: Machines, search: Search, progress: Progress | None = None) -> LayoutResult:
     """Search one layout for a failure; on one, keep the broken rules, the
     divergence and the minimal failing trace."""
     start = time.perf_counter()
@@ -703,31 +704,32 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
         progress.begin(machine, search)
     failure: BaseException | None = None
     shrinking = _ShrinkWatch()
+    log = machine.log  # what the runner tells the search's machines, and what they report
     if search.on_first_failure is not None:
         def tell(m: CheckingMachine, error: ConformanceError) -> None:
             search.on_first_failure(m.trace, error)
 
-        machine.on_first_failure = tell
+        log.on_first_failure = tell
     if search.deadline is not None:
-        machine.shrink_deadline = search.deadline
-        machine.search_deadline = min(search.deadline, start + search.seconds) if search.seconds else search.deadline
+        log.shrink_deadline = search.deadline
+        log.search_deadline = min(search.deadline, start + search.seconds) if search.seconds else search.deadline
     try:
         with shrinking_limited_to(max(30.0, search.seconds) if search.seconds else 120.0), \
                 with_reporter(shrinking.report), _hard_stop_at(search.deadline):
             for batch, (batch_settings, batch_seed) in enumerate(_batches(search, start)):
                 if search.deadline is not None:  # a failure found now may shrink until the deadline, no later
                     _limit_shrinking(search.deadline - time.perf_counter())
-                machine.steering = search.swarm  # budgeted: lean toward deep states; sized by examples: as it was
+                log.steering = search.swarm  # budgeted: lean toward deep states; sized by examples: as it was
                 if search.swarm and batch_seed is not None:
-                    machine.swarm_off = swarm_subset(machine.swarm_options, batch_seed) if batch else frozenset()
+                    log.swarm_off = swarm_subset(machine.swarm_options, batch_seed) if batch else frozenset()
                 run_machine(_factory(machine, batch_seed), batch_settings)
     except BudgetSpent:
-        if machine.hung_in is not None:  # the target never returned: a hang is a failure, with the run so far
-            failure = ConformanceError(divergence=f"{machine.hung_in} did not return before the budget ran out "
+        if log.hung_in is not None:  # the target never returned: a hang is a failure, with the run so far
+            failure = ConformanceError(divergence=f"{log.hung_in} did not return before the budget ran out "
                                                   f"({HANGS})")
-            machine.last_trace.record_failure([], str(failure))
-        elif machine.best_failure is not None:  # time ran out while shrinking: report the smallest run so far
-            machine.last_trace, failure = machine.best_failure
+            log.last_trace.record_failure([], str(failure))
+        elif log.best_failure is not None:  # time ran out while shrinking: report the smallest run so far
+            log.last_trace, failure = log.best_failure
             shrinking.stopped = True
     except HarnessFault as fault:  # kvspec's own harness raised: a usage/environment error, not the target's
         raise HarnessError(str(fault)) from None
@@ -739,20 +741,20 @@ def run_layout(machine: type[CheckingMachine], search: Search, progress: Progres
         if progress:
             progress.end()
     seconds = time.perf_counter() - start
-    result = LayoutResult(machine.scope, machine.layout_name, machine.steps_run, seconds, failure is None,
-                          examples=machine.examples_run)
-    result.distinct_states = machine.states_reached()
+    result = LayoutResult(machine.scope, machine.layout_name, log.steps_run, seconds, failure is None,
+                          examples=log.examples_run)
+    result.distinct_states = log.states_reached()
     result.began = start  # the clock's reading; the command makes it relative to its own start
     if failure is not None:
-        result.first_failure_at = machine.first_failure_at
-        result.first_failure_example = machine.first_failure_example
+        result.first_failure_at = log.first_failure_at
+        result.first_failure_example = log.first_failure_example
     if isinstance(failure, ConformanceError):
         result.rules = sorted({v.rule for v in failure.violations})
         result.details = str(failure).splitlines()
     elif failure is not None:
         result.details = [stopped_on(failure)]
     if failure is not None:
-        result.trace = machine.last_trace
+        result.trace = log.last_trace
         result.shrinking_stopped = shrinking.stopped
         result.parameters = describe_layout(machine.scope, machine.layout_name)
     return result
@@ -899,7 +901,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def begin(self, machine: type[CheckingMachine], search: Search) -> None:
+    def begin(self, machine: Machines, search: Search) -> None:
         self.machine, self.search, self.start = machine, search, time.perf_counter()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -914,10 +916,10 @@ class Progress:
         if s.seconds:
             done = elapsed / s.seconds
         else:
-            done = m.examples_run / (s.examples or s.profile.max_examples)
+            done = m.log.examples_run / (s.examples or s.profile.max_examples)
         done = min(done, 1.0)
         bar = "#" * int(done * 20) + "." * (20 - int(done * 20))
-        line = f"\r  {m.scope:<8} {m.layout_name:<24} [{bar}] {m.steps_run:>8} ops {elapsed:6.1f} s"
+        line = f"\r  {m.scope:<8} {m.layout_name:<24} [{bar}] {m.log.steps_run:>8} ops {elapsed:6.1f} s"
         if self.position is not None:
             i, n, run_start, deadline = self.position
             if deadline is not None:
@@ -986,7 +988,7 @@ def replay(
         finally:
             if machine is not None:
                 machine.release()  # a failing replay is not torn down: the drop-in must not outlive it
-    hung = machine.hung_in if machine is not None else None
+    hung = machine.log.hung_in if machine is not None else None
     where = f"{hung} did not return" if hung else "the replay did not finish"
     message = f"{where} within {seconds:g} s ({HANGS})"
     done = machine.trace if machine is not None else Trace(trace.scope, trace.layout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -15,6 +16,8 @@ from hypothesis import strategies as st
 from hypothesis import target
 from hypothesis.control import _current_build_context as _build_context
 from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis.strategies import SearchStrategy
+from hypothesis.strategies._internal.lazy import unwrap_strategies
 
 from kvspec.conformance.targets.pool import BrokenFreeList
 from kvspec.conformance.trace import Trace, clip
@@ -188,16 +191,163 @@ def describe_outcome(result: Any, error: BaseException | None, limit: int = 160)
     return clip(f"refused {type(error).__name__}: {error}" if error is not None else describe(result), limit)
 
 
+@dataclasses.dataclass
+class SearchLog:
+    """What one search tells its machines and what they report back: one
+    log per search of one layout, handed to every machine (every example)
+    the search makes -- never kept on a class.
+
+    Told by the runner: under a budget, when the search must stop (before
+    any failure) and when shrinking must stop; who is told at the first
+    failing check (a red gate should not wait for the shrinker to say so);
+    the optional inputs this batch of a swarm leaves out; whether the depths
+    are handed to Hypothesis's targeting (budgeted searches).
+
+    Reported by the machines: operations and examples run; the latest
+    example's trace -- after a failed search, Hypothesis's final, shrunk
+    reproduction; the smallest failure seen so far (what is reported if the
+    time runs out while shrinking); the target operation the time ran out
+    in (the target hangs there); when the first failure came and in which
+    example (1-based); the distinct abstract states reached
+    (:meth:`CheckingMachine.cover`) -- a budget moves to layouts whose
+    search still finds new ones."""
+
+    search_deadline: float | None = None
+    shrink_deadline: float | None = None
+    on_first_failure: Callable[[CheckingMachine, Exception], None] | None = None
+    swarm_off: frozenset[str] = frozenset()
+    steering: bool = False
+    steps_run: int = 0
+    examples_run: int = 0
+    last_trace: Trace | None = None
+    best_failure: tuple[Trace, Exception] | None = None
+    hung_in: str | None = None
+    first_failure_at: float | None = None
+    first_failure_example: int | None = None
+    reached: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
+
+    def states_reached(self) -> int:
+        """How many distinct abstract states the search reached."""
+        return len(self.reached)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MachineSetup:
+    """What every machine is configured with, besides its scope's own
+    (a subclass per scope: the target's factory, the layout, ...): the
+    rules the run's conformance level does not ask for, the inputs the
+    machine does not send, what the target runs in lockstep with (the spec,
+    or a fork's upstream), and the layout's name for traces and reports."""
+
+    ignore_rules: frozenset[str] = frozenset()
+    avoid: frozenset[str] = frozenset()
+    partner: str = "spec"
+    layout_name: str = ""
+
+
+class MachineFactory:
+    """A machine class with its setup and its search's log: called, it
+    makes one machine -- the factory ``run_state_machine_as_test`` takes --
+    and it answers what a search asks of the machines it made (``scope``,
+    ``layout_name``, ``steps_run``, :meth:`states_reached`, ...).
+
+    Hypothesis digests a factory (a derandomized search's seed, the example
+    database's key) by its source, its signature and its name.  A factory
+    object has no source, and gets the name and signature that the classes
+    built per target and layout had (their source was never found: they
+    were renamed), so the searches draw what they drew before."""
+
+    def __init__(self, machine: type[CheckingMachine], setup: MachineSetup, log: SearchLog | None = None,
+                 name: str | None = None) -> None:
+        self.machine, self.setup = machine, setup
+        self.log = log if log is not None else SearchLog()
+        self.__name__ = self.__qualname__ = name or machine.__name__
+        self.__signature__ = inspect.Signature(return_annotation="None")
+
+    def __call__(self) -> CheckingMachine:
+        return self.machine(self.setup, self.log)
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__} {self.setup.layout_name or '?'}>"
+
+    @property
+    def scope(self) -> str:
+        return self.machine.scope
+
+    @property
+    def layout_name(self) -> str:
+        return self.setup.layout_name
+
+    @layout_name.setter
+    def layout_name(self, name: str) -> None:
+        self.setup = dataclasses.replace(self.setup, layout_name=name)
+
+    @property
+    def swarm_options(self) -> tuple[str, ...]:
+        return self.machine.swarm_options
+
+    @property
+    def TestCase(self) -> Any:  # noqa: N802 (Hypothesis's name: the settings a run without its own reads)
+        return self.machine.TestCase
+
+    @property
+    def steps_run(self) -> int:
+        return self.log.steps_run
+
+    @property
+    def examples_run(self) -> int:
+        return self.log.examples_run
+
+    def states_reached(self) -> int:
+        return self.log.states_reached()
+
+
+Machines = MachineFactory | type["CheckingMachine"]
+"""What a search runs: a :class:`MachineFactory` (every scope's), or a
+machine class configured by its class attributes (a third party's, made
+the way the machines once were) -- either is called to make a machine,
+and has a ``log``."""
+
+
+class PerMachine(SearchStrategy):  # type: ignore[type-arg]
+    """A rule's argument strategy that depends on the machine's setup (a
+    block id below the layout's pool size): ``build(machine)`` gives it,
+    for the machine that runs.  Drawn exactly as the strategy it builds
+    would be, span for span -- the same choices under the same label
+    (``like``'s: a strategy of the same shape, whose label the built ones
+    share, as Hypothesis's labels name shapes, not bounds) -- so that one
+    module-level machine searches as the classes made per layout did."""
+
+    def __init__(self, build: Callable[[Any], SearchStrategy], like: SearchStrategy) -> None:  # type: ignore[type-arg]
+        super().__init__()
+        self.build, self.like = build, like  # unwrapped when first drawn: a lazy strategy is not built on import
+
+    def calc_label(self) -> int:
+        return unwrap_strategies(self.like).label
+
+    def do_draw(self, data: Any) -> Any:
+        built = unwrap_strategies(self.build(data.hypothesis_runner))
+        assert built.label == self.label, f"{built!r} is drawn under another label than {self.like!r}"
+        return built.do_draw(data)
+
+    def __repr__(self) -> str:
+        return f"per_machine({self.like!r})"
+
+
 class CheckingMachine(RuleBasedStateMachine):
     """A state machine that reports rule violations and divergences.
 
-    ``ignore_rules`` are the rules the run's conformance level does not ask
-    for; once a failure is raised, ``failed`` keeps teardown from masking it.
+    A machine is made with its setup (a :class:`MachineSetup`: the target,
+    the layout, the rules ignored, the inputs avoided) and the
+    :class:`SearchLog` of the search it is an example of, where it reports
+    (its ``log``): each run (one Hypothesis example) records its decisions
+    in ``trace``, and the log keeps the latest; operations and runs are
+    counted there.  Once a failure is raised, ``failed`` keeps teardown
+    from masking it.
 
-    Each run (one Hypothesis example) records its decisions in ``trace``;
-    the class keeps the latest in ``last_trace`` -- after a failed search
-    that is Hypothesis's final, shrunk reproduction.  ``steps_run`` counts
-    operations and ``examples_run`` runs, over the class's life.
+    A machine made without a setup -- a subclass configured by its class
+    attributes, as the machines once were built per target and layout --
+    reports to the log its class is given (``log``).
     """
 
     ignore_rules: frozenset[str] = frozenset()
@@ -206,42 +356,28 @@ class CheckingMachine(RuleBasedStateMachine):
     spec: Any = None  # the spec model in lockstep, or None
     scope = ""
     layout_name = ""
-    steps_run = 0
-    examples_run = 0
-    last_trace: Trace | None = None
-    # Under a budget: when the search must stop (before any failure), when
-    # shrinking must stop, and the smallest failure seen so far -- what is
-    # reported if the time runs out while shrinking.
-    search_deadline: float | None = None
-    shrink_deadline: float | None = None
-    best_failure: tuple[Trace, Exception] | None = None
-    hung_in: str | None = None  # the target operation the time ran out in: the target hangs there
-    # The first failing check of the search (before any shrinking): when it
-    # happened, and who is told at once -- a red gate should not wait for
-    # the shrinker to say so.
-    first_failure_at: float | None = None
-    first_failure_example: int | None = None  # which run of the search (1-based) failed first
-    on_first_failure: Callable[[CheckingMachine, Exception], None] | None = None
-    # What the search has reached: the distinct abstract states after each
-    # operation (see :meth:`cover`), over the class's life -- a budget moves
-    # to layouts whose search still finds new ones.
-    reached: set[tuple[Any, ...]] = set()
-    # Swarm testing: the optional inputs this run of examples does not send
-    # (a fresh subset per batch; see kvspec.conformance.runner).
-    swarm_off: frozenset[str] = frozenset()
-    swarm_options: tuple[str, ...] = ()  # the inputs a swarm may switch off
-    steering = False  # whether to hand the depths to Hypothesis's targeting (budgeted searches)
+    swarm_options: tuple[str, ...] = ()  # the inputs a swarm may switch off (see kvspec.conformance.runner)
+    log: SearchLog = SearchLog()  # a class's own (each subclass gets one): for the machines made without one
 
-    def __init__(self) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.log = SearchLog()
+
+    def __init__(self, setup: MachineSetup | None = None, log: SearchLog | None = None) -> None:
+        if setup is not None:
+            self.setup = setup
+            self.ignore_rules, self.avoid = setup.ignore_rules, setup.avoid
+            self.partner, self.layout_name = setup.partner, setup.layout_name
+        self.log = log if log is not None else SearchLog() if setup is not None else type(self).log
         self.check_time()
         super().__init__()
         self.failed = False
         self.interrupted = False  # a step was cut short (see guarded): the teardown judges nothing
         self.aims: dict[str, float] = {}
-        left_out = self.avoid | {f"swarm:{name}" for name in self.swarm_off}  # a replay leaves them out too
+        left_out = self.avoid | {f"swarm:{name}" for name in self.log.swarm_off}  # a replay leaves them out too
         self.trace = Trace(self.scope, self.layout_name, avoid=sorted(left_out))
-        type(self).last_trace = self.trace
-        type(self).examples_run += 1
+        self.log.last_trace = self.trace
+        self.log.examples_run += 1
 
     def fail(self, violations: list[Violation] | None = None, divergence: str | None = None,
              partner: str = "spec") -> None:
@@ -260,15 +396,15 @@ class CheckingMachine(RuleBasedStateMachine):
         Hypothesis shrinks it still reports it (never "conforms")."""
         self.failed = True
         self.trace.record_failure(rules, str(error) if isinstance(error, ConformanceError) else stopped_on(error))
-        cls = type(self)
-        best = cls.best_failure
+        log = self.log
+        best = log.best_failure
         if best is None or len(self.trace.steps) <= len(best[0].steps):
-            cls.best_failure = (self.trace, error)
-        if cls.first_failure_at is None:
-            cls.first_failure_at = time.perf_counter()
-            cls.first_failure_example = cls.examples_run
-            if cls.on_first_failure is not None:
-                cls.on_first_failure(self, error)
+            log.best_failure = (self.trace, error)
+        if log.first_failure_at is None:
+            log.first_failure_at = time.perf_counter()
+            log.first_failure_example = log.examples_run
+            if log.on_first_failure is not None:
+                log.on_first_failure(self, error)
 
     @contextlib.contextmanager
     def guarded(self) -> Iterator[None]:
@@ -303,8 +439,8 @@ class CheckingMachine(RuleBasedStateMachine):
         try:
             yield
         except BudgetSpent:  # stopped inside the target (the alarm): mark where, for the runner
-            if type(self).hung_in is None:
-                type(self).hung_in = where
+            if self.log.hung_in is None:
+                self.log.hung_in = where
                 self.trace.operation(f"{where} -> did not return")
             raise
 
@@ -327,7 +463,7 @@ class CheckingMachine(RuleBasedStateMachine):
         """Whether optional input ``name`` is left out of this run: by the
         swarm's choice for this batch, or -- replaying a swarm run's trace --
         because the trace says it was (``swarm:NAME`` among its ``avoid``)."""
-        return name in self.swarm_off or f"swarm:{name}" in self.avoid
+        return name in self.log.swarm_off or f"swarm:{name}" in self.avoid
 
     def cover(self, op: str, result: Any, error: BaseException | None, pool: PoolSnapshot, *extra: Any) -> None:
         """Count the abstract state an operation left: what it was and how it
@@ -342,15 +478,13 @@ class CheckingMachine(RuleBasedStateMachine):
         fill = "empty" if free == 0 else "low" if free <= 2 else "high" if free * 2 >= pool.num_blocks else "mid"
         self.aim("blocks in use", pool.num_blocks - free)
         self.aim("cached blocks waiting", cached_free)
-        cls = type(self)
-        if "reached" not in vars(cls):  # each machine class (one per layout) counts its own
-            cls.reached = set()
-        cls.reached.add((op, outcome, fill, min(cached_free, 3), *extra))
+        self.log.reached.add((op, outcome, fill, min(cached_free, 3), *extra))
 
     @classmethod
     def states_reached(cls) -> int:
-        """How many distinct abstract states this machine class's search reached."""
-        return len(vars(cls).get("reached", ()))
+        """How many distinct abstract states the search of this class's
+        log reached (a class made per target and layout)."""
+        return cls.log.states_reached()
 
     def aim(self, label: str, value: float) -> None:
         """Note how deep this example went by ``label`` (its maximum is
@@ -362,7 +496,7 @@ class CheckingMachine(RuleBasedStateMachine):
         """Hand this example's depths to ``hypothesis.target`` (one call per
         label and example, as it requires), so that the search leans toward
         examples that reach deeper.  Nothing outside a Hypothesis run."""
-        if not self.steering or _build_context.value is None:
+        if not self.log.steering or _build_context.value is None:
             return
         for label, value in self.aims.items():
             target(float(value), label=label)
@@ -370,8 +504,8 @@ class CheckingMachine(RuleBasedStateMachine):
     def check_time(self) -> None:
         """Stop the run (:class:`BudgetSpent`) once its time is up: the
         search's share before a failure, the shrinking deadline after one."""
-        cls = type(self)
-        deadline = cls.shrink_deadline if cls.best_failure is not None else cls.search_deadline
+        log = self.log
+        deadline = log.shrink_deadline if log.best_failure is not None else log.search_deadline
         if deadline is not None and time.perf_counter() > deadline and not in_final_replay():
             raise BudgetSpent
 
@@ -408,5 +542,5 @@ class CheckingMachine(RuleBasedStateMachine):
     def record(self, description: str, outcome: str) -> None:
         """One operation sent to the target, for the trace's reader."""
         self.check_time()
-        type(self).steps_run += 1
+        self.log.steps_run += 1
         self.trace.operation(f"{description} -> {outcome}")

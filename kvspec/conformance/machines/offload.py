@@ -27,6 +27,9 @@ from hypothesis.stateful import invariant, precondition, rule
 
 from kvspec.conformance.machines.machinery import (
     CheckingMachine,
+    MachineFactory,
+    MachineSetup,
+    SearchLog,
     Violation,
     call,
     describe_call,
@@ -79,17 +82,34 @@ def key_of(i: int) -> bytes:
     return bytes([0xA0 + i]) * 4 + (0).to_bytes(4, "big")
 
 
+@dataclass(frozen=True, kw_only=True)
+class OffloadSetup(MachineSetup):
+    """What an :class:`OffloadMachine` checks, and how: ``factory(**layout.options())``
+    builds the manager; the policy is judged (L2 and L3: the evictions
+    against the spec model's) unless the rules ignored leave it out;
+    ``lockstep`` (L3): every answer and the state against the spec model's."""
+
+    factory: Callable[..., Any] = spec_tier
+    layout: OffloadLayout = OFFLOAD_LAYOUTS["lru"]
+    lockstep: bool = False
+
+    @property
+    def policy_judged(self) -> bool:
+        return "tier-policy" not in self.ignore_rules
+
+
 class OffloadMachine(CheckingMachine):
-    """Drives one tier; a subclass sets ``factory``, ``layout``, ``lockstep``."""
+    """Drives one tier, configured by an :class:`OffloadSetup`, reporting to a :class:`SearchLog`."""
 
     scope = "offload"
-    factory: Callable[..., Any] = staticmethod(spec_tier)
-    layout: OffloadLayout = OFFLOAD_LAYOUTS["lru"]
-    policy_judged = False  # L2 and L3: the evictions against the spec model's
-    lockstep = False  # L3: every answer and the state against the spec model's
+    swarm_options = ("reset",)
+    setup: OffloadSetup
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, setup: OffloadSetup | None = None, log: SearchLog | None = None) -> None:
+        setup = setup if setup is not None else OffloadSetup()
+        super().__init__(setup, log)
+        self.factory, self.layout = setup.factory, setup.layout
+        self.policy_judged, self.lockstep = setup.policy_judged, setup.lockstep
         self.target = wrap(self.factory(**self.layout.options()))
         self.spec = spec_tier(**self.layout.options()) if self.policy_judged or self.lockstep else None
         self.keys = [key_of(i) for i in range(self.layout.num_keys)]
@@ -151,11 +171,8 @@ class OffloadMachine(CheckingMachine):
         fill = "empty" if used == 0 else "full" if used == snap.num_blocks else "some"
         self.aim("blocks in use", used)
         self.aim("loads in flight", len(self.loads))
-        cls = type(self)
-        if "reached" not in vars(cls):
-            cls.reached = set()
-        cls.reached.add((op, "none" if result is None else "ok", fill, min(len(snap.evictable), 3),
-                         min(len(self.stores), 2)))
+        self.log.reached.add((op, "none" if result is None else "ok", fill, min(len(snap.evictable), 3),
+                              min(len(self.stores), 2)))
 
     def some_keys(self, data: st.DataObject, pool: list[bytes], label: str) -> list[bytes]:
         """Distinct keys of ``pool``, drawn as their numbers (a trace saves numbers)."""
@@ -267,16 +284,11 @@ class OffloadMachine(CheckingMachine):
                 self.fail([Violation(rule, p) for rule, p in found])
 
 
-OffloadMachine.swarm_options = ("reset",)
-
-
 def offload_machine(factory: Callable[..., Any], layout: OffloadLayout, *, ignore_rules: frozenset[str] = frozenset(),
-                    avoid: frozenset[str] = frozenset(), lockstep: bool = False) -> type[OffloadMachine]:
-    """The machine class for one target, layout and level: ``factory(**layout.options())``
-    builds the manager; the policy is judged unless ``ignore_rules`` leaves it out."""
-    name = f"OffloadMachine_{layout.name.replace('-', '_')}"
-    return type(name, (OffloadMachine,), {
-        "factory": staticmethod(factory), "layout": layout, "ignore_rules": frozenset(ignore_rules),
-        "avoid": frozenset(avoid), "lockstep": lockstep, "policy_judged": "tier-policy" not in ignore_rules,
-        "__qualname__": name,
-    })
+                    avoid: frozenset[str] = frozenset(), lockstep: bool = False,
+                    layout_name: str = "") -> MachineFactory:
+    """A factory of :class:`OffloadMachine` for one target, layout and
+    level (the arguments: :class:`OffloadSetup`'s), with a fresh :class:`SearchLog`."""
+    setup = OffloadSetup(factory=factory, layout=layout, lockstep=lockstep, ignore_rules=frozenset(ignore_rules),
+                         avoid=frozenset(avoid), layout_name=layout_name)
+    return MachineFactory(OffloadMachine, setup, name=f"OffloadMachine_{layout.name.replace('-', '_')}")

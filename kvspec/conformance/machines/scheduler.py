@@ -51,10 +51,23 @@ through the drop-in (:mod:`kvspec.dropin`).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from hypothesis import strategies as st
+from hypothesis.stateful import rule
+
+from kvspec.conformance.machines.machinery import (
+    CheckingMachine,
+    MachineFactory,
+    MachineSetup,
+    SearchLog,
+    harness_frame,
+    one_of,
+)
 from kvspec.conformance.targets.manager import KVCacheManagerTarget
+from kvspec.conformance.trace import recorded
+from kvspec.errors import HarnessFault
 from kvspec.kv_cache_interface import AttentionKind, MambaSpec, cdiv
 from kvspec.spec.content import ATTENTION_KINDS, Shadow
 from kvspec.spec.interface import NULL_BLOCK_ID
@@ -434,10 +447,153 @@ def _code_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return target, harness
 
 
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSetup(MachineSetup):
+    """What a :class:`SchedulerMachine` runs (the arguments of
+    :func:`~kvspec.conformance.machines.scheduler.scheduler_machine`), and
+    what follows from them once per setup: the system prompts of the
+    ``families``, whether a connector loads (not on a Mamba layout that
+    avoids it), the load modes left (no failing load under asynchronous
+    scheduling, or on a hybrid layout that avoids them), the harness's
+    class and the code roots that tell the target's exceptions from the
+    harness's."""
+
+    layout: Layout
+    target: str = "vllm"
+    load_modes: tuple[str, ...] = LOAD_MODES
+    engine: Engine = field(default_factory=Engine)
+    families: int = 3
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 64
+    system: list[list[int]] = field(init=False, repr=False, compare=False)
+    connector: bool = field(init=False, repr=False, compare=False)
+    harness_class: type[SchedulerHarness] = field(init=False, repr=False, compare=False)
+    roots: tuple[tuple[str, ...], tuple[str, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        layout, load_modes = self.layout, self.load_modes
+        system = [[rng.randrange(1000) for _ in range(48)] for rng in map(random.Random, range(self.families))]
+        has_mamba = any(isinstance(g, MambaSpec) for g in layout.groups)
+        connector = load_modes != ("none",) and not (has_mamba and "scheduler:mamba-connector" in self.avoid)
+        if not connector:
+            load_modes = ("none",)
+        if self.engine.async_scheduling or ("scheduler:hybrid-failing-loads" in self.avoid and len(layout.groups) > 1):
+            load_modes = tuple(m for m in load_modes if m not in FAILING_LOADS)  # async: see ENGINES
+        derived = {"system": system, "connector": connector, "load_modes": load_modes,
+                   "harness_class": HARNESSES[self.target], "roots": _code_roots()}
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+
+
+class SchedulerMachine(CheckingMachine):
+    """The scheduler-scope machine (see :func:`scheduler_machine`),
+    configured by a :class:`SchedulerSetup`, reporting to a :class:`SearchLog`."""
+
+    scope = "scheduler"
+    swarm_options = SWARM_OPTIONS
+    setup: SchedulerSetup
+
+    def __init__(self, setup: SchedulerSetup, log: SearchLog | None = None) -> None:
+        super().__init__(setup, log)
+        self.harness: SchedulerHarness | None = None
+        self.shown = 0  # harness trace lines already in this run's trace
+        self.harness = self.run("build the scheduler", lambda: setup.harness_class(
+            setup.layout, connector=setup.connector, max_num_seqs=setup.max_num_seqs,
+            max_num_batched_tokens=setup.max_num_batched_tokens,
+            num_draft_tokens=DRAFTS_PER_STEP if setup.layout.use_eagle else 0, engine=setup.engine))
+
+    def run(self, where: str, action: Any) -> Any:
+        """One call into the scheduler: timed, marked for a hang, an
+        exception judged (the target's, or kvspec's harness's), what it
+        did added to the trace."""
+        self.check_time()
+        try:
+            with self.calling(where):
+                result = action()
+        except Exception as error:
+            frame = harness_frame(error, *self.setup.roots)
+            if frame is not None:
+                raise HarnessFault(f"kvspec's scheduler harness raised {type(error).__name__}: {error} "
+                                   f"(at {frame}, during {where}) -- a fault in kvspec, not in the target") \
+                    from error
+            raise
+        finally:
+            if self.harness is not None:
+                for line in self.harness.trace[self.shown:]:
+                    self.log.steps_run += 1
+                    self.trace.operation(line)
+                self.shown = len(self.harness.trace)
+        return result
+
+    def modes(self) -> tuple[str, ...]:
+        modes = ("none",) if self.off("loads") else self.setup.load_modes
+        if self.off("failing-loads") or (self.failing_alone() and self.harness.scheduler.requests):
+            modes = tuple(m for m in modes if m not in FAILING_LOADS)
+        return modes or ("none",)
+
+    def failing_alone(self) -> bool:
+        """Whether failing loads run alone (``scheduler:abort-failed-load``):
+        S2's owner preempted before it recomputes is vLLM's scheduler's
+        decision under pool pressure, so the steer takes the pressure away."""
+        return "scheduler:abort-failed-load" in self.avoid and self.harness.connector is not None
+
+    def failing_owner_live(self) -> bool:
+        return any(r in self.harness.scheduler.requests for r in self.harness.connector.script.failing_load)
+
+    @rule(data=st.data())
+    @recorded
+    def arrive(self, data: Any) -> None:
+        """A request arrives: a system prompt (or none) and its own
+        tokens; the connector's store holds part of the prompt."""
+        if self.failing_alone() and self.failing_owner_live():
+            return
+        family = -1 if self.off("families") else data.draw(st.integers(-1, self.setup.families - 1), label="family")
+        own = data.draw(st.lists(st.integers(0, 999), min_size=1, max_size=40), label="own tokens")
+        max_tokens = data.draw(st.integers(1, 6), label="max_tokens")
+        load = data.draw(one_of(self.modes()), label="load")
+        stored = data.draw(st.integers(0, 100), label="stored %") if load != "none" else 0
+        prompt = (self.setup.system[family] if family >= 0 else []) + own
+        self.run("add_request", lambda: self.harness.arrive(
+            prompt, max_tokens=max_tokens, remote_tokens=stored * len(prompt) // 100, load=load))
+
+    @rule()
+    @recorded
+    def step(self) -> None:
+        """One engine step: schedule, the forward pass, the connector's
+        loads, update_from_output; then every rule."""
+        problems = self.run("schedule/update_from_output", self.harness.step)
+        snapshot = self.harness.manager.snapshot()
+        running = len(self.harness.scheduler.running)
+        self.aim("requests running", running)
+        self.cover("step", None, None, snapshot.pool, running, bool(self.harness.pending))
+        self.fail(problems)
+
+    @rule(data=st.data())
+    @recorded
+    def abort(self, data: Any) -> None:
+        """A live request is aborted (a client went away)."""
+        live = sorted(self.harness.scheduler.requests)
+        if self.failing_alone():
+            live = [r for r in live if r not in self.harness.connector.script.failing_load]
+        if live and not self.off("abort"):
+            request_id = data.draw(one_of(tuple(live)), label="request")
+            in_flight = data.draw(st.booleans(), label="in flight?")
+            self.run("finish_requests", lambda: self.harness.abort(request_id, in_flight=in_flight))
+
+    def teardown(self) -> None:
+        self.steer()
+        self.release()
+
+    def release(self) -> None:
+        if self.harness is not None:
+            self.harness.close()
+
+
 def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple[str, ...] = LOAD_MODES,
                       engine: Engine = Engine(),
                       ignore_rules: frozenset[str] = frozenset(), avoid: frozenset[str] = frozenset(),
-                      families: int = 3, max_num_seqs: int = 4, max_num_batched_tokens: int = 64) -> type:
+                      families: int = 3, max_num_seqs: int = 4, max_num_batched_tokens: int = 64,
+                      layout_name: str = "") -> MachineFactory:
     """A conformance machine over vLLM's scheduler on ``layout``, the block
     manager underneath being ``target``'s (:data:`HARNESSES`): requests
     arrive (a shared system prompt of one of ``families``, or none, plus
@@ -448,127 +604,14 @@ def scheduler_machine(layout: Layout, *, target: str = "vllm", load_modes: tuple
     step -- those in ``ignore_rules`` aside -- and an exception out of the
     scheduler or the manager is the target's failure.  An exception out of
     kvspec's own harness stops the run as a :class:`HarnessError`.
-    ``avoid`` names inputs not to send (:data:`AVOIDABLE`)."""
-    from hypothesis import strategies as st
-    from hypothesis.stateful import rule
+    ``avoid`` names inputs not to send (:data:`AVOIDABLE`).
 
-    from kvspec.conformance.machines.machinery import CheckingMachine, harness_frame, one_of
-    from kvspec.conformance.trace import recorded
-    from kvspec.errors import HarnessFault
-
-    system = [[rng.randrange(1000) for _ in range(48)] for rng in map(random.Random, range(families))]
-    has_mamba = any(isinstance(g, MambaSpec) for g in layout.groups)
-    connector = load_modes != ("none",) and not (has_mamba and "scheduler:mamba-connector" in avoid)
-    if not connector:
-        load_modes = ("none",)
-    if engine.async_scheduling or ("scheduler:hybrid-failing-loads" in avoid and len(layout.groups) > 1):
-        load_modes = tuple(m for m in load_modes if m not in FAILING_LOADS)  # async: see ENGINES
-    harness_class = HARNESSES[target]
-    roots = _code_roots()
-    ignored, avoided = frozenset(ignore_rules), frozenset(avoid)
-
-    class SchedulerMachine(CheckingMachine):
-        scope = "scheduler"
-        swarm_options = SWARM_OPTIONS
-        ignore_rules = ignored
-        avoid = avoided
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.harness: SchedulerHarness | None = None
-            self.shown = 0  # harness trace lines already in this run's trace
-            self.harness = self.run("build the scheduler", lambda: harness_class(
-                layout, connector=connector, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                num_draft_tokens=DRAFTS_PER_STEP if layout.use_eagle else 0, engine=engine))
-
-        def run(self, where: str, action: Any) -> Any:
-            """One call into the scheduler: timed, marked for a hang, an
-            exception judged (the target's, or kvspec's harness's), what it
-            did added to the trace."""
-            self.check_time()
-            try:
-                with self.calling(where):
-                    result = action()
-            except Exception as error:
-                frame = harness_frame(error, *roots)
-                if frame is not None:
-                    raise HarnessFault(f"kvspec's scheduler harness raised {type(error).__name__}: {error} "
-                                       f"(at {frame}, during {where}) -- a fault in kvspec, not in the target") \
-                        from error
-                raise
-            finally:
-                if self.harness is not None:
-                    for line in self.harness.trace[self.shown:]:
-                        type(self).steps_run += 1
-                        self.trace.operation(line)
-                    self.shown = len(self.harness.trace)
-            return result
-
-        def modes(self) -> tuple[str, ...]:
-            modes = ("none",) if self.off("loads") else load_modes
-            if self.off("failing-loads") or (self.failing_alone() and self.harness.scheduler.requests):
-                modes = tuple(m for m in modes if m not in FAILING_LOADS)
-            return modes or ("none",)
-
-        def failing_alone(self) -> bool:
-            """Whether failing loads run alone (``scheduler:abort-failed-load``):
-            S2's owner preempted before it recomputes is vLLM's scheduler's
-            decision under pool pressure, so the steer takes the pressure away."""
-            return "scheduler:abort-failed-load" in self.avoid and self.harness.connector is not None
-
-        def failing_owner_live(self) -> bool:
-            return any(r in self.harness.scheduler.requests for r in self.harness.connector.script.failing_load)
-
-        @rule(data=st.data())
-        @recorded
-        def arrive(self, data: Any) -> None:
-            """A request arrives: a system prompt (or none) and its own
-            tokens; the connector's store holds part of the prompt."""
-            if self.failing_alone() and self.failing_owner_live():
-                return
-            family = -1 if self.off("families") else data.draw(st.integers(-1, families - 1), label="family")
-            own = data.draw(st.lists(st.integers(0, 999), min_size=1, max_size=40), label="own tokens")
-            max_tokens = data.draw(st.integers(1, 6), label="max_tokens")
-            load = data.draw(one_of(self.modes()), label="load")
-            stored = data.draw(st.integers(0, 100), label="stored %") if load != "none" else 0
-            prompt = (system[family] if family >= 0 else []) + own
-            self.run("add_request", lambda: self.harness.arrive(
-                prompt, max_tokens=max_tokens, remote_tokens=stored * len(prompt) // 100, load=load))
-
-        @rule()
-        @recorded
-        def step(self) -> None:
-            """One engine step: schedule, the forward pass, the connector's
-            loads, update_from_output; then every rule."""
-            problems = self.run("schedule/update_from_output", self.harness.step)
-            snapshot = self.harness.manager.snapshot()
-            running = len(self.harness.scheduler.running)
-            self.aim("requests running", running)
-            self.cover("step", None, None, snapshot.pool, running, bool(self.harness.pending))
-            self.fail(problems)
-
-        @rule(data=st.data())
-        @recorded
-        def abort(self, data: Any) -> None:
-            """A live request is aborted (a client went away)."""
-            live = sorted(self.harness.scheduler.requests)
-            if self.failing_alone():
-                live = [r for r in live if r not in self.harness.connector.script.failing_load]
-            if live and not self.off("abort"):
-                request_id = data.draw(one_of(tuple(live)), label="request")
-                in_flight = data.draw(st.booleans(), label="in flight?")
-                self.run("finish_requests", lambda: self.harness.abort(request_id, in_flight=in_flight))
-
-        def teardown(self) -> None:
-            self.steer()
-            self.release()
-
-        def release(self) -> None:
-            if self.harness is not None:
-                self.harness.close()
-
-    SchedulerMachine.__name__ = "SchedulerMachine"
-    return SchedulerMachine
+    A :class:`~kvspec.conformance.machines.machinery.MachineFactory` of
+    :class:`SchedulerMachine` with its :class:`SchedulerSetup` and a fresh log."""
+    setup = SchedulerSetup(layout=layout, target=target, load_modes=load_modes, engine=engine, families=families,
+                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                           ignore_rules=frozenset(ignore_rules), avoid=frozenset(avoid), layout_name=layout_name)
+    return MachineFactory(SchedulerMachine, setup, name="SchedulerMachine")
 
 
 def search(layout: Layout, load_modes: tuple[str, ...], examples: int, *, target: str = "vllm",
@@ -588,5 +631,5 @@ def search(layout: Layout, load_modes: tuple[str, ...], examples: int, *, target
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False))
     except Exception as failure:
         head = str(failure) if isinstance(failure, AssertionError) else f"vLLM's scheduler raised {failure!r}"
-        return head + "\ntrace:\n  " + "\n  ".join(machine.last_trace.readable())
+        return head + "\ntrace:\n  " + "\n  ".join(machine.log.last_trace.readable())
     return None
