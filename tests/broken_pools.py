@@ -190,3 +190,16 @@ class IgnoresAlarms(BlockPool):
                 while True:
                     time.sleep(0.05)
         return super().get_new_blocks(num_blocks)
+
+
+class SlowButReturns(BlockPool):
+    """Every allocation takes 0.9 s of wall time and then returns as it
+    should: a correct pool on a starved machine.  Whatever call is in flight
+    when the budget runs out, it returns -- a slow call is not a hang."""
+
+    def get_new_blocks(self, num_blocks):
+        if type(num_blocks) is int and 0 < num_blocks <= self.get_num_free_blocks():
+            import time
+
+            time.sleep(0.9)
+        return super().get_new_blocks(num_blocks)

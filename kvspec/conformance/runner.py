@@ -38,6 +38,7 @@ from kvspec.conformance.machines.machinery import (
     CheckingMachine,
     ConformanceError,
     Machines,
+    SearchLog,
     in_final_replay,
     missing_dependency,
     stopped_on,
@@ -715,7 +716,7 @@ def run_layout(machine: Machines, search: Search, progress: Progress | None = No
         log.search_deadline = min(search.deadline, start + search.seconds) if search.seconds else search.deadline
     try:
         with shrinking_limited_to(max(30.0, search.seconds) if search.seconds else 120.0), \
-                with_reporter(shrinking.report), _hard_stop_at(search.deadline):
+                with_reporter(shrinking.report), _hard_stop_at(search.deadline, lambda: log):
             for batch, (batch_settings, batch_seed) in enumerate(_batches(search, start)):
                 if search.deadline is not None:  # a failure found now may shrink until the deadline, no later
                     _limit_shrinking(search.deadline - time.perf_counter())
@@ -787,16 +788,24 @@ HANGS = "the target hangs"
 """How a run or a replay that a call never returned from ends its account."""
 
 HARD_STOP_GRACE = 0.25  # seconds past the deadline before the alarm interrupts whatever runs
+HANG_AFTER = 2.0
+"""Seconds a call into the target must have run, when the time is up, to be
+judged a hang.  A younger call is waited for (a starved process -- a loaded
+CI machine, ``nice`` -- makes microsecond calls take tenths of a second,
+and the alarm landed in one that would have returned); once it returns, the
+run stops before its next operation, as budgets end."""
 
 
 @contextlib.contextmanager
-def _hard_stop_at(deadline: float | None) -> Iterator[None]:
+def _hard_stop_at(deadline: float | None, log: Callable[[], SearchLog | None] = lambda: None) -> Iterator[None]:
     """Raise :class:`BudgetSpent` wherever the run is once ``deadline`` (plus
     a grace) has passed -- the machine checks the time before every
     operation, but Hypothesis's shrinker can work for seconds on its own
     between two runs of the machine.  A SIGALRM timer, re-armed until the
     run has stopped; so only in the main thread of a POSIX process;
-    elsewhere the machine's own checks remain."""
+    elsewhere the machine's own checks remain.  ``log()``: the running
+    search's log, whose call in flight is waited for until it is
+    :data:`HANG_AFTER` seconds old."""
     usable = deadline is not None and hasattr(signal, "setitimer") and \
         threading.current_thread() is threading.main_thread()
     if not usable:
@@ -808,6 +817,11 @@ def _hard_stop_at(deadline: float | None) -> Iterator[None]:
         # swallows it (a gc callback, a __del__: "Exception ignored in ..."), and the run would go on.
         signal.setitimer(signal.ITIMER_REAL, HARD_STOP_GRACE)
         if in_final_replay():  # let the failure's report run finish: one example
+            return
+        running = log()
+        since = running.calling_since if running is not None else None
+        if since is not None and (age := time.perf_counter() - since) < HANG_AFTER:
+            signal.setitimer(signal.ITIMER_REAL, HANG_AFTER - age)  # slow, perhaps; a hang only once that old
             return
         raise BudgetSpent
 
@@ -976,7 +990,7 @@ def replay(
     target hangs in the call it never returned from."""
     deadline = None if seconds is None else time.perf_counter() + seconds
     machine = None
-    with _hard_stop_at(deadline):
+    with _hard_stop_at(deadline, lambda: machine.log if machine is not None else None):
         try:
             make = machine_for(trace.scope, trace.layout, target, level, frozenset(trace.avoid),
                                against=trace.against or None,

@@ -222,6 +222,7 @@ class SearchLog:
     last_trace: Trace | None = None
     best_failure: tuple[Trace, Exception] | None = None
     hung_in: str | None = None
+    calling_since: float | None = None  # when the target call in flight began (the budget's alarm asks)
     first_failure_at: float | None = None
     first_failure_example: int | None = None
     reached: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
@@ -435,7 +436,9 @@ class CheckingMachine(RuleBasedStateMachine):
     @contextlib.contextmanager
     def calling(self, where: str) -> Iterator[None]:
         """Mark a call into the target: if the time runs out inside it, the
-        target hung there (see :func:`kvspec.conformance.runner.run_layout`)."""
+        target hung there (see :func:`kvspec.conformance.runner.run_layout`;
+        the alarm waits for a call younger than ``HANG_AFTER`` there)."""
+        self.log.calling_since = time.perf_counter()
         try:
             yield
         except BudgetSpent:  # stopped inside the target (the alarm): mark where, for the runner
@@ -443,6 +446,8 @@ class CheckingMachine(RuleBasedStateMachine):
                 self.log.hung_in = where
                 self.trace.operation(f"{where} -> did not return")
             raise
+        finally:
+            self.log.calling_since = None
 
     def release(self) -> None:
         """Give back what the machine holds outside itself (a scheduler
