@@ -158,3 +158,32 @@ def test_a_grouped_view_is_judged_group_by_group_and_its_hit_by_every_group_at_o
                                                                swa.cached)}, windows=view.windows)
     (problem,) = engines.check_view(lost, {}, written)
     assert problem.rule == "free-queue-consistency" and problem.message.startswith("[swa] ")
+
+
+def test_a_monotone_reading_of_what_every_group_serves_fails_the_tombstone_case(monkeypatch):
+    """Chapter 10, "Several groups per request": what every group serves at
+    once is not monotone in the length (a window's group may serve a long
+    prefix and not a shorter one whose window falls on a tombstone).  A
+    port that stops at the first length some group does not serve fails a
+    committed case."""
+    from pathlib import Path
+
+    from kvspec.conformance.vectors import content_view
+    from kvspec.spec import engines
+
+    committed = Path(__file__).resolve().parents[1] / "vectors" / content_view.FILE
+    assert content_view.check(committed) == []
+
+    def monotone(view, tenant, tokens, cap):
+        B = view.block_size  # noqa: N806
+        keys = {name: set(group.cached.values()) for name, group in view.groups.items()}
+        n = 0
+        while n + B <= cap and all(engines.content_key(tenant, tokens, (i + 1) * B) in keys[name]
+                                   for name, _, w in view.each()
+                                   for i in range(engines.first_read(n + B, B, w), (n + B) // B)):
+            n += B
+        return n
+
+    monkeypatch.setattr(engines, "servable_groups", monotone)
+    problems = content_view.check(committed)
+    assert [p for p in problems if "(grouped-hit-past-a-tombstone)" in p], problems

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.spec import engines
-from kvspec.spec.engines import CacheView, content_key
+from kvspec.spec.engines import CacheView, GroupedView, content_key
 
 FILE = "content-view.jsonl"
 
@@ -77,6 +77,51 @@ def _unserved_hit() -> dict[str, Any]:
     which the index does not serve (blocks 1 and 2 serve ``Q``'s first 4 tokens)."""
     case = _admitted(Q, None, 2, (4, 5, 6), holds={1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1}, free=set())
     return {**case, "written": {**case["written"], 4: _key(None, Q, 2)}}
+
+
+# A hybrid model (chapter 10, "Several groups per request"): a full-attention group, blocks 1..6, and a
+# sliding-window group of 2 tokens, blocks 11..16, one slot per token in each.  r0 runs P.
+SWA_WINDOW = 2
+
+
+def _grouped(full: CacheView, swa: CacheView, window: int = SWA_WINDOW) -> GroupedView:
+    return GroupedView({"full": full, "swa": swa}, {"full": None, "swa": window})
+
+
+def _grouped_base(swa_cached: tuple[int, ...] = (11, 12)) -> dict[str, Any]:
+    """r0 runs P: full (1, 2, 3); the window's group holds only the block its next token reads, 13 (11 and
+    12 were released from its row, and stay in its index where ``swa_cached`` says)."""
+    written = {1: _key(None, P, 2), 2: _key(None, P, 4), 3: _key(None, P, 5),
+               11: _key(None, P, 2), 12: _key(None, P, 4), 13: _key(None, P, 5)}
+    full = _view(6, {4, 5, 6}, {"r0": (1, 2, 3)}, {1: 1, 2: 1, 3: 1}, {1: written[1], 2: written[2]})
+    swa = CacheView(frozenset(range(11, 17)), 2, frozenset({14, 15, 16} | {11, 12} - set(swa_cached)),
+                    {"r0": (None, None, 13)}, {13: 1}, {b: written[b] for b in swa_cached})
+    return {"view": _grouped(full, swa), "requests": {"r0": (None, P)}, "written": written}
+
+
+def _grouped_admitted(hit: int, full_row: tuple, swa_row: tuple, *, swa_cached: tuple[int, ...] = (11, 12),
+                      swa_written: dict[int, tuple] | None = None) -> dict[str, Any]:
+    """``Q`` admitted as r1 beside r0 with ``hit`` and a row in each group; fresh blocks written with Q."""
+    case = _grouped_base(swa_cached)
+    before: GroupedView = case["view"]
+    written = dict(case["written"])
+    for row in (full_row, swa_row):
+        for i, b in enumerate(row):
+            if b is not None and i >= hit // 2:
+                written[b] = _key(None, Q, min((i + 1) * 2, len(Q)))
+    written.update(swa_written or {})
+    views = {}
+    for name, row in (("full", full_row), ("swa", swa_row)):
+        group = before.groups[name]
+        holds = dict(group.holds)
+        for b in row:
+            if b is not None:
+                holds[b] = holds.get(b, 0) + 1
+        free = group.free - {b for b in row if b is not None}
+        views[name] = CacheView(group.blocks, 2, free, {**group.tables, "r1": row}, holds, group.cached)
+    return {"view": _grouped(views["full"], views["swa"]), "requests": {"r0": (None, P), "r1": (None, Q)},
+            "written": written, "admission": {"before": before, "request": "r1", "tenant": None, "tokens": Q,
+                                              "hit": hit, "engine_cap": None, "window": None}}
 
 
 CASES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
@@ -144,6 +189,26 @@ CASES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                              "allocation-accounting and nothing else of the admission, not no-eviction-in-use "
                              "(the view's own rules still judge the shared block)",
                              lambda: _admitted([7, 8, 9], None, 0, (3,), holds={1: 1, 2: 1, 3: 2}, free={4, 5, 6})),
+    "grouped-sound": ("a hybrid model: a full-attention group and a window of 2 tokens, the window's row "
+                      "released before the block its next token reads: allowed", _grouped_base),
+    "grouped-window-read-released": ("the same row under a window of 4 tokens, which still reads block 12: "
+                                     "released while read (content-soundness, in the window's group)",
+                                     lambda: {**_grouped_base(), "view": _grouped(
+                                         *_grouped_base()["view"].groups.values(), window=4)}),
+    "grouped-hit-sound": ("Q hits 4 tokens: the full group's two blocks, and the one block the window's group "
+                          "reads for the next token",
+                          lambda: _grouped_admitted(4, (1, 2, 4), (None, 12, 14))),
+    "grouped-hit-short": ("Q hits 2 tokens where every group served 4 (hit-optimality)",
+                          lambda: _grouped_admitted(2, (1, 4, 5), (11, 14, 15))),
+    "grouped-hit-unsound-in-one-group": ("Q hits 4 tokens, the window's group giving a block it did not serve, "
+                                         "written with other content (hit-soundness, in that group)",
+                                         lambda: _grouped_admitted(4, (1, 2, 4), (None, 14, 15),
+                                                                   swa_written={14: _key(None, R, 4)})),
+    "grouped-hit-past-a-tombstone": ("the window's group lost Q's first block (a tombstone) but serves its "
+                                     "second, all the next token reads: 4 tokens are served though 2 are "
+                                     "not, and a hit of none is short (hit-optimality; what is served is not "
+                                     "monotone in the length)",
+                                     lambda: _grouped_admitted(0, (4, 5, 6), (14, 15, 16), swa_cached=(12,))),
 }
 
 
@@ -166,14 +231,19 @@ def _key_json(key: tuple) -> dict[str, Any]:
     return {"tenant": key[0], "tokens": list(key[1])}
 
 
-def _view_json(view: CacheView) -> dict[str, Any]:
+def _view_json(view: CacheView | GroupedView) -> dict[str, Any]:
+    if isinstance(view, GroupedView):  # several groups per request: each group's view, and its window
+        return {"groups": {name: _view_json(group) for name, group in view.groups.items()},
+                "windows": dict(view.windows)}
     return {"blocks": sorted(view.blocks), "block_size": view.block_size, "free": sorted(view.free),
             "tables": {r: list(t) for r, t in sorted(view.tables.items())},
             "holds": {str(b): n for b, n in sorted(view.holds.items())},
             "cached": {str(b): _key_json(k) for b, k in sorted(view.cached.items())}}
 
 
-def _view_of(doc: dict[str, Any]) -> CacheView:
+def _view_of(doc: dict[str, Any]) -> CacheView | GroupedView:
+    if "groups" in doc:
+        return GroupedView({name: _view_of(group) for name, group in doc["groups"].items()}, doc["windows"])
     return CacheView(frozenset(doc["blocks"]), doc["block_size"], frozenset(doc["free"]),
                      {r: tuple(t) for r, t in doc["tables"].items()}, {int(b): n for b, n in doc["holds"].items()},
                      {int(b): (k["tenant"], tuple(k["tokens"])) for b, k in doc["cached"].items()})
