@@ -405,6 +405,16 @@ def crosshair_command(target: str, per_condition_timeout: float, per_path_timeou
     ]
 
 
+def crosshair_env() -> dict[str, str]:
+    """The environment of a ``crosshair check``: without Hypothesis's
+    third-party plugins.  CrossHair imports Hypothesis mid-analysis
+    (``crosshair.inputgen``), which loads every installed ``hypothesis``
+    entry point -- trio's, which HypoFuzz brings, runs ``ldconfig -p`` as it
+    imports, and CrossHair's audit wall refuses that subprocess: every
+    obligation then ends in an error, not a verdict."""
+    return {**os.environ, "HYPOTHESIS_NO_PLUGINS": "1"}
+
+
 def check_function(
     path: str | os.PathLike,
     contract: Contract,
@@ -430,7 +440,7 @@ def check_function(
     start = time.perf_counter()
     timed_out = False
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=wall_timeout)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=wall_timeout, env=crosshair_env())
         stdout, stderr, returncode = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
         timed_out = True
