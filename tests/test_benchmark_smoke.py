@@ -101,7 +101,7 @@ def test_manager_bench_quick(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
     assert set(result["workloads"]) == {"serve full", "serve full+swa", "serve full+mamba", "serve eagle", "hash 32k",
-                                        "request 32k"}
+                                        "request 32k", "own request 32k"}
     for name, row in result["workloads"].items():
         assert _is_rate(row["ratio_median"]), (name, row)
         assert name in proc.stdout
