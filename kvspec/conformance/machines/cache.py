@@ -169,8 +169,8 @@ class CacheMachine(CheckingMachine):
             tenant, tokens = self.requests[request_id]
             start = len(tokens)
             tokens.extend(more)
-            if len(after.tables.get(request_id, ())) * self.block_size < len(tokens):
-                slots = len(after.tables.get(request_id, ())) * self.block_size
+            slots = len(after.tables.get(request_id, ())) * self.block_size
+            if slots < len(tokens):
                 problems.append(Violation("allocation-accounting", f"{request_id} grew to {len(tokens)} "
                                           f"tokens with slots for {slots}"))
             else:
